@@ -183,7 +183,7 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         Raises:
             ValueError: a timestep that is not exactly one of `self.timesteps`, or a batch-size mismatch.
         """
-        if self.timesteps is None or self.sigmas is None or self.num_inference_steps is None:
+        if getattr(self, "num_inference_steps", None) is None or self.timesteps is None:
             raise RuntimeError("Call `set_timesteps(...)` before stepping the scheduler.")
         schedule = self.timesteps.to(dtype=torch.float32)
         t = torch.as_tensor(timestep, dtype=torch.float32).to(schedule.device).reshape(-1)
@@ -200,6 +200,12 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         found = matches.any(dim=1)
         if not bool(found.all()):
             missing = t[~found].tolist()
+            terminal = self.sigmas[-1].item() * self.config.num_train_timesteps
+            if any(value == terminal for value in missing):
+                raise ValueError(
+                    f"timestep {terminal:g} is the end of the schedule: there is no step after it "
+                    f"({schedule.numel()} steps were set)."
+                )
             raise ValueError(
                 f"timestep(s) {missing} are not in the schedule ({schedule.numel()} steps, "
                 f"{schedule[0].item():.6g} … {schedule[-1].item():.6g}). Pass values taken from "
@@ -242,43 +248,30 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
                 )
 
         batch = sample.shape[0]
-        view = (batch,) + (1,) * (sample.dim() - 1)
         sigma, sigma_next = self.step_sigmas(timestep, batch)
-        sigma, sigma_next = sigma.to(sample.device), sigma_next.to(sample.device)
-        sigma_b, sigma_next_b = sigma.view(view), sigma_next.view(view)
-        dt = sigma_next_b - sigma_b
+        view = (batch,) + (1,) * (sample.dim() - 1)
 
         if noise_level == 0:
+            # Exactly diffusers' Euler update (same operations, same rounding).
+            dt = (sigma_next - sigma).to(sample.device).view(view)
             mean = sample + dt * model_output
             std = torch.zeros(batch, dtype=torch.float32, device=sample.device)
-            drawn = mean if prev_sample is None else prev_sample
-            return self._output(drawn, None, mean, std, return_dict)
+            return self._output(mean if prev_sample is None else prev_sample, None, mean, std, return_dict)
 
-        if sde_type == "sde":
-            # σ == 1 makes σ/(1-σ) infinite; Flow-GRPO substitutes σ_max = sigmas[1] in the denominator.
-            sigma_max = self.sigmas[1].to(device=sample.device, dtype=torch.float32)
-            denominator = 1 - torch.where(sigma_b == 1, sigma_max, sigma_b)
-            std_dev_t = torch.sqrt(sigma_b / denominator) * noise_level
-            mean = sample * (1 + std_dev_t**2 / (2 * sigma_b) * dt) + model_output * (
-                1 + std_dev_t**2 * (1 - sigma_b) / (2 * sigma_b)
-            ) * dt
-            std = std_dev_t * torch.sqrt(-dt)
-        elif sde_type == "cps":
-            std = sigma_next_b * math.sin(noise_level * math.pi / 2)
-            pred_x0 = sample - sigma_b * model_output
-            pred_x1 = sample + (1 - sigma_b) * model_output
-            mean = pred_x0 * (1 - sigma_next_b) + pred_x1 * torch.sqrt(sigma_next_b**2 - std**2)
-        else:  # dance_sde
-            pred_x0 = sample - sigma_b * model_output
-            score = -(sample - pred_x0 * (1 - sigma_b)) / sigma_b**2
-            mean = sample + dt * model_output - 0.5 * noise_level**2 * score * dt
-            std = noise_level * torch.sqrt(sigma_b - sigma_next_b)
+        sigma_max = self.sigmas[1].item()
+        coef_sample, coef_output, std = _transition_coefficients(sigma, sigma_next, sigma_max, noise_level, sde_type)
+        coef_sample, coef_output = coef_sample.to(sample.device).view(view), coef_output.to(sample.device).view(view)
+        std = std.to(sample.device)
+        # Every transition is linear in (x, v): mean = a·x + b·v with per-sample scalars, two passes over
+        # memory. In-place on a fresh tensor is autograd-safe: the product's backward does not need it.
+        mean = (sample * coef_sample).addcmul_(model_output, coef_output)
 
         if prev_sample is None:
             noise = randn_tensor(sample.shape, generator=generator, device=sample.device, dtype=torch.float32)
-            prev_sample = mean.detach() + std * noise
+            prev_sample = torch.addcmul(mean.detach(), noise, std.view(view))
+            del noise  # let the allocator reuse it for the residual
         log_prob = _reduced_log_prob(prev_sample.detach(), mean, std, sde_type, include_normalizer)
-        return self._output(prev_sample, log_prob, mean, std.reshape(batch), return_dict)
+        return self._output(prev_sample, log_prob, mean, std, return_dict)
 
     @staticmethod
     def _output(prev_sample, log_prob, mean, std, return_dict):
@@ -289,22 +282,60 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         )
 
 
+def _transition_coefficients(
+    sigma: torch.Tensor, sigma_next: torch.Tensor, sigma_max: float, noise_level: float, sde_type: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample `(a, b, std)`, each `(B,)` float32, with transition mean `a·x + b·v` (DESIGN.md §2).
+
+    Worked in float64 on `B` scalars so that the only float32 roundings on the latent are the two of
+    `a·x + b·v`:
+      sde:       std_dev = η·sqrt(σ / (1 − σ̃)), σ̃ = σ_max if σ == 1 else σ;
+                 a = 1 + std_dev²·dt/(2σ),  b = (1 + std_dev²(1−σ)/(2σ))·dt,  std = std_dev·sqrt(−dt)
+      cps:       std = σ'·sin(ηπ/2), k = sqrt(σ'² − std²); x̂0 = x − σv, x̂1 = x + (1−σ)v
+                 mean = x̂0(1−σ') + x̂1·k  →  a = (1−σ') + k,  b = −σ(1−σ') + (1−σ)k
+      dance_sde: score = −(x − x̂0(1−σ))/σ² = −(x + (1−σ)v)/σ; mean = x + dt·v − ½η²·score·dt
+                 →  a = 1 + ½η²dt/σ,  b = dt + ½η²dt(1−σ)/σ,  std = η·sqrt(σ − σ')
+    """
+    s, s_next = sigma.double(), sigma_next.double()
+    dt = s_next - s
+    if sde_type == "sde":
+        std_dev = noise_level * torch.sqrt(s / (1 - torch.where(s == 1, torch.full_like(s, sigma_max), s)))
+        a = 1 + std_dev**2 * dt / (2 * s)
+        b = (1 + std_dev**2 * (1 - s) / (2 * s)) * dt
+        std = std_dev * torch.sqrt(-dt)
+    elif sde_type == "cps":
+        std = s_next * math.sin(noise_level * math.pi / 2)
+        k = torch.sqrt(s_next**2 - std**2)
+        a = (1 - s_next) + k
+        b = -s * (1 - s_next) + (1 - s) * k
+    else:  # dance_sde
+        half_eta_sq = 0.5 * noise_level**2
+        a = 1 + half_eta_sq * dt / s
+        b = dt + half_eta_sq * dt * (1 - s) / s
+        std = noise_level * torch.sqrt(s - s_next)
+    return a.float(), b.float(), std.float()
+
+
 def _reduced_log_prob(
     prev_sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, sde_type: str, include_normalizer: bool
 ) -> torch.Tensor:
-    """Per-sample log-density averaged over non-batch dims, shape (B,), float32.
+    """Per-sample log-density averaged over non-batch dims, shape `(B,)`, float32.
 
-    The squared residual is summed in float64: the differences compared downstream are ~1e-6 of values
-    ~1, and a float32 sum over ~1e5 elements would add rounding of that same order.
+    The differences compared downstream are ~1e-6 of values ~1, so the reduction's own rounding must stay
+    far below 1e-7 relative. Squares are summed in float32 over chunks of at most 512 elements (~4e-9
+    relative) and the chunk sums in float64; a float32 sum over the whole latent would add ~6e-8, and a
+    float64 sum would materialise a float64 copy of the latent.
     """
     batch = prev_sample.shape[0]
     residual = (prev_sample - mean).reshape(batch, -1)
-    # Squares in float32 (one rounding each, unbiased), sum accumulated in float64 (dtype= casts on load,
-    # no float64 copy of the latent): about 1e-10 relative against 6e-8 for a float32 sum of 2^18 terms.
-    mean_sq = (residual * residual).sum(dim=1, dtype=torch.float64) / residual.shape[1]
+    numel = residual.shape[1]
+    # Nothing to differentiate (rollout, no-grad recompute): square in place, one latent-sized buffer less.
+    squares = residual.square() if residual.requires_grad else residual.square_()
+    chunk_sums = squares.view(batch, -1, math.gcd(numel, 512)).sum(dim=2)
+    mean_sq = chunk_sums.sum(dim=1, dtype=torch.float64) / numel
     if sde_type == "cps":
         return (-mean_sq).to(torch.float32)
-    std64 = std.reshape(batch).to(torch.float64)
+    std64 = std.to(torch.float64)
     log_prob = -mean_sq / (2 * std64**2)
     if include_normalizer:
         log_prob = log_prob - torch.log(std64) - _HALF_LOG_2PI
