@@ -1,0 +1,96 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Rollout and training adapters on diffusers, with float32 trajectories.
+
+Public API (stable; see docs/adapters.md):
+
+Trajectory format (`adapters.trajectory`)
+    Trajectory                frozen dataclass: latents (B, W+1, *latent) f32, log_probs (B, W) f32,
+                              timesteps (B, W) f32, windows (one SDEWindow per sample), noise_level, sde_type,
+                              guidance_scale, seeds, prompt_groups, global_step, conditioning, model_family,
+                              scheduler (SchedulerSetup), family_options, include_normalizer, final_latents,
+                              provenance; .validate(), .save(path), Trajectory.load(path), .select(idx), .window
+    TrajectoryFormatError     bad / truncated / corrupted / non-fp32 file
+    stack_trajectories        concatenate trajectories (pads text conditioning)
+    SchedulerSetup            scheduler config + set_timesteps args; .build() -> FlowMatchSDEDiscreteScheduler
+
+Family-agnostic core (`adapters.denoise`)
+    ModelFamily               per-family functions (velocity, latent_shape, initial_latents, scheduler_setup,
+                              check_conditioning, collate_conditioning)
+    rollout(family, transformer, conditioning, *, scheduler_setup, seeds, window, noise_level, ...) -> Trajectory
+    recompute_log_probs(transformer, trajectory, *, family=None, steps=None, autocast_dtype=None) -> (B, W) f32
+    recompute_step_log_prob(transformer, trajectory, k, ...) -> (B,) f32 (differentiable)
+    get_family(name), make_generators(seeds)
+
+Qwen-Image (`adapters.qwen_image`, `adapters.tiny_qwen_image`, `adapters.rope`)
+    qwen_image.rollout(transformer, conditioning, *, height, width, num_inference_steps, seeds, window,
+                       noise_level, sde_type="sde", guidance_scale=1.0, ...) -> Trajectory
+    qwen_image.recompute_log_probs(transformer, trajectory, *, steps=None, autocast_dtype=None)
+    qwen_image.velocity, qwen_image.FAMILY, qwen_image.pad_text_conditioning
+    load_qwen_image(path=None, *, dtype, device, seed), load_qwen_image_scheduler_config(path=None),
+    TinyPromptEncoder (.encode, .conditioning)
+    padded_txt_seq_lens(prompt_embeds), QwenImageTransformerTxtSeqLens
+
+Step-wise continuous batching (`adapters.stepwise`, imported on first use)
+    stepwise.run_stepwise(family, transformer, requests, *, scheduler_setup, noise_level, max_num_seqs,
+                          text_width=None, ...) -> Trajectory (rows in request order)
+    stepwise.StepwiseRequest(request_id, seed, conditioning, window, prompt_group=0, arrival=0)
+    plain functions for other engines (vLLM-omni): init_request, gather_latents, shared_text_width,
+    scheduler_step, init_window_record, record_window_step, window_trajectory, denoise_step
+
+Stock-behaviour reproductions (`adapters.pitfalls`; tests and `--inject` only)
+    Injection(bf16_latents, stepwise_bf16, mask_sum_rope, per_request_window), Injection.from_names(names),
+    INJECTION_NAMES, MixedDtypeBatchError; pass `injection=` to a rollout
+
+SD3 and FLUX live in `adapters.sd3` / `adapters.flux` (imported on first use), the vLLM-omni backend in
+`adapters.vllm_omni` (imports vLLM lazily). Importing `adapters` never imports vllm.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import qwen_image
+from .denoise import (
+    ModelFamily,
+    get_family,
+    make_generators,
+    recompute_log_probs,
+    recompute_step_log_prob,
+    rollout,
+)
+from .pitfalls import INJECTION_NAMES, Injection, MixedDtypeBatchError
+from .rope import QwenImageTransformerTxtSeqLens, padded_txt_seq_lens
+from .schedule import SchedulerSetup
+from .tiny_qwen_image import TinyPromptEncoder, load_qwen_image, load_qwen_image_scheduler_config
+from .trajectory import Trajectory, TrajectoryFormatError, stack_trajectories
+
+__all__ = [
+    "INJECTION_NAMES",
+    "Injection",
+    "MixedDtypeBatchError",
+    "ModelFamily",
+    "QwenImageTransformerTxtSeqLens",
+    "SchedulerSetup",
+    "TinyPromptEncoder",
+    "Trajectory",
+    "TrajectoryFormatError",
+    "get_family",
+    "load_qwen_image",
+    "load_qwen_image_scheduler_config",
+    "make_generators",
+    "padded_txt_seq_lens",
+    "qwen_image",
+    "recompute_log_probs",
+    "recompute_step_log_prob",
+    "rollout",
+    "stack_trajectories",
+]
+
+_LAZY_SUBMODULES = ("sd3", "flux", "stepwise", "vllm_omni")
+
+
+def __getattr__(name: str):
+    # Submodules written by other engineers, or with heavy optional imports, load on first access.
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,357 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""FLUX: the velocity function over diffusers' `FluxTransformer2DModel`, and its adapters.
+
+Inputs follow diffusers' `FluxPipeline` exactly: latents packed 2x2 into `(B, (h/2)(w/2), 4C)` (the same
+packing as Qwen-Image), `img_ids` = `FluxPipeline._prepare_latent_image_ids`, `txt_ids` zeros `(L, 3)`
+for the width `L` of the embeddings passed, `timestep / 1000`, `pooled_projections` from the pooled
+prompt embeddings, and for guidance-distilled checkpoints (`guidance_embeds=True`, FLUX.1-dev) the
+embedded `guidance` tensor filled with `guidance_scale`. True CFG (`true_cfg_scale > 1`) is a second
+forward on the negative prompt, `neg + s (cond - neg)`, as `FluxPipeline` runs it. What differs is
+precision: the latents are cast to the transformer's dtype only for the forward (the pipeline also
+rounds the timestep to the latents' dtype first; here it stays float32 until the transformer's own cast),
+the prediction is cast to float32 before true CFG and the scheduler, and nothing is stored in low
+precision. `img_ids` and `txt_ids` are float32 (the transformer reads them with `.float()`).
+
+`guidance_scale` (and `Trajectory.guidance_scale`) is the **embedded** guidance, as `FluxPipeline`'s
+argument of that name; a model without `guidance_embeds` (FLUX.1-schnell) ignores it, as the pipeline does.
+`true_cfg_scale` is a family option.
+
+Conditioning (batch-first, float32; names as `FluxPipeline.encode_prompt` returns them):
+    prompt_embeds (B, L, joint_attention_dim), pooled_prompt_embeds (B, pooled_projection_dim);
+    negative_prompt_embeds (B, L', joint_attention_dim) and negative_pooled_prompt_embeds
+    (B, pooled_projection_dim) — required when true_cfg_scale > 1.
+FLUX takes no text mask (T5 pads to max_sequence_length and the transformer attends to the padding), so
+prompt embeddings must never be re-padded (see [`collate_conditioning`]).
+
+Family options (`Trajectory.family_options`, JSON):
+    height, width (pixels; multiples of 2 · vae_scale_factor), vae_scale_factor (default 8),
+    true_cfg_scale (default 1.0: off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+from torch import nn
+
+from schedulers import SDEWindow
+
+from . import denoise
+from .denoise import ModelFamily, model_dtype
+from .pitfalls import Injection
+from .qwen_image import pack_latents, unpack_latents
+from .schedule import SchedulerSetup
+from .trajectory import Trajectory
+
+__all__ = [
+    "FAMILY",
+    "FLUX_SCHEDULER_CONFIG",
+    "TEXT_KEYS",
+    "collate_conditioning",
+    "latent_grid",
+    "latent_image_ids",
+    "pack_latents",
+    "recompute_log_probs",
+    "rollout",
+    "unpack_latents",
+    "velocity",
+]
+
+# (sequence embeddings, pooled embeddings) pairs of FLUX conditioning: positive, then negative.
+TEXT_KEYS = (
+    ("prompt_embeds", "pooled_prompt_embeds"),
+    ("negative_prompt_embeds", "negative_pooled_prompt_embeds"),
+)
+_DEFAULT_OPTIONS = {"vae_scale_factor": 8, "true_cfg_scale": 1.0}
+
+# FLUX.1's released scheduler config (FlowMatchEulerDiscreteScheduler, dynamic shifting).
+FLUX_SCHEDULER_CONFIG: Mapping[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    merged = {**_DEFAULT_OPTIONS, **dict(options)}
+    for key in ("height", "width"):
+        if key not in merged:
+            raise ValueError(f"FLUX options need {key!r} (image size in pixels).")
+    return merged
+
+
+def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
+    """Unpacked latent height and width `(h, w)` for an image of `height × width` pixels (both even).
+
+    Raises:
+        ValueError: the size is not a positive multiple of `2 · vae_scale_factor`. (`FluxPipeline` floors
+            such a size with a warning; a silently resized rollout would not match its trainer, so it is refused.)
+    """
+    opts = _options(options)
+    scale = int(opts["vae_scale_factor"])
+    height, width = int(opts["height"]), int(opts["width"])
+    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
+        raise ValueError(
+            f"FLUX image size {height}x{width} must be positive multiples of 2*vae_scale_factor = {2 * scale} (the "
+            f"latents are packed 2x2)."
+        )
+    return height // scale, width // scale
+
+
+def latent_image_ids(h: int, w: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """`img_ids` `(h/2 · w/2, 3)` float32 for an unpacked `h × w` latent, as `FluxPipeline._prepare_latent_image_ids`."""
+    ids = torch.zeros(h // 2, w // 2, 3, device=device)
+    ids[..., 1] = ids[..., 1] + torch.arange(h // 2, device=device)[:, None]
+    ids[..., 2] = ids[..., 2] + torch.arange(w // 2, device=device)[None, :]
+    return ids.reshape(-1, 3)
+
+
+def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int]:
+    h, w = latent_grid(options)
+    return ((h // 2) * (w // 2), int(transformer.config.in_channels))
+
+
+def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+    """Each sample's noise from its own CPU generator in the unpacked `(1, C, h, w)` shape that
+    `FluxPipeline.prepare_latents` draws, then packed."""
+    h, w = latent_grid(options)
+    channels = int(transformer.config.in_channels) // 4
+    noise = randn_tensor((len(generators), channels, h, w), generator=list(generators), device=torch.device("cpu"),
+                         dtype=torch.float32)
+    return pack_latents(noise)
+
+
+def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+    """`FluxPipeline`'s schedule: sigmas `linspace(1, 1/N, N)`, `mu` from the packed sequence length."""
+    return SchedulerSetup.for_pipeline(config, num_steps, _latent_shape(transformer, options)[0])
+
+
+def _check_text(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], embeds_key: str, pooled_key: str,
+                batch: int) -> None:
+    config = transformer.config
+    for key, expected, layout in (
+        (embeds_key, int(config.joint_attention_dim), "(B, L, joint_attention_dim)"),
+        (pooled_key, int(config.pooled_projection_dim), "(B, pooled_projection_dim)"),
+    ):
+        tensor = conditioning.get(key)
+        if tensor is None:
+            raise ValueError(
+                f"FLUX conditioning has no {key!r} {layout}; pass both outputs of encode_prompt for this text "
+                f"({embeds_key!r} and {pooled_key!r})."
+            )
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != layout.count(",") + 1:
+            raise ValueError(f"FLUX {key} must be a {layout} tensor, got {getattr(tensor, 'shape', tensor)!r}.")
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"FLUX {key} is {tensor.dtype}; pass float32 embeddings (they are stored as given).")
+        if tensor.shape[0] != batch:
+            raise ValueError(f"FLUX {key} has {tensor.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
+        if tensor.shape[-1] != expected:
+            raise ValueError(
+                f"FLUX {key} has width {tensor.shape[-1]} but this transformer takes {expected} {layout}."
+            )
+
+
+def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
+                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+    opts = _options(options)
+    latent_grid(opts)
+    if int(transformer.config.patch_size) != 1:
+        raise ValueError(
+            f"This FLUX transformer has patch_size={transformer.config.patch_size}; FluxPipeline's 2x2 packing "
+            f"(and this adapter) assume patch_size=1."
+        )
+    known = {key for pair in TEXT_KEYS for key in pair}
+    unknown = set(conditioning) - known
+    if unknown:
+        raise ValueError(
+            f"Unknown FLUX conditioning keys {sorted(unknown)}; expected {sorted(known)} (FLUX takes no text mask: "
+            f"T5 pads to a fixed length and the transformer attends to every token)."
+        )
+    _check_text(transformer, conditioning, *TEXT_KEYS[0], batch)
+    true_cfg_scale = float(opts["true_cfg_scale"])
+    if true_cfg_scale > 1:
+        if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
+            raise ValueError(
+                f"True CFG is on (true_cfg_scale={true_cfg_scale} > 1) but no negative prompt was given: pass "
+                f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds', or set true_cfg_scale <= 1 (the "
+                f"embedded guidance_scale of guidance-distilled FLUX needs no negative prompt)."
+            )
+        _check_text(transformer, conditioning, *TEXT_KEYS[1], batch)
+
+
+def velocity(
+    transformer: nn.Module,
+    latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    conditioning: Mapping[str, torch.Tensor],
+    guidance_scale: float,
+    *,
+    options: Mapping[str, Any],
+    injection: Injection | None = None,
+) -> torch.Tensor:
+    """FLUX velocity (noise_pred), float32.
+
+    Args:
+        transformer: `FluxTransformer2DModel` (patch_size 1), any dtype.
+        latents (`torch.Tensor` `(B, (h/2)(w/2), 4C)`, float32): packed latents.
+        timesteps (`torch.Tensor` `(B,)`, float32): schedule values (0..1000); passed as `timesteps / 1000`.
+        conditioning: see the module docstring.
+        guidance_scale: embedded guidance (models with `guidance_embeds`); ignored otherwise.
+        options: family options (height, width, vae_scale_factor, true_cfg_scale).
+        injection: none of the reproductions act inside the FLUX forward (`bf16-latents` and the step-wise one
+            act in the loops); `mask-sum-rope` is Qwen-Image's and raises here.
+
+    Returns:
+        `(B, (h/2)(w/2), 4C)` float32; differentiable when grad is enabled.
+    """
+    if injection is not None and injection.mask_sum_rope:
+        raise ValueError(
+            "The mask-sum-rope reproduction is Qwen-Image's (txt_seq_lens); FLUX's text positions are zeros."
+        )
+    opts = _options(options)
+    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
+        raise TypeError(
+            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
+            f"them float32 and cast to the transformer's dtype only here, for the forward."
+        )
+    h, w = latent_grid(opts)
+    batch = latents.shape[0]
+    expected = _latent_shape(transformer, opts)
+    if latents.dim() != 3 or tuple(latents.shape[1:]) != expected:
+        hint = " (unpacked latents? pack them with adapters.flux.pack_latents)" if latents.dim() == 4 else ""
+        raise ValueError(
+            f"Latents of shape {tuple(latents.shape)} do not fit this FLUX transformer at {opts['height']}x"
+            f"{opts['width']} px: expected (B, {expected[0]}, {expected[1]}) (packed (h/2)(w/2) tokens x "
+            f"in_channels){hint}."
+        )
+    if timesteps.shape != (batch,):
+        raise ValueError(f"timesteps must be (B,) = ({batch},), got {tuple(timesteps.shape)}.")
+    _check_conditioning(transformer, conditioning, batch, guidance_scale, opts)
+    dtype = model_dtype(transformer)
+    hidden_states = latents.to(dtype)  # the only low-precision copy, for this forward
+    img_ids = latent_image_ids(h, w, device=latents.device)
+    guidance = None
+    if transformer.config.guidance_embeds:
+        guidance = torch.full((batch,), float(guidance_scale), dtype=torch.float32, device=latents.device)
+
+    def predict(embeds: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return transformer(
+            hidden_states=hidden_states,
+            encoder_hidden_states=embeds.to(dtype),
+            pooled_projections=pooled.to(dtype),
+            timestep=timesteps / 1000,
+            guidance=guidance,
+            img_ids=img_ids,
+            txt_ids=torch.zeros(embeds.shape[1], 3, device=latents.device),
+            return_dict=False,
+        )[0].float()
+
+    cond = predict(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
+    true_cfg_scale = float(opts["true_cfg_scale"])
+    if true_cfg_scale <= 1:
+        return cond
+    neg = predict(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
+    return neg + true_cfg_scale * (cond - neg)
+
+
+def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+    """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding.
+
+    FLUX attends to every text token (no key-padding mask), so zero-padding an embedding to a wider shared
+    width would change its prediction. Requests must therefore share one text width (T5's fixed
+    `max_sequence_length`); a `width` other than that width is refused.
+
+    Raises:
+        ValueError: no requests, different keys, different text widths, or `width` that would need padding.
+    """
+    if not conditionings:
+        raise ValueError("collate_conditioning needs at least one request.")
+    keys = set(conditionings[0])
+    for cond in conditionings[1:]:
+        if set(cond) != keys:
+            raise ValueError(f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}.")
+    for embeds_key, _ in TEXT_KEYS:
+        if embeds_key not in keys:
+            continue
+        widths = {int(c[embeds_key].shape[1]) for c in conditionings}
+        if len(widths) > 1 or (width is not None and widths != {width}):
+            raise ValueError(
+                f"FLUX requests with {embeds_key} widths {sorted(widths)} cannot share a forward"
+                f"{'' if width is None else f' at width {width}'}: FLUX attends to padding tokens (no text mask), "
+                f"so re-padding changes the prediction. Encode every prompt to the same fixed length, as "
+                f"FluxPipeline does (max_sequence_length)."
+            )
+    return {key: torch.cat([c[key] for c in conditionings]) for key in sorted(keys)}
+
+
+FAMILY = ModelFamily(
+    name="flux",
+    velocity=velocity,
+    latent_shape=_latent_shape,
+    initial_latents=_initial_latents,
+    scheduler_setup=_scheduler_setup,
+    check_conditioning=_check_conditioning,
+    collate_conditioning=collate_conditioning,
+)
+
+
+def rollout(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    *,
+    height: int,
+    width: int,
+    num_inference_steps: int,
+    seeds: Sequence[int],
+    window: SDEWindow | Sequence[SDEWindow],
+    noise_level: float,
+    sde_type: str = "sde",
+    guidance_scale: float = 3.5,
+    true_cfg_scale: float = 1.0,
+    scheduler_config: Mapping[str, Any] | None = None,
+    prompt_groups: Sequence[int] | None = None,
+    global_step: int = 0,
+    vae_scale_factor: int = 8,
+    include_normalizer: bool = True,
+    denoise_to_end: bool = True,
+    injection: Injection | None = None,
+) -> Trajectory:
+    """FLUX rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+
+    `guidance_scale` is the embedded guidance (default 3.5, `FluxPipeline`'s); `true_cfg_scale > 1` turns on
+    true CFG and needs the negative conditioning. `scheduler_config` defaults to FLUX.1's released config
+    ([`FLUX_SCHEDULER_CONFIG`]); the schedule is the pipeline's (`linspace(1, 1/N, N)` sigmas, `mu` from the
+    image sequence length).
+    """
+    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor),
+               "true_cfg_scale": float(true_cfg_scale)}
+    config = FLUX_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
+    setup = _scheduler_setup(config, num_inference_steps, transformer, options)
+    return denoise.rollout(
+        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
+        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
+        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end, injection=injection,
+    )
+
+
+def recompute_log_probs(
+    transformer: nn.Module,
+    trajectory: Trajectory,
+    *,
+    steps: Sequence[int] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """FLUX training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
+
+    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_flux(dtype=...)`), or
+    keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
+    """
+    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)

@@ -1,0 +1,347 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Qwen-Image: the velocity function over diffusers' `QwenImageTransformer2DModel`, and its adapters.
+
+Inputs follow diffusers' `QwenImagePipeline` exactly: latents packed 2x2 into `(B, (h/2)(w/2), 4C)`,
+`img_shapes = [[(1, h/2, w/2)]] * B`, `timestep / 1000`, `encoder_hidden_states_mask` from the prompt mask,
+and true CFG `neg + s (cond - neg)` rescaled to the conditional prediction's norm along the channel dim.
+What differs is precision: the latents are cast to the transformer's dtype only for the forward, the
+prediction is cast to float32 before CFG and the scheduler, and nothing is stored in low precision.
+
+Conditioning (batch-first):
+    prompt_embeds (B, L, D) float32, prompt_embeds_mask (B, L) int64 (optional: absent = all valid),
+    negative_prompt_embeds (B, L', D) float32 and negative_prompt_embeds_mask (B, L') int64 — required when
+    guidance_scale > 1.
+
+Family options (`Trajectory.family_options`, JSON):
+    height, width (pixels; multiples of 2 * vae_scale_factor), vae_scale_factor (default 8),
+    mask_text_padding (default True: pass the prompt mask to attention, as diffusers does; False: padded
+    text keys are attended, as an attention kernel without a key-padding mask does).
+
+Text RoPE: transformers that take `txt_seq_lens` get `padded_txt_seq_lens(prompt_embeds)` (adapters.rope).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+from torch import nn
+
+from schedulers import SDEWindow
+
+from . import denoise
+from .denoise import ModelFamily, model_dtype
+from .pitfalls import Injection
+from .rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens, takes_txt_seq_lens
+from .schedule import SchedulerSetup
+from .tiny_qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
+from .trajectory import Trajectory
+
+__all__ = [
+    "FAMILY",
+    "TEXT_KEYS",
+    "collate_conditioning",
+    "latent_grid",
+    "pack_latents",
+    "pad_text_conditioning",
+    "recompute_log_probs",
+    "rollout",
+    "unpack_latents",
+    "velocity",
+]
+
+# (embeddings, mask) pairs of Qwen-Image conditioning.
+TEXT_KEYS = (("prompt_embeds", "prompt_embeds_mask"), ("negative_prompt_embeds", "negative_prompt_embeds_mask"))
+_DEFAULT_OPTIONS = {"vae_scale_factor": 8, "mask_text_padding": True}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    merged = {**_DEFAULT_OPTIONS, **dict(options)}
+    for key in ("height", "width"):
+        if key not in merged:
+            raise ValueError(f"Qwen-Image options need {key!r} (image size in pixels).")
+    return merged
+
+
+def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
+    """Unpacked latent height and width `(h, w)` for an image of `height x width` pixels (both even)."""
+    opts = _options(options)
+    scale = int(opts["vae_scale_factor"])
+    height, width = int(opts["height"]), int(opts["width"])
+    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
+        raise ValueError(
+            f"Image size {height}x{width} must be positive multiples of 2*vae_scale_factor = {2 * scale} (the latents "
+            f"are packed 2x2)."
+        )
+    return height // scale, width // scale
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """`(B, C, h, w)` → `(B, (h/2)(w/2), 4C)`, as `QwenImagePipeline._pack_latents`."""
+    b, c, h, w = latents.shape
+    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """`(B, (h/2)(w/2), 4C)` → `(B, C, h, w)` (inverse of [`pack_latents`])."""
+    b, _, channels = latents.shape
+    latents = latents.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return latents.reshape(b, channels // 4, h, w)
+
+
+def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int]:
+    h, w = latent_grid(options)
+    return ((h // 2) * (w // 2), int(transformer.config.in_channels))
+
+
+def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+    """Each sample's noise from its own CPU generator, in the unpacked `(1, 1, C, h, w)` shape that
+    diffusers' `QwenImagePipeline.prepare_latents` draws, then packed."""
+    h, w = latent_grid(options)
+    channels = int(transformer.config.in_channels) // 4
+    rows = [
+        randn_tensor((1, 1, channels, h, w), generator=g, device=torch.device("cpu"), dtype=torch.float32)
+        for g in generators
+    ]
+    return pack_latents(torch.cat(rows)[:, 0])
+
+
+def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+    image_seq_len = _latent_shape(transformer, options)[0]
+    return SchedulerSetup.for_pipeline(config, num_steps, image_seq_len)
+
+
+def _check_text(transformer, conditioning, embeds_key, mask_key, batch) -> None:
+    embeds = conditioning[embeds_key]
+    if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
+        raise ValueError(f"{embeds_key} must be a (B, L, D) tensor, got {getattr(embeds, 'shape', embeds)!r}.")
+    if embeds.dtype != torch.float32:
+        raise TypeError(f"{embeds_key} is {embeds.dtype}; pass float32 embeddings (they are stored as given).")
+    if embeds.shape[0] != batch:
+        raise ValueError(f"{embeds_key} has {embeds.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
+    width = int(transformer.config.joint_attention_dim)
+    if embeds.shape[2] != width:
+        raise ValueError(f"{embeds_key} has D={embeds.shape[2]} but the transformer's joint_attention_dim is {width}.")
+    mask = conditioning.get(mask_key)
+    if mask is None:
+        return
+    if mask.dtype != torch.int64:
+        raise TypeError(f"{mask_key} is {mask.dtype}; pass an int64 mask (mask.long()), 1 = valid token.")
+    if tuple(mask.shape) != tuple(embeds.shape[:2]):
+        raise ValueError(
+            f"{mask_key} has shape {tuple(mask.shape)} but {embeds_key} is {tuple(embeds.shape)}: the mask must be "
+            f"(B, L) with the embeddings' length L = {embeds.shape[1]} (pad or trim both together)."
+        )
+
+
+def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
+                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+    latent_grid(options)
+    if "prompt_embeds" not in conditioning:
+        raise ValueError("Qwen-Image conditioning needs 'prompt_embeds' (B, L, D) float32 (and 'prompt_embeds_mask').")
+    known = {k for pair in TEXT_KEYS for k in pair}
+    unknown = set(conditioning) - known
+    if unknown:
+        raise ValueError(f"Unknown Qwen-Image conditioning keys {sorted(unknown)}; expected {sorted(known)}.")
+    _check_text(transformer, conditioning, "prompt_embeds", "prompt_embeds_mask", batch)
+    if guidance_scale > 1:
+        if "negative_prompt_embeds" not in conditioning:
+            raise ValueError(
+                f"True CFG is on (guidance_scale={guidance_scale} > 1) but no negative prompt was given: pass "
+                f"'negative_prompt_embeds' and 'negative_prompt_embeds_mask' (an empty negative prompt ' ' is fine), "
+                f"or set guidance_scale <= 1."
+            )
+        _check_text(transformer, conditioning, "negative_prompt_embeds", "negative_prompt_embeds_mask", batch)
+    elif "negative_prompt_embeds_mask" in conditioning and "negative_prompt_embeds" not in conditioning:
+        raise ValueError("'negative_prompt_embeds_mask' given without 'negative_prompt_embeds'.")
+
+
+def velocity(
+    transformer: nn.Module,
+    latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    conditioning: Mapping[str, torch.Tensor],
+    guidance_scale: float,
+    *,
+    options: Mapping[str, Any],
+    injection: Injection | None = None,
+) -> torch.Tensor:
+    """Qwen-Image velocity (noise_pred), float32.
+
+    Args:
+        transformer: `QwenImageTransformer2DModel` (or a subclass / vLLM-omni's, taking `txt_seq_lens`).
+        latents (`torch.Tensor` `(B, seq, 4C)`, float32): packed latents.
+        timesteps (`torch.Tensor` `(B,)`, float32): schedule values (0..1000).
+        conditioning: see the module docstring. guidance_scale: true-CFG scale (CFG when > 1).
+        options: family options (height, width, vae_scale_factor, mask_text_padding).
+        injection: `mask_sum_rope` takes `txt_seq_lens` from `mask.sum()` (reproduction, adapters.pitfalls).
+
+    Returns:
+        `(B, seq, 4C)` float32.
+    """
+    opts = _options(options)
+    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
+        raise TypeError(
+            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
+            f"them float32 and cast to the transformer's dtype only here, for the forward."
+        )
+    h, w = latent_grid(opts)
+    batch = latents.shape[0]
+    expected = _latent_shape(transformer, opts)
+    if tuple(latents.shape[1:]) != expected:
+        raise ValueError(
+            f"Latents of per-sample shape {tuple(latents.shape[1:])} do not fit this Qwen-Image transformer at "
+            f"{opts['height']}x{opts['width']} px: expected {expected} (packed (h/2)(w/2) tokens x in_channels)."
+        )
+    dtype = model_dtype(transformer)
+    hidden_states = latents.to(dtype)  # the only low-precision copy, for this forward
+    img_shapes = [[(1, h // 2, w // 2)]] * batch
+    stock_rope = injection is not None and injection.mask_sum_rope
+    passes_lengths = takes_txt_seq_lens(transformer)
+    if stock_rope and not passes_lengths:
+        raise ValueError(
+            "The mask-sum-rope reproduction needs a transformer that takes `txt_seq_lens` (load it with "
+            "adapters.load_qwen_image, or vLLM-omni's); diffusers' own class always uses the padded width."
+        )
+
+    def predict(embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        lengths_mask = mask
+        if mask is not None and bool(mask.all()):
+            mask = None  # as QwenImagePipeline.encode_prompt: no padding, no mask (a different attention kernel)
+        kwargs = dict(
+            hidden_states=hidden_states,
+            encoder_hidden_states=embeds.to(dtype),
+            encoder_hidden_states_mask=mask if opts["mask_text_padding"] else None,
+            timestep=timesteps / 1000,
+            img_shapes=img_shapes,
+            return_dict=False,
+        )
+        if passes_lengths:
+            if stock_rope and lengths_mask is not None:
+                kwargs["txt_seq_lens"] = stock_mask_sum_txt_seq_lens(lengths_mask)
+            else:
+                kwargs["txt_seq_lens"] = padded_txt_seq_lens(embeds)
+        return transformer(**kwargs)[0].float()
+
+    cond = predict(conditioning["prompt_embeds"], conditioning.get("prompt_embeds_mask"))
+    if guidance_scale <= 1:
+        return cond
+    uncond = predict(conditioning["negative_prompt_embeds"], conditioning.get("negative_prompt_embeds_mask"))
+    combined = uncond + guidance_scale * (cond - uncond)
+    cond_norm = torch.norm(cond, dim=-1, keepdim=True)
+    combined_norm = torch.norm(combined, dim=-1, keepdim=True)
+    return combined * (cond_norm / combined_norm)
+
+
+def pad_text_conditioning(conditioning: Mapping[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+    """Zero-pad every text embedding (and its mask, with 0) to `width` tokens.
+
+    The padded rows are invisible under the key-padding mask; a transformer taking `txt_seq_lens` must then
+    get `padded_txt_seq_lens` of the padded embeddings. ValueError if a text is already wider.
+    """
+    out = dict(conditioning)
+    for embeds_key, mask_key in TEXT_KEYS:
+        if embeds_key not in conditioning:
+            continue
+        embeds = conditioning[embeds_key]
+        mask = conditioning.get(mask_key)
+        if mask is None:
+            mask = torch.ones(embeds.shape[:2], dtype=torch.int64, device=embeds.device)
+        length = embeds.shape[1]
+        if length > width:
+            raise ValueError(f"{embeds_key} is {length} tokens wide, more than the target width {width}.")
+        if length < width:
+            embeds = torch.cat([embeds, embeds.new_zeros((embeds.shape[0], width - length, embeds.shape[2]))], dim=1)
+            mask = torch.cat([mask, mask.new_zeros((mask.shape[0], width - length))], dim=1)
+        out[embeds_key], out[mask_key] = embeds, mask
+    return out
+
+
+def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+    """Batch per-request Qwen-Image conditionings for one forward (the step-wise path).
+
+    Each text (positive, negative) is zero-padded to `width`, or to the widest of the requests when `width` is
+    None, then concatenated. Masks are created (all ones) for requests that had none.
+    """
+    if not conditionings:
+        raise ValueError("collate_conditioning needs at least one request.")
+    keys = set(conditionings[0])
+    for cond in conditionings[1:]:
+        if set(cond) != keys:
+            raise ValueError(f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}.")
+    out: dict[str, torch.Tensor] = {}
+    for embeds_key, mask_key in TEXT_KEYS:
+        if embeds_key not in keys:
+            continue
+        target = width if width is not None else max(c[embeds_key].shape[1] for c in conditionings)
+        padded = [pad_text_conditioning({embeds_key: c[embeds_key], **({mask_key: c[mask_key]} if mask_key in c else {})}, target)
+                  for c in conditionings]
+        out[embeds_key] = torch.cat([p[embeds_key] for p in padded])
+        out[mask_key] = torch.cat([p[mask_key] for p in padded])
+    return out
+
+
+FAMILY = ModelFamily(
+    name="qwen-image",
+    velocity=velocity,
+    latent_shape=_latent_shape,
+    initial_latents=_initial_latents,
+    scheduler_setup=_scheduler_setup,
+    check_conditioning=_check_conditioning,
+    collate_conditioning=collate_conditioning,
+)
+
+
+def rollout(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    *,
+    height: int,
+    width: int,
+    num_inference_steps: int,
+    seeds: Sequence[int],
+    window: SDEWindow | Sequence[SDEWindow],
+    noise_level: float,
+    sde_type: str = "sde",
+    guidance_scale: float = 1.0,
+    scheduler_config: Mapping[str, Any] | None = None,
+    prompt_groups: Sequence[int] | None = None,
+    global_step: int = 0,
+    vae_scale_factor: int = 8,
+    mask_text_padding: bool = True,
+    include_normalizer: bool = True,
+    denoise_to_end: bool = True,
+    injection: Injection | None = None,
+) -> Trajectory:
+    """Qwen-Image rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+
+    `scheduler_config` defaults to Qwen-Image's released config; the schedule is the pipeline's
+    (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
+    """
+    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor),
+               "mask_text_padding": bool(mask_text_padding)}
+    setup = _scheduler_setup(scheduler_config or QWEN_IMAGE_SCHEDULER_CONFIG, num_inference_steps, transformer, options)
+    return denoise.rollout(
+        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
+        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
+        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end, injection=injection,
+    )
+
+
+def recompute_log_probs(
+    transformer: nn.Module,
+    trajectory: Trajectory,
+    *,
+    steps: Sequence[int] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Qwen-Image training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
+
+    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_qwen_image(dtype=...)`),
+    or keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
+    """
+    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)

@@ -1,0 +1,319 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Stable Diffusion 3: the velocity function over diffusers' `SD3Transformer2DModel`, and its adapters.
+
+Inputs follow diffusers' `StableDiffusion3Pipeline`: latents `(B, C, h, w)` (SD3 patchifies inside the
+transformer), `timestep` = the scheduler's value `σ·1000` as is, `pooled_projections` from the pooled
+prompt embeddings, CFG `uncond + s (cond - uncond)` when `guidance_scale > 1`. What differs:
+
+* precision: the latents are cast to the transformer's dtype only for the forward, the prediction is cast
+  to float32 right after, CFG is combined in float32, nothing is stored in low precision;
+* CFG runs as **two forwards of batch B** (conditional, then unconditional) where the pipeline runs one
+  forward of batch 2B on `cat([uncond, cond])`. The conditional forward is then the same whether guidance
+  is on or off, and a sample's prediction does not depend on its batch holding negative prompts. Rollout
+  and recompute both go through this function, so they always agree on the choice; against a rollout
+  engine that batches 2B, expect kernel-level differences only (tested: ≤ 1e-5 on the tiny model).
+
+Conditioning (batch-first, float32; names as `StableDiffusion3Pipeline.encode_prompt` returns them):
+    prompt_embeds (B, L, joint_attention_dim), pooled_prompt_embeds (B, pooled_projection_dim);
+    negative_prompt_embeds (B, L', joint_attention_dim) and negative_pooled_prompt_embeds
+    (B, pooled_projection_dim) — required when guidance_scale > 1.
+SD3 takes no text mask: its encoders pad to a fixed length and the transformer attends to the padding, so
+prompt embeddings must never be re-padded (see [`collate_conditioning`]).
+
+Family options (`Trajectory.family_options`, JSON):
+    height, width (pixels; multiples of vae_scale_factor · patch_size), vae_scale_factor (default 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+from torch import nn
+
+from schedulers import SDEWindow
+
+from . import denoise
+from .denoise import ModelFamily, model_dtype
+from .pitfalls import Injection
+from .schedule import SchedulerSetup, image_seq_len_shift
+from .trajectory import Trajectory
+
+__all__ = [
+    "FAMILY",
+    "SD3_SCHEDULER_CONFIG",
+    "TEXT_KEYS",
+    "collate_conditioning",
+    "latent_grid",
+    "recompute_log_probs",
+    "rollout",
+    "velocity",
+]
+
+# (sequence embeddings, pooled embeddings) pairs of SD3 conditioning: positive, then negative.
+TEXT_KEYS = (
+    ("prompt_embeds", "pooled_prompt_embeds"),
+    ("negative_prompt_embeds", "negative_pooled_prompt_embeds"),
+)
+_DEFAULT_OPTIONS = {"vae_scale_factor": 8}
+
+# SD3 / SD3.5's released scheduler config (FlowMatchEulerDiscreteScheduler, static shift 3).
+SD3_SCHEDULER_CONFIG: Mapping[str, Any] = {"num_train_timesteps": 1000, "shift": 3.0}
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    merged = {**_DEFAULT_OPTIONS, **dict(options)}
+    for key in ("height", "width"):
+        if key not in merged:
+            raise ValueError(f"SD3 options need {key!r} (image size in pixels).")
+    return merged
+
+
+def latent_grid(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int]:
+    """Latent height and width `(h, w)` for an image of `height × width` pixels.
+
+    Raises:
+        ValueError: the size is not a positive multiple of `vae_scale_factor · patch_size` (the pipeline's
+            rule), or it needs more patches than the transformer's `pos_embed_max_size`.
+    """
+    opts = _options(options)
+    scale, patch = int(opts["vae_scale_factor"]), int(transformer.config.patch_size)
+    height, width = int(opts["height"]), int(opts["width"])
+    multiple = scale * patch
+    if height % multiple or width % multiple or height <= 0 or width <= 0:
+        raise ValueError(
+            f"SD3 image size {height}x{width} must be positive multiples of vae_scale_factor * patch_size = "
+            f"{multiple}."
+        )
+    h, w = height // scale, width // scale
+    max_patches = transformer.config.pos_embed_max_size
+    if max_patches is not None and max(h, w) // patch > max_patches:
+        raise ValueError(
+            f"SD3 image size {height}x{width} is {h // patch}x{w // patch} patches; this transformer's "
+            f"pos_embed_max_size is {max_patches}. Use a smaller image."
+        )
+    return h, w
+
+
+def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int, int]:
+    h, w = latent_grid(transformer, options)
+    return (int(transformer.config.in_channels), h, w)
+
+
+def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+    """Each sample's noise from its own CPU generator, `(1, C, h, w)` float32, as
+    `StableDiffusion3Pipeline.prepare_latents` draws it with a list of generators."""
+    shape = _latent_shape(transformer, options)
+    return randn_tensor((len(generators), *shape), generator=list(generators), device=torch.device("cpu"),
+                        dtype=torch.float32)
+
+
+def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+    """`StableDiffusion3Pipeline`'s schedule: the scheduler's own sigmas for `num_steps`, plus `mu` from the
+    image sequence length `(h/p)(w/p)` for a config with `use_dynamic_shifting` (SD3/SD3.5 use static shift)."""
+    mu = None
+    if config.get("use_dynamic_shifting"):
+        h, w = latent_grid(transformer, options)
+        patch = int(transformer.config.patch_size)
+        mu = image_seq_len_shift((h // patch) * (w // patch), config)
+    return SchedulerSetup(config=config, num_inference_steps=num_steps, mu=mu)
+
+
+def _check_text(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], embeds_key: str, pooled_key: str,
+                batch: int) -> None:
+    config = transformer.config
+    for key, expected, layout in (
+        (embeds_key, int(config.joint_attention_dim), "(B, L, joint_attention_dim)"),
+        (pooled_key, int(config.pooled_projection_dim), "(B, pooled_projection_dim)"),
+    ):
+        tensor = conditioning.get(key)
+        if tensor is None:
+            raise ValueError(
+                f"SD3 conditioning has no {key!r} {layout}; pass both outputs of encode_prompt for this text "
+                f"({embeds_key!r} and {pooled_key!r})."
+            )
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != layout.count(",") + 1:
+            raise ValueError(f"SD3 {key} must be a {layout} tensor, got {getattr(tensor, 'shape', tensor)!r}.")
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"SD3 {key} is {tensor.dtype}; pass float32 embeddings (they are stored as given).")
+        if tensor.shape[0] != batch:
+            raise ValueError(f"SD3 {key} has {tensor.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
+        if tensor.shape[-1] != expected:
+            raise ValueError(
+                f"SD3 {key} has width {tensor.shape[-1]} but this transformer takes {expected} {layout}."
+            )
+
+
+def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
+                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+    latent_grid(transformer, options)
+    known = {key for pair in TEXT_KEYS for key in pair}
+    unknown = set(conditioning) - known
+    if unknown:
+        raise ValueError(
+            f"Unknown SD3 conditioning keys {sorted(unknown)}; expected {sorted(known)} (SD3 takes no text mask: "
+            f"its encoders pad to a fixed length and the transformer attends to every token)."
+        )
+    _check_text(transformer, conditioning, *TEXT_KEYS[0], batch)
+    if guidance_scale > 1:
+        if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
+            raise ValueError(
+                f"CFG is on (guidance_scale={guidance_scale} > 1) but no negative prompt was given: pass "
+                f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds' (encode_prompt of the negative "
+                f"prompt; an empty string is the pipeline's default), or set guidance_scale <= 1."
+            )
+        _check_text(transformer, conditioning, *TEXT_KEYS[1], batch)
+
+
+def velocity(
+    transformer: nn.Module,
+    latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    conditioning: Mapping[str, torch.Tensor],
+    guidance_scale: float,
+    *,
+    options: Mapping[str, Any],
+    injection: Injection | None = None,
+) -> torch.Tensor:
+    """SD3 velocity (noise_pred), float32.
+
+    Args:
+        transformer: `SD3Transformer2DModel`, any dtype.
+        latents (`torch.Tensor` `(B, C, h, w)`, float32): the current sample.
+        timesteps (`torch.Tensor` `(B,)`, float32): schedule values `σ·1000` (passed to the transformer as is).
+        conditioning: see the module docstring. guidance_scale: CFG scale (CFG when > 1: two forwards).
+        options: family options (height, width, vae_scale_factor).
+        injection: none of the reproductions act inside the SD3 forward (`bf16-latents` and the step-wise one
+            act in the loops); `mask-sum-rope` is Qwen-Image's and raises here.
+
+    Returns:
+        `(B, C, h, w)` float32; differentiable when grad is enabled.
+    """
+    if injection is not None and injection.mask_sum_rope:
+        raise ValueError("The mask-sum-rope reproduction is Qwen-Image's (text RoPE); SD3 has no text RoPE.")
+    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
+        raise TypeError(
+            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
+            f"them float32 and cast to the transformer's dtype only here, for the forward."
+        )
+    expected = _latent_shape(transformer, options)
+    if latents.dim() != 4 or tuple(latents.shape[1:]) != expected:
+        raise ValueError(
+            f"Latents of shape {tuple(latents.shape)} do not fit this SD3 transformer at {options['height']}x"
+            f"{options['width']} px: expected (B, {', '.join(map(str, expected))}) (in_channels x latent h x w)."
+        )
+    if timesteps.shape != (latents.shape[0],):
+        raise ValueError(f"timesteps must be (B,) = ({latents.shape[0]},), got {tuple(timesteps.shape)}.")
+    _check_conditioning(transformer, conditioning, latents.shape[0], guidance_scale, options)
+    dtype = model_dtype(transformer)
+    hidden_states = latents.to(dtype)  # the only low-precision copy, for this forward
+
+    def predict(embeds: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return transformer(
+            hidden_states=hidden_states,
+            encoder_hidden_states=embeds.to(dtype),
+            pooled_projections=pooled.to(dtype),
+            timestep=timesteps,
+            return_dict=False,
+        )[0].float()
+
+    cond = predict(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
+    if guidance_scale <= 1:
+        return cond
+    uncond = predict(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
+    return uncond + guidance_scale * (cond - uncond)
+
+
+def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+    """Batch per-request SD3 conditionings for one forward (the step-wise path): concatenation, no padding.
+
+    SD3 attends to every text token (no key-padding mask), so zero-padding an embedding to a wider shared
+    width would change its prediction. Requests must therefore share one text width (the pipeline's fixed
+    encoder length); a `width` other than that width is refused.
+
+    Raises:
+        ValueError: no requests, different keys, different text widths, or `width` that would need padding.
+    """
+    if not conditionings:
+        raise ValueError("collate_conditioning needs at least one request.")
+    keys = set(conditionings[0])
+    for cond in conditionings[1:]:
+        if set(cond) != keys:
+            raise ValueError(f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}.")
+    for embeds_key, _ in TEXT_KEYS:
+        if embeds_key not in keys:
+            continue
+        widths = {int(c[embeds_key].shape[1]) for c in conditionings}
+        if len(widths) > 1 or (width is not None and widths != {width}):
+            raise ValueError(
+                f"SD3 requests with {embeds_key} widths {sorted(widths)} cannot share a forward"
+                f"{'' if width is None else f' at width {width}'}: SD3 attends to padding tokens (no text mask), so "
+                f"re-padding changes the prediction. Encode every prompt to the same fixed length, as "
+                f"StableDiffusion3Pipeline does (max_sequence_length)."
+            )
+    return {key: torch.cat([c[key] for c in conditionings]) for key in sorted(keys)}
+
+
+FAMILY = ModelFamily(
+    name="sd3",
+    velocity=velocity,
+    latent_shape=_latent_shape,
+    initial_latents=_initial_latents,
+    scheduler_setup=_scheduler_setup,
+    check_conditioning=_check_conditioning,
+    collate_conditioning=collate_conditioning,
+)
+
+
+def rollout(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    *,
+    height: int,
+    width: int,
+    num_inference_steps: int,
+    seeds: Sequence[int],
+    window: SDEWindow | Sequence[SDEWindow],
+    noise_level: float,
+    sde_type: str = "sde",
+    guidance_scale: float = 1.0,
+    scheduler_config: Mapping[str, Any] | None = None,
+    prompt_groups: Sequence[int] | None = None,
+    global_step: int = 0,
+    vae_scale_factor: int = 8,
+    include_normalizer: bool = True,
+    denoise_to_end: bool = True,
+    injection: Injection | None = None,
+) -> Trajectory:
+    """SD3 rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+
+    `guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
+    `scheduler_config` defaults to SD3's released config ([`SD3_SCHEDULER_CONFIG`]); the schedule is the
+    pipeline's (see `_scheduler_setup`).
+    """
+    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor)}
+    config = SD3_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
+    setup = _scheduler_setup(config, num_inference_steps, transformer, options)
+    return denoise.rollout(
+        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
+        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
+        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end, injection=injection,
+    )
+
+
+def recompute_log_probs(
+    transformer: nn.Module,
+    trajectory: Trajectory,
+    *,
+    steps: Sequence[int] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """SD3 training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
+
+    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_sd3(dtype=...)`), or
+    keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
+    """
+    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)

@@ -1,0 +1,399 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Step-wise (continuous-batching) rollout: vLLM-omni's step protocol reproduced in PyTorch.
+
+vLLM-omni's `step_execution` mode keeps one state per request and, at every engine step, runs
+`denoise_step` on a batch of whichever requests are running (each possibly at a different denoising step),
+then `step_scheduler` per request; requests join and leave between steps. This module is that loop, with
+the consistency fixes of DESIGN.md §1:
+
+* per-request latents are float32 from the initial draw to the stored trajectory (cast to the
+  transformer's dtype only inside the forward);
+* prompt embeddings of different lengths are zero-padded to one shared width for the batched forward and
+  the text RoPE lengths come from that padded width (`adapters.rope.padded_txt_seq_lens`, applied by the
+  family's velocity function);
+* each request owns its scheduler, its generator (seeded with its own seed: initial noise first, then one
+  SDE draw per window step, as `adapters.denoise` documents) and its SDE window.
+
+For the same seeds, windows and conditioning a request's trajectory equals the request-level rollout's bit
+for bit whenever every batched forward it took part in is the same computation for its row: the same text
+width (pass `text_width` to fix it, or pad prompts to one width) and at least 2 rows per forward (this CPU
+build takes a different kernel for a single row). Otherwise the difference is rounding-level (tested).
+
+Layout: the per-request pieces are plain functions over plain dataclasses ([`RequestState`],
+[`WindowRecord`]) so a vLLM-omni pipeline (`adapters.vllm_omni`) can call them with its own state objects:
+[`init_window_record`] / [`record_window_step`] / [`window_trajectory`] (trajectory assembly),
+[`gather_latents`] (with vLLM-omni's mixed-dtype check), [`scheduler_step`] (one request, one step),
+[`shared_text_width`] and the family's `collate_conditioning` (padding). Only [`denoise_step`] and
+[`run_stepwise`] touch the torch forward.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from schedulers import FlowMatchSDEDiscreteScheduler, SDEWindow
+
+from . import pitfalls
+from .denoise import ModelFamily, make_generators, model_device, model_dtype
+from .pitfalls import Injection, MixedDtypeBatchError
+from .schedule import SchedulerSetup
+from .trajectory import Trajectory, stack_trajectories
+
+__all__ = [
+    "RequestState",
+    "StepwiseRequest",
+    "WindowRecord",
+    "denoise_step",
+    "gather_latents",
+    "init_request",
+    "init_window_record",
+    "record_window_step",
+    "run_stepwise",
+    "scheduler_step",
+    "shared_text_width",
+    "window_trajectory",
+]
+
+
+# ------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class StepwiseRequest:
+    """One request submitted to the step-wise engine.
+
+    Args:
+        request_id: unique id. seed: the request's seed (initial + SDE noise).
+        conditioning: batch-first tensors with one row (e.g. `prompt_embeds` (1, L, D), its own L).
+        window: the request's SDE window (share one per prompt group: `schedulers.draw_sde_window`).
+        prompt_group: its prompt-group id. arrival: engine step at which it may join (default 0).
+    """
+
+    request_id: str
+    seed: int
+    conditioning: Mapping[str, torch.Tensor]
+    window: SDEWindow
+    prompt_group: int = 0
+    arrival: int = 0
+
+
+@dataclass
+class WindowRecord:
+    """What one request stores of its window, filled step by step (float32 tensors of shape `(1, ...)`)."""
+
+    window: SDEWindow
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    log_probs: list[torch.Tensor] = field(default_factory=list)
+    timesteps: list[torch.Tensor] = field(default_factory=list)
+    last_output: torch.Tensor | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.last_output is not None
+
+
+@dataclass
+class RequestState:
+    """Per-request state of the step-wise engine (mutable; one per running request)."""
+
+    request: StepwiseRequest
+    latents: torch.Tensor  # (1, *latent_shape), float32 (the stock reproduction keeps the model dtype)
+    generator: torch.Generator
+    scheduler: FlowMatchSDEDiscreteScheduler
+    record: WindowRecord
+    step_index: int = 0
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.scheduler.timesteps)
+
+    @property
+    def finished(self) -> bool:
+        return self.step_index >= self.num_steps
+
+    @property
+    def current_timestep(self) -> torch.Tensor:
+        return self.scheduler.timesteps[self.step_index].to(torch.float32)
+
+
+# ------------------------------------------------------------------------------- plain functions
+def init_window_record(window: SDEWindow) -> WindowRecord:
+    return WindowRecord(window=window)
+
+
+def record_window_step(
+    record: WindowRecord,
+    step_index: int,
+    sample: torch.Tensor,
+    timestep: torch.Tensor,
+    log_prob: torch.Tensor,
+    prev_sample: torch.Tensor,
+) -> None:
+    """Store one window step of one request: its input `sample` (1, ...), `log_prob` (1,), `timestep` and,
+    at the window's last step, the drawn `prev_sample`. All float32; ValueError otherwise."""
+    if step_index not in record.window:
+        raise ValueError(f"Step {step_index} is outside the request's window {record.window}.")
+    if len(record.inputs) != step_index - record.window.start:
+        raise ValueError(
+            f"Window step {step_index} recorded out of order (have {len(record.inputs)} of the window's steps)."
+        )
+    for name, tensor in (("sample", sample), ("log_prob", log_prob), ("prev_sample", prev_sample)):
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"record_window_step: {name} is {tensor.dtype}; the trajectory stores float32 only.")
+    record.inputs.append(sample.detach().clone())
+    record.log_probs.append(log_prob.detach().reshape(1).clone())
+    record.timesteps.append(torch.as_tensor(timestep, dtype=torch.float32).reshape(1).cpu())
+    if step_index == record.window.stop - 1:
+        record.last_output = prev_sample.detach().clone()
+
+
+def window_trajectory(
+    record: WindowRecord,
+    *,
+    seed: int,
+    prompt_group: int,
+    conditioning: Mapping[str, torch.Tensor],
+    model_family: str,
+    scheduler_setup: SchedulerSetup,
+    noise_level: float,
+    sde_type: str,
+    guidance_scale: float,
+    global_step: int,
+    family_options: Mapping[str, Any],
+    include_normalizer: bool = True,
+    final_latents: torch.Tensor | None = None,
+    provenance: Mapping[str, str] | None = None,
+) -> Trajectory:
+    """One request's trajectory (B = 1) from its completed [`WindowRecord`]; validated."""
+    if not record.complete:
+        raise ValueError(f"The request's window {record.window} is not complete ({len(record.inputs)} steps recorded).")
+    return Trajectory(
+        latents=torch.stack(record.inputs + [record.last_output], dim=1),
+        log_probs=torch.cat(record.log_probs).reshape(1, -1),
+        timesteps=torch.cat(record.timesteps).reshape(1, -1).to(record.inputs[0].device),
+        windows=(record.window,),
+        noise_level=float(noise_level),
+        sde_type=sde_type,
+        guidance_scale=float(guidance_scale),
+        seeds=(seed,),
+        prompt_groups=(prompt_group,),
+        global_step=global_step,
+        conditioning=dict(conditioning),
+        model_family=model_family,
+        scheduler=scheduler_setup,
+        family_options=dict(family_options),
+        include_normalizer=include_normalizer,
+        final_latents=final_latents,
+        provenance=dict(provenance or {"path": "step-wise"}),
+    ).validate()
+
+
+def gather_latents(latents: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-request latents `(1, ...)` into the batch for one forward.
+
+    Raises:
+        MixedDtypeBatchError: requests hold latents of different dtypes (vLLM-omni's "Mixed dtypes in latents
+            batch." — the symptom of a step-wise path that keeps some request states in bf16).
+    """
+    if not latents:
+        raise ValueError("Cannot gather an empty batch of requests.")
+    dtypes = {t.dtype for t in latents}
+    if len(dtypes) > 1:
+        raise MixedDtypeBatchError(
+            f"Mixed dtypes in latents batch ({', '.join(sorted(map(str, dtypes)))}): keep every request's latents in "
+            f"float32 and cast to the transformer's dtype only for the forward."
+        )
+    shapes = {tuple(t.shape[1:]) for t in latents}
+    if len(shapes) > 1:
+        raise ValueError(f"Mixed latent shapes in one step-wise batch: {sorted(shapes)}.")
+    return torch.cat(list(latents))
+
+
+def shared_text_width(conditionings: Sequence[Mapping[str, torch.Tensor]], fixed: int | None = None) -> int:
+    """Target width the running requests' text embeddings are padded to: `fixed`, or the widest of them."""
+    widths = [t.shape[1] for c in conditionings for k, t in c.items() if t.dim() == 3]
+    widest = max(widths, default=0)
+    if fixed is None:
+        return widest
+    if fixed < widest:
+        raise ValueError(f"text_width={fixed} is narrower than a running request's prompt ({widest} tokens).")
+    return fixed
+
+
+def scheduler_step(
+    scheduler: FlowMatchSDEDiscreteScheduler,
+    noise_pred: torch.Tensor,
+    timestep: torch.Tensor,
+    latents: torch.Tensor,
+    *,
+    in_window: bool,
+    generator: torch.Generator,
+    noise_level: float,
+    sde_type: str,
+    include_normalizer: bool = True,
+):
+    """One request's scheduler step in float32 (SDE inside its window, ODE outside): the scheduler output."""
+    return scheduler.sample_previous_step(
+        noise_pred.float(), timestep, latents, noise_level=noise_level if in_window else 0.0, sde_type=sde_type,
+        generator=[generator] if in_window else None, include_normalizer=include_normalizer,
+    )
+
+
+def init_request(
+    family: ModelFamily,
+    transformer: nn.Module,
+    request: StepwiseRequest,
+    *,
+    scheduler_setup: SchedulerSetup,
+    options: Mapping[str, Any],
+    injection: Injection | None = None,
+) -> RequestState:
+    """`prepare_encode`: the request's generator, its float32 initial latents and its own scheduler."""
+    (generator,) = make_generators([request.seed])
+    latents = family.initial_latents(transformer, [generator], options).to(model_device(transformer), torch.float32)
+    window = request.window
+    if window.num_steps != scheduler_setup.num_inference_steps:
+        raise ValueError(
+            f"Request {request.request_id}: window {window} lies outside the {scheduler_setup.num_inference_steps}-step "
+            f"schedule."
+        )
+    if injection is not None and injection.per_request_window:
+        window = pitfalls.stock_per_request_window(request.request_id, num_steps=window.num_steps, window_size=window.size)
+    # Its own scheduler: a copy of the setup's built one (the same sigmas; copying costs ~70 us, building ~250 us).
+    return RequestState(
+        request=request, latents=latents, generator=generator, scheduler=copy.deepcopy(scheduler_setup.scheduler()),
+        record=init_window_record(window),
+    )
+
+
+def denoise_step(
+    family: ModelFamily,
+    transformer: nn.Module,
+    states: Sequence[RequestState],
+    *,
+    guidance_scale: float,
+    options: Mapping[str, Any],
+    text_width: int | None = None,
+    injection: Injection | None = None,
+) -> torch.Tensor:
+    """One batched forward over the running requests: noise_pred `(B, *latent_shape)` float32.
+
+    Gathers the per-request latents (mixed dtypes are an error), pads every request's text to the shared
+    width, and calls the family's velocity with per-request timesteps.
+    """
+    latents = gather_latents([s.latents for s in states])
+    # Stock reproduction only: bf16-held states are upcast losslessly for the velocity (which takes float32);
+    # the damage was already done when the state was rounded.
+    latents = latents.to(torch.float32)
+    conditionings = [s.request.conditioning for s in states]
+    width = shared_text_width(conditionings, text_width)
+    conditioning = family.collate_conditioning(conditionings, width)
+    conditioning = {k: v.to(latents.device) for k, v in conditioning.items()}
+    timesteps = torch.stack([s.current_timestep for s in states]).to(latents.device)
+    return family.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options, injection=injection)
+
+
+def run_stepwise(
+    family: ModelFamily,
+    transformer: nn.Module,
+    requests: Sequence[StepwiseRequest],
+    *,
+    scheduler_setup: SchedulerSetup,
+    noise_level: float,
+    sde_type: str = "sde",
+    guidance_scale: float = 1.0,
+    options: Mapping[str, Any] | None = None,
+    max_num_seqs: int = 4,
+    text_width: int | None = None,
+    global_step: int = 0,
+    include_normalizer: bool = True,
+    injection: Injection | None = None,
+) -> Trajectory:
+    """Continuous-batching rollout of `requests`; returns one trajectory, rows in the order of `requests`.
+
+    Each engine step admits waiting requests whose `arrival` has come (up to `max_num_seqs` running), runs one
+    batched forward ([`denoise_step`]), steps each request's own scheduler, and retires finished requests. The
+    text of each forward is padded to `text_width` (fixed) or to the widest running prompt (`None`, as
+    vLLM-omni does). Requests run the whole schedule (their final latents are stored).
+
+    Raises:
+        MixedDtypeBatchError: only under the `stepwise-bf16` reproduction, when a fresh float32 request joins
+            running bf16 ones.
+    """
+    options = dict(options or {})
+    if not requests:
+        raise ValueError("run_stepwise needs at least one request.")
+    if len({r.request_id for r in requests}) != len(requests):
+        raise ValueError("Request ids must be unique.")
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}.")
+    if not noise_level > 0:
+        raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
+    for request in requests:
+        family.check_conditioning(transformer, request.conditioning, 1, guidance_scale, options)
+    injection = injection or None
+    keep_model_dtype = injection is not None and injection.stepwise_bf16
+    dtype = model_dtype(transformer)
+
+    waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
+    running: list[tuple[int, RequestState]] = []
+    finished: dict[int, tuple[RequestState, torch.Tensor]] = {}
+    engine_step = 0
+    with torch.no_grad():
+        while waiting or running:
+            while waiting and len(running) < max_num_seqs and requests[waiting[0]].arrival <= engine_step:
+                index = waiting.popleft()
+                state = init_request(family, transformer, requests[index], scheduler_setup=scheduler_setup,
+                                     options=options, injection=injection)
+                running.append((index, state))
+            if not running:
+                engine_step += 1
+                continue
+            states = [s for _, s in running]
+            noise_pred = denoise_step(family, transformer, states, guidance_scale=guidance_scale, options=options,
+                                      text_width=text_width, injection=injection)
+            for row, state in enumerate(states):
+                step = state.step_index
+                in_window = step in state.record.window
+                sample = state.latents.to(torch.float32)
+                out = scheduler_step(
+                    state.scheduler, noise_pred[row : row + 1], state.current_timestep, sample,
+                    in_window=in_window, generator=state.generator, noise_level=noise_level, sde_type=sde_type,
+                    include_normalizer=include_normalizer,
+                )
+                prev = out.prev_sample
+                if keep_model_dtype:
+                    # REPRODUCTION (stock step-wise path): the per-request state is stored in the model dtype.
+                    prev = prev.to(dtype)
+                if in_window:
+                    record_window_step(state.record, step, sample, state.current_timestep, out.log_prob,
+                                       prev.to(torch.float32))
+                state.latents = prev
+                state.step_index += 1
+            still_running = []
+            for index, state in running:
+                if state.finished:
+                    finished[index] = (state, state.latents.to(torch.float32))
+                else:
+                    still_running.append((index, state))
+            running = still_running
+            engine_step += 1
+
+    provenance = {"path": "step-wise", "max_num_seqs": str(max_num_seqs)}
+    if injection is not None:
+        provenance["injection"] = ",".join(injection.names)
+    trajectories = [
+        window_trajectory(
+            finished[i][0].record, seed=r.seed, prompt_group=r.prompt_group, conditioning=r.conditioning,
+            model_family=family.name, scheduler_setup=scheduler_setup, noise_level=noise_level, sde_type=sde_type,
+            guidance_scale=guidance_scale, global_step=global_step, family_options=options,
+            include_normalizer=include_normalizer, final_latents=finished[i][1], provenance=provenance,
+        )
+        for i, r in enumerate(requests)
+    ]
+    return stack_trajectories(trajectories)

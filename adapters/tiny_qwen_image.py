@@ -1,0 +1,210 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The embedded default: a tiny offline Qwen-Image transformer and a tiny prompt encoder.
+
+Both are real components built from fixed configs with seeded weights, so everything runs on a CPU with
+no model hub: the transformer is diffusers' `QwenImageTransformer2DModel` (via
+[`QwenImageTransformerTxtSeqLens`], which only adds the optional `txt_seq_lens` argument) at a few ms per
+forward; the prompt encoder is a `tokenizers` word-level tokenizer held in memory plus a seeded embedding,
+so prompts of different word counts give embeddings of different lengths with a padding mask, as Qwen-Image's
+text encoder does.
+
+A real model directory goes through the same functions: `load_qwen_image(path)` is
+`from_pretrained(path, subfolder="transformer")` (or the directory itself), and
+`load_qwen_image_scheduler_config(path)` reads `scheduler/scheduler_config.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from torch import nn
+
+from .rope import QwenImageTransformerTxtSeqLens
+
+__all__ = [
+    "QWEN_IMAGE_SCHEDULER_CONFIG",
+    "TINY_QWEN_IMAGE_CONFIG",
+    "TinyPromptEncoder",
+    "load_qwen_image",
+    "load_qwen_image_scheduler_config",
+]
+
+# Tiny but structurally complete: 2 double-stream blocks, 2 heads of 16, 16 packed channels (4 latent
+# channels x 2x2 patches), text width 32. RoPE axes sum to the head dim.
+TINY_QWEN_IMAGE_CONFIG: Mapping[str, Any] = {
+    "patch_size": 2,
+    "in_channels": 16,
+    "out_channels": 4,
+    "num_layers": 2,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 32,
+    "axes_dims_rope": (4, 6, 6),
+}
+
+# Qwen-Image's released scheduler config (FlowMatchEulerDiscreteScheduler, exponential dynamic shifting).
+QWEN_IMAGE_SCHEDULER_CONFIG: Mapping[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 0.9,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 8192,
+    "invert_sigmas": False,
+    "shift_terminal": 0.02,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "time_shift_type": "exponential",
+    "stochastic_sampling": False,
+}
+
+
+def load_qwen_image(
+    path: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    config: Mapping[str, Any] | None = None,
+) -> QwenImageTransformerTxtSeqLens:
+    """The Qwen-Image transformer: tiny and seeded when `path` is None, else loaded from a local directory.
+
+    Args:
+        path: a diffusers model directory (with a `transformer/` subfolder, or the transformer folder itself),
+            or `None` for the tiny model.
+        dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
+        device: where to put the model.
+        seed: weight seed of the tiny model (ignored when loading).
+        config: override the tiny config (ignored when loading).
+
+    Returns:
+        The model in eval mode. It is a `QwenImageTransformer2DModel` whose forward also accepts
+        `txt_seq_lens` (see `adapters.rope`).
+    """
+    if path is None:
+        # Seed only the weight init, then restore the caller's global RNG (no hidden global-state change).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = QwenImageTransformerTxtSeqLens(**dict(config or TINY_QWEN_IMAGE_CONFIG))
+    else:
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"No model directory at {path}.")
+        subfolder = "transformer" if (path / "transformer").is_dir() else None
+        model = QwenImageTransformerTxtSeqLens.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+    # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast, and
+    # Qwen-Image has none to keep.
+    return nn.Module.to(model, device=device, dtype=dtype).eval()
+
+
+def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Scheduler config: Qwen-Image's released one when `path` is None, else read from the model directory."""
+    if path is None:
+        return dict(QWEN_IMAGE_SCHEDULER_CONFIG)
+    path = Path(path)
+    candidates = [path / "scheduler" / "scheduler_config.json", path / "scheduler_config.json"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return {k: v for k, v in json.loads(candidate.read_text()).items() if not k.startswith("_")}
+    raise FileNotFoundError(f"No scheduler config under {path} (looked for {', '.join(map(str, candidates))}).")
+
+
+# A small fixed vocabulary; words outside it share [UNK]. Word count, not vocabulary, sets the length.
+_VOCAB_WORDS = (
+    "a an the of in on at with and or to from by for under over near behind above "
+    "cat dog bird fish horse cow fox owl bear lion tiger robot person child woman man car boat train plane "
+    "house tree flower mountain river lake sea sky sun moon star cloud city street forest garden field "
+    "red orange yellow green blue purple pink black white gray brown golden silver bright dark "
+    "small large tiny huge old new young happy sad quiet loud soft hard warm cold wet dry "
+    "photo painting drawing sketch render portrait landscape closeup watercolor oil digital "
+    "sitting standing running flying swimming sleeping reading walking jumping playing "
+    "morning evening night winter summer spring autumn rain snow fog light shadow"
+).split()
+
+
+class TinyPromptEncoder(nn.Module):
+    """In-memory word-level tokenizer + seeded embedding: a stand-in for Qwen-Image's text encoder.
+
+    `encode(prompts)` returns `(prompt_embeds (B, L, D) float32, prompt_embeds_mask (B, L) int64)` padded to
+    the longest prompt of the call (or to `pad_to`), padding rows zero, as diffusers' `QwenImagePipeline`
+    returns them. `L` of a prompt is its word count (at least 1).
+    """
+
+    def __init__(self, embedding_dim: int = 32, *, seed: int = 0, tokenizer: Tokenizer | None = None,
+                 embedding: torch.Tensor | None = None):
+        super().__init__()
+        if tokenizer is None:
+            vocab = {"[PAD]": 0, "[UNK]": 1}
+            for word in _VOCAB_WORDS:
+                vocab.setdefault(word, len(vocab))
+            tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="[UNK]"))
+            tokenizer.pre_tokenizer = Whitespace()
+        self.tokenizer = tokenizer
+        vocab_size = tokenizer.get_vocab_size()
+        if embedding is None:
+            generator = torch.Generator().manual_seed(seed)
+            embedding = torch.randn(vocab_size, embedding_dim, generator=generator, dtype=torch.float32)
+        self.embedding = nn.Embedding.from_pretrained(embedding.to(torch.float32), freeze=True)
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.embedding.embedding_dim)
+
+    def token_ids(self, prompt: str) -> list[int]:
+        ids = self.tokenizer.encode(re.sub(r"\s+", " ", prompt.lower()).strip() or "[UNK]").ids
+        return ids or [self.tokenizer.token_to_id("[UNK]")]
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str], *, pad_to: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embed prompts; see the class docstring. `pad_to` pads wider than the longest prompt."""
+        if isinstance(prompts, str):
+            raise TypeError("encode() takes a list of prompts, not one string.")
+        ids = [self.token_ids(p) for p in prompts]
+        width = max(len(i) for i in ids)
+        if pad_to is not None:
+            if pad_to < width:
+                raise ValueError(f"pad_to={pad_to} is narrower than the longest prompt ({width} tokens).")
+            width = pad_to
+        embeds = torch.zeros((len(ids), width, self.embedding_dim), dtype=torch.float32)
+        mask = torch.zeros((len(ids), width), dtype=torch.int64)
+        for row, token_ids in enumerate(ids):
+            embeds[row, : len(token_ids)] = self.embedding(torch.tensor(token_ids))
+            mask[row, : len(token_ids)] = 1
+        return embeds, mask
+
+    def conditioning(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
+                     *, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+        """Qwen-Image conditioning dict: `prompt_embeds`, `prompt_embeds_mask` (+ `negative_*` when given)."""
+        embeds, mask = self.encode(prompts, pad_to=pad_to)
+        out = {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
+        if negative_prompts is not None:
+            if len(negative_prompts) != len(prompts):
+                raise ValueError(f"{len(negative_prompts)} negative prompts for {len(prompts)} prompts.")
+            neg, neg_mask = self.encode(negative_prompts, pad_to=pad_to)
+            out.update(negative_prompt_embeds=neg, negative_prompt_embeds_mask=neg_mask)
+        return out
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(path / "tokenizer.json"))
+        save_file({"embedding": self.embedding.weight.detach().contiguous()}, str(path / "embedding.safetensors"))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> TinyPromptEncoder:
+        path = Path(path)
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        embedding = load_file(str(path / "embedding.safetensors"))["embedding"]
+        return cls(embedding.shape[1], tokenizer=tokenizer, embedding=embedding)

@@ -1,0 +1,179 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Tiny offline SD3 and FLUX: seeded diffusers transformers from fixed configs, and their prompt encoder.
+
+* `load_sd3()`: diffusers' `SD3Transformer2DModel` (2 joint blocks, width 16, 4 latent channels, 2x2
+  patches). `load_flux()`: diffusers' `FluxTransformer2DModel` (1 double-stream + 1 single-stream block,
+  2 heads of 16, 16 latent channels packed 2x2 into 64 as FLUX.1, guidance embedding on as FLUX.1-dev). A forward at
+  batch 4 on a 64x64-px image (8x8 latent) takes about 2 ms on a CPU. A real model directory goes through
+  the same functions: `load_sd3(path)` / `load_flux(path)` are `from_pretrained(path,
+  subfolder="transformer")` (or the directory itself).
+* [`TinyClipT5Encoder`]: the two families condition on a fixed-length sequence of T5 token embeddings
+  (`prompt_embeds`) and a pooled CLIP vector (`pooled_prompt_embeds`), with no text mask. The stand-in
+  builds the sequence from the project's word-level `TinyPromptEncoder` (in-memory `tokenizers` tokenizer
+  + seeded embedding, `adapters.tiny_qwen_image`) padded to a fixed `max_length`, as the pipelines pad to
+  `max_sequence_length`; the pooled vector is `tanh(mean of the prompt's token embeddings @ P)` with a
+  seeded projection `P`. Everything is a pure function of the prompts and the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+from .tiny_qwen_image import TinyPromptEncoder
+
+__all__ = [
+    "TINY_FLUX_CONFIG",
+    "TINY_SD3_CONFIG",
+    "TINY_TEXT_LENGTH",
+    "TinyClipT5Encoder",
+    "load_flux",
+    "load_sd3",
+    "tiny_flux_prompt_encoder",
+    "tiny_sd3_prompt_encoder",
+]
+
+TINY_SD3_CONFIG: Mapping[str, Any] = {
+    "sample_size": 8,
+    "patch_size": 2,
+    "in_channels": 16,
+    "num_layers": 2,
+    "attention_head_dim": 8,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 32,
+    "caption_projection_dim": 16,
+    "pooled_projection_dim": 16,
+    "out_channels": 16,
+    "pos_embed_max_size": 16,
+}
+# RoPE axes (4, 6, 6) sum to the head dim 16.
+TINY_FLUX_CONFIG: Mapping[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 32,
+    "pooled_projection_dim": 16,
+    "guidance_embeds": True,
+    "axes_dims_rope": (4, 6, 6),
+}
+TINY_TEXT_LENGTH = 16  # the tiny encoders' fixed text length (the pipelines' max_sequence_length)
+
+ModelT = TypeVar("ModelT", SD3Transformer2DModel, FluxTransformer2DModel)
+
+
+def _load(model_class: type[ModelT], tiny_config: Mapping[str, Any], path, dtype, device, seed, config) -> ModelT:
+    if path is None:
+        # Seed only the weight init, then restore the caller's global RNG (no hidden global-state change).
+        # Weights are drawn in float32, so the bf16 model of a seed is the rounded float32 model.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = model_class(**dict(config or tiny_config))
+    else:
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"No model directory at {path}.")
+        subfolder = "transformer" if (path / "transformer").is_dir() else None
+        model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+    # torch.nn.Module.to: the cast of diffusers' ModelMixin.to without its `_keep_in_fp32_modules` warning.
+    return torch.nn.Module.to(model, device=device, dtype=dtype).eval()
+
+
+def load_sd3(
+    path: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    config: Mapping[str, Any] | None = None,
+) -> SD3Transformer2DModel:
+    """The SD3 transformer: tiny and seeded when `path` is None, else loaded from a local directory.
+
+    Args:
+        path: a diffusers model directory (with a `transformer/` subfolder, or the transformer folder itself),
+            or `None` for the tiny model.
+        dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
+        device: where to put the model.
+        seed: weight seed of the tiny model (ignored when loading).
+        config: override the tiny config (ignored when loading).
+
+    Returns:
+        The model in eval mode.
+    """
+    return _load(SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype, device, seed, config)
+
+
+def load_flux(
+    path: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    config: Mapping[str, Any] | None = None,
+) -> FluxTransformer2DModel:
+    """The FLUX transformer: tiny and seeded when `path` is None, else loaded from a local directory.
+
+    Arguments as [`load_sd3`]; `config={**TINY_FLUX_CONFIG, "guidance_embeds": False}` gives a schnell-like
+    tiny model without the guidance embedding.
+    """
+    return _load(FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype, device, seed, config)
+
+
+class TinyClipT5Encoder:
+    """Prompts → `prompt_embeds` `(B, max_length, embedding_dim)` and `pooled_prompt_embeds` `(B, pooled_dim)`, float32.
+
+    Args:
+        embedding_dim: width of `prompt_embeds` (the transformer's `joint_attention_dim`).
+        pooled_dim: width of `pooled_prompt_embeds` (the transformer's `pooled_projection_dim`).
+        max_length: fixed text length every prompt is padded to (zero rows past the prompt's words).
+        seed: seeds the token embedding and the pooling projection.
+    """
+
+    def __init__(self, embedding_dim: int, pooled_dim: int, *, max_length: int = TINY_TEXT_LENGTH, seed: int = 0):
+        self.words = TinyPromptEncoder(embedding_dim, seed=seed)
+        self.max_length = int(max_length)
+        # A seed of its own for the projection, derived from `seed`, so that it is not the embedding's draws.
+        derived = int.from_bytes(hashlib.sha256(f"tiny-clip-pooled/{seed}".encode()).digest()[:8], "little")
+        generator = torch.Generator().manual_seed(derived)
+        self.projection = torch.randn(embedding_dim, pooled_dim, generator=generator) / embedding_dim**0.5
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(prompt_embeds (B, max_length, D), pooled_prompt_embeds (B, P))`, float32.
+
+        Raises:
+            ValueError: a prompt has more than `max_length` tokens (shorten it or raise `max_length`).
+        """
+        embeds, mask = self.words.encode(prompts, pad_to=self.max_length)
+        mean = embeds.sum(dim=1) / mask.sum(dim=1, keepdim=True)
+        return embeds, torch.tanh(mean @ self.projection)
+
+    def conditioning(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """SD3 / FLUX conditioning: `prompt_embeds`, `pooled_prompt_embeds` (+ `negative_*` when given)."""
+        embeds, pooled = self.encode(prompts)
+        out = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+        if negative_prompts is not None:
+            if len(negative_prompts) != len(prompts):
+                raise ValueError(f"{len(negative_prompts)} negative prompts for {len(prompts)} prompts.")
+            out["negative_prompt_embeds"], out["negative_pooled_prompt_embeds"] = self.encode(negative_prompts)
+        return out
+
+
+def tiny_sd3_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
+    """Encoder for the tiny SD3 model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
+    return TinyClipT5Encoder(TINY_SD3_CONFIG["joint_attention_dim"], TINY_SD3_CONFIG["pooled_projection_dim"],
+                             max_length=max_length, seed=seed)
+
+
+def tiny_flux_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
+    """Encoder for the tiny FLUX model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
+    return TinyClipT5Encoder(TINY_FLUX_CONFIG["joint_attention_dim"], TINY_FLUX_CONFIG["pooled_projection_dim"],
+                             max_length=max_length, seed=seed)

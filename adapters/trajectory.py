@@ -1,0 +1,506 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The fp32 trajectory: what a rollout stores and a trainer re-scores, and its safetensors file.
+
+Storage policy: every stored floating tensor is float32 (latents, log-probs, timesteps, conditioning);
+integer masks are int64. Nothing is stored in the transformer's dtype: a bf16 latent rounds the sample the
+rollout scored, and the trainer then scores a different point (DESIGN.md §1, "precision loss in stored
+latents").
+
+File format (one `.safetensors` file, little-endian, readable by any safetensors reader):
+
+* tensors `latents` (B, W+1, *latent_shape) f32, `log_probs` (B, W) f32, `timesteps` (B, W) f32,
+  optionally `final_latents` (B, *latent_shape) f32, and one `conditioning.<name>` per conditioning tensor;
+* header metadata (string → string): `format` = `rollout-consistency/trajectory`, `format_version` = `1`,
+  `sha256` (digest of every tensor's name, dtype, shape and bytes), and one JSON string per scalar field
+  (`windows`, `noise_level`, `sde_type`, `guidance_scale`, `seeds`, `prompt_groups`, `global_step`,
+  `model_family`, `scheduler`, `family_options`, `include_normalizer`, `provenance`).
+
+`save` then `load` returns a trajectory whose tensors are bit-identical to the saved ones. A file that is
+truncated, corrupted, of another format, or holds a non-float32 latent / log-prob / timestep raises
+[`TrajectoryFormatError`] naming the problem; nothing is cast or repaired silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+
+from schedulers import SDE_TYPES, SDEWindow
+
+from .schedule import SchedulerSetup
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Trajectory", "TrajectoryFormatError", "stack_trajectories"]
+
+FORMAT_NAME = "rollout-consistency/trajectory"
+FORMAT_VERSION = "1"
+_COND_PREFIX = "conditioning."
+_MASK_SUFFIX = "_mask"
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+
+class TrajectoryFormatError(ValueError):
+    """A trajectory file that cannot be read back exactly (truncated, corrupted, wrong format or dtype)."""
+
+
+def _is_mask_key(name: str) -> bool:
+    return name.endswith(_MASK_SUFFIX)
+
+
+@dataclass(frozen=True, eq=False)
+class Trajectory:
+    """A batch of rollouts restricted to their SDE windows, in float32.
+
+    Shapes: `B` samples, `W` window steps (the same window size for every sample), `latent_shape` the
+    per-sample latent shape of the model family (Qwen-Image: packed `(seq, channels)`).
+
+    Args:
+        latents (`torch.Tensor` `(B, W+1, *latent_shape)`, float32): the sample entering each window step,
+            then the output of the last window step. `latents[:, k+1]` is the sample drawn by step `k`.
+        log_probs (`torch.Tensor` `(B, W)`, float32): the rollout's log-prob of each window step (scheduler
+            convention: mean over non-batch dims).
+        timesteps (`torch.Tensor` `(B, W)`, float32): exact schedule values of each sample's window steps.
+        windows (`tuple[SDEWindow, ...]`): the window of each sample (`len == B`). Samples of one prompt group
+            share a window; different groups may differ. `.window` gives the common window.
+        noise_level (`float`): SDE noise level (> 0). sde_type (`str`): `"sde"`, `"cps"` or `"dance_sde"`.
+        guidance_scale (`float`): true-CFG scale used by the forward (CFG on when > 1).
+        seeds (`tuple[int, ...]`): per-sample seed of the initial noise and the SDE noise (see
+            `adapters.denoise` for how a seed maps to draws).
+        prompt_groups (`tuple[int, ...]`): per-sample prompt-group id. global_step (`int`): training step.
+        conditioning (`Mapping[str, torch.Tensor]`): what the trainer feeds the model, batch-first: float32
+            embeddings (e.g. `prompt_embeds` `(B, L, D)`) and int64 masks (names ending in `_mask`, `(B, L)`).
+        model_family (`str`): `"qwen-image"`, `"sd3"` or `"flux"`.
+        scheduler ([`SchedulerSetup`]): rebuilds the exact schedule.
+        family_options (`Mapping[str, Any]`): JSON-able forward settings of the family (image size, ...).
+        include_normalizer (`bool`): whether log-probs include the Gaussian normaliser.
+        final_latents (`torch.Tensor` `(B, *latent_shape)`, float32, *optional*): fully denoised latents
+            (for the reward); `None` when the rollout stopped after the window.
+        provenance (`Mapping[str, str]`): free-form provenance (`path`: `request-level` / `step-wise`, ...).
+    """
+
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    timesteps: torch.Tensor
+    windows: tuple[SDEWindow, ...]
+    noise_level: float
+    sde_type: str
+    guidance_scale: float
+    seeds: tuple[int, ...]
+    prompt_groups: tuple[int, ...]
+    global_step: int
+    conditioning: Mapping[str, torch.Tensor]
+    model_family: str
+    scheduler: SchedulerSetup
+    family_options: Mapping[str, Any] = field(default_factory=dict)
+    include_normalizer: bool = True
+    final_latents: torch.Tensor | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- derived views
+    @property
+    def batch_size(self) -> int:
+        return int(self.latents.shape[0])
+
+    @property
+    def window_size(self) -> int:
+        return int(self.log_probs.shape[1])
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return tuple(self.latents.shape[2:])
+
+    @property
+    def window(self) -> SDEWindow:
+        """The window shared by every sample; ValueError if samples have different windows."""
+        first = self.windows[0]
+        if any(w != first for w in self.windows):
+            raise ValueError(
+                f"Samples of this trajectory have different SDE windows ({sorted({w.start for w in self.windows})} "
+                f"starts); use `.windows` (one per sample) instead of `.window`."
+            )
+        return first
+
+    def step_indices(self) -> torch.Tensor:
+        """Schedule index of each stored step, int64 `(B, W)`."""
+        return torch.tensor([list(w.steps) for w in self.windows], dtype=torch.int64)
+
+    # ---------------------------------------------------------------- checks
+    def validate(self) -> Trajectory:
+        """Check dtypes, shapes, finiteness and that every timestep is the schedule's value at its step.
+
+        Returns `self` so that `Trajectory(...).validate()` chains. Raises ValueError / TypeError naming the
+        field and the fix.
+        """
+        for name in ("latents", "log_probs", "timesteps", "final_latents"):
+            tensor = getattr(self, name)
+            if tensor is None and name == "final_latents":
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"Trajectory.{name} must be a torch.Tensor, got {type(tensor).__name__}.")
+            if tensor.dtype != torch.float32:
+                raise TypeError(
+                    f"Trajectory.{name} is {tensor.dtype}; the trajectory stores float32 only. Keep the "
+                    f"latents in float32 through the rollout (cast to the transformer's dtype only for its "
+                    f"forward) rather than upcasting a rounded tensor here."
+                )
+            if not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"Trajectory.{name} holds NaN or Inf values.")
+        if self.latents.dim() < 3:
+            raise ValueError(f"Trajectory.latents must be (B, W+1, *latent_shape); got {tuple(self.latents.shape)}.")
+        batch, window_size = self.batch_size, self.window_size
+        if batch < 1 or window_size < 1:
+            raise ValueError(f"Empty trajectory: batch {batch}, window size {window_size}.")
+        if self.log_probs.shape != (batch, window_size) or self.timesteps.shape != (batch, window_size):
+            raise ValueError(
+                f"log_probs {tuple(self.log_probs.shape)} and timesteps {tuple(self.timesteps.shape)} must both be "
+                f"(B, W) = ({batch}, {window_size})."
+            )
+        if self.latents.shape[1] != window_size + 1:
+            raise ValueError(
+                f"latents hold {self.latents.shape[1]} samples per rollout for a window of {window_size} steps; "
+                f"expected W+1 = {window_size + 1} (the input of each step plus the last step's output)."
+            )
+        if self.final_latents is not None and tuple(self.final_latents.shape) != (batch, *self.latent_shape):
+            raise ValueError(
+                f"final_latents {tuple(self.final_latents.shape)} must be (B, *latent_shape) = "
+                f"{(batch, *self.latent_shape)}."
+            )
+        for name in ("windows", "seeds", "prompt_groups"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or len(value) != batch:
+                raise ValueError(f"Trajectory.{name} must be a tuple of {batch} entries (one per sample), got {value!r}.")
+        for window in self.windows:
+            if not isinstance(window, SDEWindow):
+                raise TypeError(f"Trajectory.windows must hold SDEWindow objects, got {window!r}.")
+            if window.size != window_size:
+                raise ValueError(f"Window {window} has {window.size} steps but the trajectory stores {window_size}.")
+            if window.num_steps != self.scheduler.num_inference_steps:
+                raise ValueError(
+                    f"Window {window} is for a {window.num_steps}-step schedule but the scheduler setup has "
+                    f"{self.scheduler.num_inference_steps} steps."
+                )
+        for name in ("seeds", "prompt_groups"):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in getattr(self, name)):
+                raise TypeError(f"Trajectory.{name} must hold ints.")
+        if not isinstance(self.global_step, int) or self.global_step < 0:
+            raise ValueError(f"global_step must be an int >= 0, got {self.global_step!r}.")
+        if self.sde_type not in SDE_TYPES:
+            raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
+        if not (math.isfinite(self.noise_level) and self.noise_level > 0):
+            raise ValueError(f"noise_level must be finite and > 0 for a trajectory with log-probs, got {self.noise_level!r}.")
+        if not math.isfinite(self.guidance_scale):
+            raise ValueError(f"guidance_scale must be finite, got {self.guidance_scale!r}.")
+        if not isinstance(self.model_family, str) or not self.model_family:
+            raise ValueError(f"model_family must be a non-empty string, got {self.model_family!r}.")
+        self._validate_conditioning()
+        self._validate_timesteps()
+        try:
+            json.dumps(dict(self.family_options), allow_nan=False)
+            json.dumps(dict(self.provenance), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"family_options and provenance must be JSON-able: {error}") from error
+        return self
+
+    def _validate_conditioning(self) -> None:
+        if not isinstance(self.conditioning, Mapping):
+            raise TypeError("Trajectory.conditioning must be a mapping of name → tensor.")
+        for name, tensor in self.conditioning.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"conditioning[{name!r}] must be a tensor, got {type(tensor).__name__}.")
+            if tensor.dim() == 0 or tensor.shape[0] != self.batch_size:
+                raise ValueError(
+                    f"conditioning[{name!r}] has shape {tuple(tensor.shape)}; it must be batch-first with "
+                    f"B = {self.batch_size} rows."
+                )
+            expected = torch.int64 if _is_mask_key(name) else torch.float32
+            if tensor.dtype != expected:
+                raise TypeError(
+                    f"conditioning[{name!r}] is {tensor.dtype}, expected {expected} (embeddings are stored in "
+                    f"float32, masks in int64)."
+                )
+            if expected == torch.float32 and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"conditioning[{name!r}] holds NaN or Inf values.")
+
+    def _validate_timesteps(self) -> None:
+        schedule = self.scheduler.timesteps()
+        expected = schedule[self.step_indices()]
+        if not torch.equal(expected, self.timesteps.cpu()):
+            bad = (expected != self.timesteps.cpu()).nonzero()[0].tolist()
+            raise ValueError(
+                f"timesteps[{bad[0]}, {bad[1]}] = {self.timesteps[bad[0], bad[1]].item()!r} is not the schedule's "
+                f"value {expected[bad[0], bad[1]].item()!r} at step {self.windows[bad[0]].start + bad[1]}: the "
+                f"stored timesteps, windows and scheduler setup disagree (a stale step-index mapping or a "
+                f"timestep that went through a lower-precision dtype)."
+            )
+
+    # ---------------------------------------------------------------- conveniences
+    def to(self, device: torch.device | str) -> Trajectory:
+        """A copy with every tensor on `device` (dtypes unchanged)."""
+        return replace(
+            self,
+            latents=self.latents.to(device),
+            log_probs=self.log_probs.to(device),
+            timesteps=self.timesteps.to(device),
+            conditioning={k: v.to(device) for k, v in self.conditioning.items()},
+            final_latents=None if self.final_latents is None else self.final_latents.to(device),
+        )
+
+    def select(self, indices: list[int] | range) -> Trajectory:
+        """The sub-batch of the given sample indices (e.g. a trainer micro-batch)."""
+        index = torch.as_tensor(list(indices), dtype=torch.int64)
+        if index.numel() == 0:
+            raise ValueError("select() needs at least one sample index.")
+        picked = index.tolist()
+        return replace(
+            self,
+            latents=self.latents[index.to(self.latents.device)],
+            log_probs=self.log_probs[index.to(self.log_probs.device)],
+            timesteps=self.timesteps[index.to(self.timesteps.device)],
+            windows=tuple(self.windows[i] for i in picked),
+            seeds=tuple(self.seeds[i] for i in picked),
+            prompt_groups=tuple(self.prompt_groups[i] for i in picked),
+            conditioning={k: v[index.to(v.device)] for k, v in self.conditioning.items()},
+            final_latents=None if self.final_latents is None else self.final_latents[index.to(self.final_latents.device)],
+        )
+
+    def stored_bytes(self) -> int:
+        """Bytes of tensor data this trajectory stores (excluding the file header)."""
+        tensors = self._tensors()
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    # ---------------------------------------------------------------- file I/O
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {"latents": self.latents, "log_probs": self.log_probs, "timesteps": self.timesteps}
+        if self.final_latents is not None:
+            tensors["final_latents"] = self.final_latents
+        for name in sorted(self.conditioning):  # sorted: the same trajectory always writes the same bytes
+            tensors[_COND_PREFIX + name] = self.conditioning[name]
+        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+
+    def _metadata(self) -> dict[str, str]:
+        return {
+            "windows": json.dumps([[w.start, w.size, w.num_steps] for w in self.windows]),
+            "noise_level": json.dumps(float(self.noise_level)),
+            "sde_type": json.dumps(self.sde_type),
+            "guidance_scale": json.dumps(float(self.guidance_scale)),
+            "seeds": json.dumps(list(self.seeds)),
+            "prompt_groups": json.dumps(list(self.prompt_groups)),
+            "global_step": json.dumps(self.global_step),
+            "model_family": json.dumps(self.model_family),
+            "scheduler": json.dumps(self.scheduler.to_json_dict(), allow_nan=False),
+            "family_options": json.dumps(dict(self.family_options), allow_nan=False),
+            "include_normalizer": json.dumps(bool(self.include_normalizer)),
+            "provenance": json.dumps(dict(self.provenance)),
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Validate, then write atomically (temp file + rename) to `path`. Returns the path."""
+        self.validate()
+        tensors = self._tensors()
+        metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "sha256": _digest(tensors)}
+        metadata.update(self._metadata())
+        data = save_safetensors_bytes(tensors, metadata=metadata)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> Trajectory:
+        """Read a trajectory written by [`save`], bit-exact, and validate it.
+
+        Raises:
+            FileNotFoundError: no such file.
+            TrajectoryFormatError: truncated or corrupted file, another format or version, missing fields,
+                non-float32 latents / log-probs / timesteps / embeddings, or a checksum mismatch.
+        """
+        path = Path(path)
+        data = path.read_bytes()
+        metadata = _read_header_metadata(data, path)
+        try:
+            tensors = load_safetensors_bytes(data)
+        except Exception as error:  # safetensors raises its own SafetensorError / ValueError types
+            raise TrajectoryFormatError(
+                f"{path}: the safetensors body cannot be read ({error}); the file is corrupted or truncated — "
+                f"re-export the trajectory from the rollout."
+            ) from error
+        if metadata.get("sha256") != _digest(tensors):
+            raise TrajectoryFormatError(
+                f"{path}: checksum mismatch — the tensor data changed after it was written (corruption or a "
+                f"tool that rewrote the file). Re-export the trajectory from the rollout."
+            )
+        for name in ("latents", "log_probs", "timesteps", "final_latents"):
+            if name in tensors and tensors[name].dtype != torch.float32:
+                raise TrajectoryFormatError(
+                    f"{path}: tensor {name!r} is {tensors[name].dtype}; trajectories store float32 only. The writer "
+                    f"kept a low-precision copy — fix the rollout to keep and store float32 latents."
+                )
+        for name in ("latents", "log_probs", "timesteps"):
+            if name not in tensors:
+                raise TrajectoryFormatError(f"{path}: tensor {name!r} is missing.")
+        try:
+            fields_ = {key: json.loads(metadata[key]) for key in _REQUIRED_METADATA}
+        except KeyError as error:
+            raise TrajectoryFormatError(f"{path}: metadata field {error.args[0]!r} is missing.") from error
+        except json.JSONDecodeError as error:
+            raise TrajectoryFormatError(f"{path}: a metadata field is not valid JSON ({error}).") from error
+        try:
+            trajectory = cls(
+                latents=tensors["latents"],
+                log_probs=tensors["log_probs"],
+                timesteps=tensors["timesteps"],
+                windows=tuple(SDEWindow(start=s, size=n, num_steps=t) for s, n, t in fields_["windows"]),
+                noise_level=float(fields_["noise_level"]),
+                sde_type=fields_["sde_type"],
+                guidance_scale=float(fields_["guidance_scale"]),
+                seeds=tuple(fields_["seeds"]),
+                prompt_groups=tuple(fields_["prompt_groups"]),
+                global_step=fields_["global_step"],
+                conditioning={
+                    k[len(_COND_PREFIX):]: v for k, v in sorted(tensors.items()) if k.startswith(_COND_PREFIX)
+                },
+                model_family=fields_["model_family"],
+                scheduler=SchedulerSetup.from_json_dict(fields_["scheduler"]),
+                family_options=fields_["family_options"],
+                include_normalizer=bool(fields_["include_normalizer"]),
+                final_latents=tensors.get("final_latents"),
+                provenance=fields_["provenance"],
+            )
+            trajectory.validate()
+        except (TypeError, ValueError, KeyError) as error:
+            if isinstance(error, TrajectoryFormatError):
+                raise
+            raise TrajectoryFormatError(f"{path}: not a valid trajectory: {error}") from error
+        return trajectory.to(device) if str(device) != "cpu" else trajectory
+
+
+_REQUIRED_METADATA = tuple(f.name for f in fields(Trajectory) if f.name not in (
+    "latents", "log_probs", "timesteps", "conditioning", "final_latents"))
+
+
+def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order; layout-independent."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
+    """Parse the safetensors header ourselves so a damaged file gets a precise message."""
+    if len(data) < 8:
+        raise TrajectoryFormatError(f"{path}: {len(data)} bytes — too short to be a safetensors file (truncated?).")
+    header_len = int.from_bytes(data[:8], "little")
+    if header_len > _MAX_HEADER_BYTES or 8 + header_len > len(data):
+        raise TrajectoryFormatError(
+            f"{path}: the header claims {header_len} bytes but the file has {len(data) - 8} after the length "
+            f"prefix; the file is truncated or not a safetensors file."
+        )
+    try:
+        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TrajectoryFormatError(f"{path}: the safetensors header is not valid JSON ({error}); the file is corrupted.") from error
+    if not isinstance(header, dict):
+        raise TrajectoryFormatError(f"{path}: the safetensors header is not a JSON object; the file is corrupted.")
+    metadata = header.get("__metadata__") or {}
+    if metadata.get("format") != FORMAT_NAME:
+        raise TrajectoryFormatError(
+            f"{path}: not a rollout-consistency trajectory (header format {metadata.get('format')!r}, expected "
+            f"{FORMAT_NAME!r}). Write trajectories with Trajectory.save()."
+        )
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise TrajectoryFormatError(
+            f"{path}: trajectory format version {metadata.get('format_version')!r}; this reader understands "
+            f"{FORMAT_VERSION!r}. Upgrade rollout-consistency or re-export with this version."
+        )
+    end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
+    if 8 + header_len + end != len(data):
+        raise TrajectoryFormatError(
+            f"{path}: the header describes {end} bytes of tensor data but the file holds "
+            f"{len(data) - 8 - header_len}; the file is truncated or has trailing bytes."
+        )
+    return metadata
+
+
+def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
+    """Concatenate trajectories of one family/schedule/settings along the batch.
+
+    Conditioning tensors of different widths (text length, dim 1) are zero-padded to the widest — the
+    fp32 embeddings with zeros, the int64 masks with 0 — so step-wise rollouts of prompts of different
+    lengths can be recomputed as one batch. Raises ValueError if the settings differ.
+    """
+    if not trajectories:
+        raise ValueError("stack_trajectories needs at least one trajectory.")
+    first = trajectories[0]
+    for other in trajectories[1:]:
+        for name in ("noise_level", "sde_type", "guidance_scale", "global_step", "model_family",
+                     "include_normalizer"):
+            if getattr(other, name) != getattr(first, name):
+                raise ValueError(f"Cannot stack trajectories with different {name}: {getattr(first, name)!r} vs "
+                                 f"{getattr(other, name)!r}.")
+        if other.scheduler.to_json_dict() != first.scheduler.to_json_dict():
+            raise ValueError("Cannot stack trajectories with different scheduler setups.")
+        if dict(other.family_options) != dict(first.family_options):
+            raise ValueError("Cannot stack trajectories with different family_options.")
+        if set(other.conditioning) != set(first.conditioning):
+            raise ValueError(f"Cannot stack trajectories with different conditioning keys: "
+                             f"{sorted(first.conditioning)} vs {sorted(other.conditioning)}.")
+        if other.latents.shape[1:] != first.latents.shape[1:]:
+            raise ValueError(f"Cannot stack trajectories with latents {tuple(first.latents.shape[1:])} and "
+                             f"{tuple(other.latents.shape[1:])} per sample.")
+    conditioning = {}
+    for name in first.conditioning:
+        parts = [t.conditioning[name] for t in trajectories]
+        conditioning[name] = pad_and_cat(parts)
+    optional_final = [t.final_latents for t in trajectories]
+    return replace(
+        first,
+        latents=torch.cat([t.latents for t in trajectories]),
+        log_probs=torch.cat([t.log_probs for t in trajectories]),
+        timesteps=torch.cat([t.timesteps for t in trajectories]),
+        windows=sum((t.windows for t in trajectories), ()),
+        seeds=sum((t.seeds for t in trajectories), ()),
+        prompt_groups=sum((t.prompt_groups for t in trajectories), ()),
+        conditioning=conditioning,
+        final_latents=None if any(f is None for f in optional_final) else torch.cat(optional_final),
+        provenance=dict(first.provenance),
+    )
+
+
+def pad_and_cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate batch-first tensors, zero-padding dim 1 (the text length) to the widest part."""
+    if parts[0].dim() < 2:
+        return torch.cat(parts)
+    width = max(p.shape[1] for p in parts)
+    if any(p.shape[1] != width for p in parts) and parts[0].dim() == 2 and parts[0].dtype != torch.int64:
+        # Only text sequences (B, L, D) and their int64 masks (B, L) have a length to pad; a (B, D) float
+        # tensor of another width (a pooled embedding) comes from a different model.
+        raise ValueError(f"Cannot batch (B, D) tensors of widths {sorted({p.shape[1] for p in parts})}.")
+    padded = []
+    for part in parts:
+        if part.shape[2:] != parts[0].shape[2:]:
+            raise ValueError(f"Cannot batch tensors of shapes {tuple(parts[0].shape)} and {tuple(part.shape)}.")
+        if part.shape[1] < width:
+            pad = part.new_zeros((part.shape[0], width - part.shape[1], *part.shape[2:]))
+            part = torch.cat([part, pad], dim=1)
+        padded.append(part)
+    return torch.cat(padded)

@@ -1,0 +1,287 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""`run_step1_check(config) -> Report`: the step-1 consistency check, end to end.
+
+Data flows one way (DESIGN.md §3): config → plan (prompts, groups, seeds, windows, batches) → rollout
+backend (float32 trajectory) → trainer backend (recomputed log-probs) → metrics → verdict → report. The
+CLI (`rollout-consistency check`), `scripts/step1_check.py` and the pytest plugin all call this function.
+
+Two modes:
+
+* **sampling** (default): the rollout backend samples ``num_prompts × num_images_per_prompt`` rollouts in
+  batches of ``rollout_batch_size``; each batch is one unit of work for a worker (in this process, or a Ray
+  actor with ``workers > 1`` / ``ray_address``), so the report does not depend on the number of workers;
+* **trajectory** (``config.trajectory``): a saved `adapters.Trajectory` file — any trainer's dump of its
+  step-1 rollout — is re-scored by the trainer backend.
+
+Fails closed: a shape mismatch, NaN/Inf, a missing step, an empty batch, a dead worker, split windows
+within a prompt group — each is a FAIL with its reason. Bad settings raise [`ConfigError`] (or the errors in
+`USAGE_ERRORS`) before anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .backends import INJECTION_SETTINGS, BackendError, BatchResult, build_backend, recompute, run_batch
+from .config import CheckConfig, ConfigError
+from .distributed import DistributedError, run_sharded
+from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
+from .plan import BatchSpec, make_plan, window_problems
+from .report import Report, SampleInfo
+from .tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
+from .verdict import Problem, decide
+
+#: Errors that mean "the check could not be run as asked" (CLI exit code 2), never a PASS.
+USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, BackendError, DistributedError, FileNotFoundError)
+
+
+def injection_settings(name: str) -> dict[str, Any]:
+    """The settings `--inject name` switches on so its pitfall can show (a run with these settings and no
+    injection is the pitfall's *fixed* path)."""
+    if name not in INJECTION_SETTINGS:
+        raise ConfigError(f"unknown injection {name!r}; expected one of {', '.join(INJECTION_SETTINGS)}.")
+    return dict(INJECTION_SETTINGS[name])
+
+
+def run_step1_check(config: CheckConfig | None = None, **overrides: Any) -> Report:
+    """Run the step-1 check and return its [`Report`] (``report.passed``; nothing is printed).
+
+    Args:
+        config: the settings (defaults: the built-in tiny Qwen-Image model on the CPU, profile ``exact``).
+        **overrides: settings to change, by `CheckConfig` field name.
+
+    Raises:
+        ConfigError, BackendError, DistributedError, FileNotFoundError (see `USAGE_ERRORS`), or the
+        adapters' ValueError/TypeError for settings a model cannot run with. A check that ran never raises
+        for a consistency problem: that is a FAIL in the report.
+    """
+    start = time.perf_counter()
+    config = config if config is not None else CheckConfig()
+    if overrides:
+        config = config.replace(**overrides)
+    notes: list[str] = []
+    if config.inject is not None:
+        changed = {k: v for k, v in injection_settings(config.inject).items() if getattr(config, k) != v}
+        if changed:
+            config = config.replace(**changed)
+            notes.append(
+                f"--inject {config.inject}: set " + ", ".join(f"{k}={v}" for k, v in changed.items())
+                + " so that the pitfall can show"
+            )
+    if config.trajectory is not None:
+        return _check_trajectory(config, notes, start)
+    return _check_sampling(config, notes, start)
+
+
+# ----------------------------------------------------------------------------------------------------
+def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Report:
+    plan = make_plan(config)
+    progress = _progress_bar(config, total=config.num_samples)
+    try:
+        sharded = run_sharded(
+            run_batch,
+            plan,
+            setup=functools.partial(build_backend, config),
+            workers=config.workers,
+            ray_address=config.ray_address,
+            on_result=lambda _index, result: progress.update(len(result.sample_indices)),
+        )
+    finally:
+        progress.close()
+    notes.extend(sharded.notes)
+    problems = [
+        Problem("workers", f"{failure.describe()}: {plan[failure.shard].describe()}") for failure in sharded.failures
+    ]
+    problems += [Problem("rollout", p) for r in sharded.results if r is not None for p in r.problems]
+    results = [r for r in sharded.results if r is not None and not r.problems]
+    samples_by_index = {s.index: s for batch in plan for s in batch.samples}
+    returned = [samples_by_index[i] for r in results for i in r.sample_indices]
+    starts = [s for r in results for s in r.window_starts]
+    groups = [g for r in results for g in r.prompt_groups]
+    for message in window_problems(returned, starts, groups):
+        problems.append(Problem("windows", message))
+    seeds_seen = [s for r in results for s in r.seeds]
+    if seeds_seen != [s.seed for s in returned]:
+        problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
+
+    metrics, tolerance = _judge(config, results, problems, notes)
+    samples = tuple(
+        SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
+        for s, start_ in zip(returned, starts)
+    )
+    run = _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start)
+    return Report(
+        verdict=decide(metrics, tolerance, problems),
+        tolerance=tolerance,
+        metrics=metrics,
+        samples=samples,
+        config=config.to_dict(),
+        precision=_first_precision(results),
+        notes=tuple(notes),
+        run=run,
+    )
+
+
+def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:
+    from adapters import Trajectory, TrajectoryFormatError
+
+    try:
+        trajectory = Trajectory.load(config.trajectory)
+    except TrajectoryFormatError as error:
+        raise ConfigError(f"--trajectory {config.trajectory}: {error}") from error
+    if trajectory.model_family != config.model_family:
+        notes.append(f"model_family {trajectory.model_family!r} taken from the trajectory file")
+    # Only the trainer side is built: the rollout side is the file.
+    config = config.replace(model_family=trajectory.model_family, rollout_dtype=config.trainer_dtype)
+    if config.workers > 1 or config.ray_address is not None:
+        notes.append("trajectory mode re-scores one file in this process (workers/ray_address unused)")
+    notes.append(f"trajectory {config.trajectory} ({trajectory.provenance.get('path', 'unknown path')})")
+    setup_start = time.perf_counter()
+    backend = build_backend(config)
+    setup_s = time.perf_counter() - setup_start
+    work_start = time.perf_counter()
+    trainer = recompute(backend, trajectory, config.trainer_attention)
+    seconds = {"trainer": time.perf_counter() - work_start}
+    floor = None
+    if backend.floor_kernel is not None:
+        floor_start = time.perf_counter()
+        floor = recompute(backend, trajectory, backend.floor_kernel)
+        seconds["floor"] = time.perf_counter() - floor_start
+    n = trajectory.batch_size
+    result = BatchResult(
+        batch=0,
+        sample_indices=tuple(range(n)),
+        rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
+        trainer_log_probs=trainer,
+        floor_log_probs=floor,
+        timesteps=trajectory.timesteps.detach().cpu().numpy().copy(),
+        window_starts=tuple(w.start for w in trajectory.windows),
+        prompt_groups=tuple(trajectory.prompt_groups),
+        seeds=tuple(trajectory.seeds),
+        seconds=seconds,
+        precision=backend.precision,
+    )
+    problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
+    metrics, tolerance = _judge(config, [result], problems, notes)
+    samples = tuple(
+        SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
+        for i in range(n)
+    )
+    timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
+    return Report(
+        verdict=decide(metrics, tolerance, problems),
+        tolerance=tolerance,
+        metrics=metrics,
+        samples=samples,
+        config=config.to_dict(),
+        precision=backend.precision,
+        notes=tuple(notes),
+        run=_run_info(config, "in-process", 1, timings, [result], start),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+def _judge(
+    config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
+) -> tuple[ConsistencyMetrics | None, Tolerance]:
+    """Metrics over every returned sample (global order) and the resolved tolerance."""
+    profile = config.resolved_profile
+    settings = dict(
+        clip_ratio=config.clip_ratio,
+        clip_ratio_low=config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio_high,
+        micro_batch_size=config.resolved_micro_batch_size,
+    )
+    if not results:
+        problems.append(Problem("nonempty", "no rollout batch came back"))
+        return None, _fallback_tolerance(config, profile)
+    try:
+        rollout = _stack([r.rollout_log_probs for r in results], "rollout log-probs")
+        trainer = _stack([r.trainer_log_probs for r in results], "trainer log-probs")
+        timesteps = _stack([r.timesteps for r in results], "timesteps")
+        metrics = compute_metrics(rollout, trainer, timesteps=timesteps, **settings)
+    except MetricsInputError as error:
+        problems.append(Problem("shapes", str(error)))
+        return None, _fallback_tolerance(config, profile)
+
+    floor = None
+    if profile == "calibrated":
+        floor_tables = [r.floor_log_probs for r in results]
+        if any(t is None for t in floor_tables):
+            problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
+        else:
+            floor = compute_metrics(trainer, _stack(floor_tables, "floor log-probs"), **settings).overall
+    try:
+        tolerance = resolve_tolerance(profile, config.thresholds, floor=floor, multiple=config.calibration_multiple)
+    except ToleranceError as error:
+        problems.append(Problem("calibration", str(error)))
+        tolerance = _fallback_tolerance(config, profile)
+    if floor is not None:
+        notes.append(
+            f"calibrated floor (trainer '{config.trainer_attention}' vs itself with the other attention kernel): "
+            f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g}, ppo_kl {floor.ppo_kl:.3g}"
+        )
+    return metrics, tolerance
+
+
+def _fallback_tolerance(config: CheckConfig, profile: str) -> Tolerance:
+    """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
+    if profile == "calibrated":
+        return Tolerance("calibrated", exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
+    return resolve_tolerance(profile, config.thresholds)
+
+
+def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:
+    widths = {t.shape[1] for t in tables}
+    if len(widths) > 1:
+        raise MetricsInputError(f"{what} of different window sizes across batches: {sorted(widths)}")
+    return np.concatenate(tables, axis=0)
+
+
+def _first_precision(results: Sequence[BatchResult]) -> Any:
+    for result in results:
+        if result.precision is not None:
+            return result.precision
+    return None
+
+
+def _progress_bar(config: CheckConfig, total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    # disable=None: shown only on a terminal, so CI logs are not filled with bar redraws.
+    disable = True if not config.progress else None
+    return tqdm(total=total, desc="step-1 check", unit="sample", disable=disable, leave=False, file=sys.stderr)
+
+
+def _run_info(config, mode, workers, timings, results, start) -> dict[str, Any]:
+    import diffusers
+    import torch
+
+    stage_seconds: dict[str, float] = {}
+    forwards: dict[str, int] = {}
+    for result in results:
+        for key, value in result.seconds.items():
+            stage_seconds[key] = stage_seconds.get(key, 0.0) + value
+        for key, value in result.forwards.items():
+            forwards[key] = forwards.get(key, 0) + value
+    timings = {**{k: float(v) for k, v in timings.items()}, **stage_seconds, "total": time.perf_counter() - start}
+    return {
+        "mode": mode,
+        "workers": workers,
+        "forwards": forwards,
+        "timings_s": timings,
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "device": config.device,
+        },
+    }

@@ -1,0 +1,442 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Settings of a step-1 check, under the names GRPO trainers already use.
+
+[`CheckConfig`] is a frozen dataclass validated on construction. It loads from a YAML or TOML file with
+flat keys (optionally under a top-level ``check`` table) and a ``thresholds`` table::
+
+    # step1.toml
+    model_family = "qwen-image"
+    noise_level = 0.7
+    sde_type = "sde"
+    sde_window_size = 2
+    sde_window_range = [0, 4]
+    clip_ratio = 1e-4
+    profile = "kernel"
+    [thresholds]
+    ppo_kl = 5e-5
+
+Precedence: defaults < file < explicit overrides (CLI flags), see [`load_config`]. An unknown key is an
+error naming the closest valid key (and the name this checker uses for a trainer-specific alias such as
+Flow-GRPO's ``clip_range``). This module imports neither torch nor diffusers: it is cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tolerances import DEFAULT_CALIBRATION_MULTIPLE, PROFILES, ToleranceError, closest_name, resolve_tolerance
+
+MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
+ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
+TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+SDE_TYPES: tuple[str, ...] = ("sde", "cps", "dance_sde")  # schedulers.SDE_TYPES, without importing torch
+WINDOW_KINDS: tuple[str, ...] = ("fixed", "random", "progressive")  # schedulers.sde_window.WINDOW_KINDS
+#: Stock behaviours the check can switch on to show a failing run (adapters' pitfalls module).
+INJECTIONS: tuple[str, ...] = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window")
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "a red cube on a table",
+    "a photograph of an astronaut riding a horse on the moon at dusk, high detail",
+    "cat",
+    "two wooden chairs in an empty sunlit room with a large window",
+)
+
+#: Names other trainers use for a setting, pointing at this checker's name.
+ALIASES: dict[str, str] = {
+    "clip_range": "clip_ratio",
+    "num_steps": "num_inference_steps",
+    "eta": "noise_level",
+    "num_image_per_prompt": "num_images_per_prompt",
+    "rollout_n": "num_images_per_prompt",
+    "n": "num_images_per_prompt",
+    "cfg_scale": "guidance_scale",
+    "batch_size": "rollout_batch_size",
+    "train_batch_size": "micro_batch_size",
+    "ppo_micro_batch_size_per_gpu": "micro_batch_size",
+    "window_size": "sde_window_size",
+    "window_range": "sde_window_range",
+    "attn_backend": "trainer_attention",
+    "rollout_attn_backend": "rollout_attention",
+}
+
+
+class ConfigError(ValueError):
+    """A bad setting: unknown key, wrong type or out-of-range value. The message names the fix."""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Everything a step-1 check needs. Field names follow Flow-GRPO / verl / vLLM-omni.
+
+    Model and engines:
+        model_family: ``"qwen-image"``, ``"sd3"`` or ``"flux"``.
+        model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
+        rollout_backend: ``"torch"`` (the diffusers adapters) or ``"vllm-omni"``.
+        trainer_backend: ``"torch"`` (the PyTorch training adapter).
+        step_execution: rollout in step-wise (continuous batching) mode instead of request-level.
+        max_num_seqs: requests the step-wise engine runs together.
+        stagger_arrivals: step-wise: admit the batch's requests two per engine step (true continuous batching:
+            one forward holds requests at different steps) instead of all at the first step.
+        rollout_attention / trainer_attention: diffusers attention backend of each side (``"native"`` is
+            PyTorch SDPA; ``"_native_math"`` its math kernel).
+        calibration_attention: the *other* kernel the trainer runs against itself for ``calibrated``
+            (default: ``_native_math`` for a ``native`` trainer and vice versa).
+        rollout_dtype / trainer_dtype: the transformer's compute dtype on each side (latents stay float32).
+        device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+
+    Sampling (one training step's rollouts):
+        prompts: prompt texts; ``num_prompts`` of them are used (cycled). Empty: built-in prompts.
+        num_prompts, num_images_per_prompt: prompt groups and rollouts per group (GRPO's ``n``).
+        height, width, num_inference_steps: image size and schedule length.
+        max_sequence_length, pad_prompts_to_max_length: text length; pad every prompt to it (as engines
+            with a shared text width do) instead of to the batch's longest prompt.
+        mask_text_padding: pass the text mask to attention (Qwen-Image; ``False`` = padded text keys are
+            attended, as in a kernel without a key-padding mask).
+        noise_level, sde_type: the SDE step (DESIGN.md §2).
+        sde_window_size, sde_window_range, sde_window_kind: which steps are stochastic; the window of a
+            prompt group is drawn from (seed, global_step, prompt group) only.
+        guidance_scale, true_cfg_scale: FLUX/SD3 guidance and Qwen-Image's true CFG (1 = off).
+        seed: the launcher's seed; global_step: the training step whose rollout is checked.
+
+    Batching and gate:
+        rollout_batch_size: requests per rollout batch; micro_batch_size: the trainer's micro-batch (must
+            divide rollout_batch_size; ``None`` = rollout_batch_size).
+        clip_ratio (+ optional clip_ratio_low / clip_ratio_high): the PPO clip range.
+        profile: ``"exact"``, ``"kernel"`` or ``"calibrated"``; ``None`` picks ``exact`` for the torch
+            rollout and ``kernel`` for vLLM-omni.
+        thresholds: per-metric overrides (``None`` value: report, don't gate).
+        calibration_multiple: the ``calibrated`` gate, in multiples of the measured floor.
+
+    Run:
+        inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
+        file instead of sampling. workers / ray_address: Ray distribution. progress: show a progress bar.
+    """
+
+    model_family: str = "qwen-image"
+    model_path: str | None = None
+    rollout_backend: str = "torch"
+    trainer_backend: str = "torch"
+    step_execution: bool = False
+    max_num_seqs: int = 4
+    stagger_arrivals: bool = False
+    rollout_attention: str = "native"
+    trainer_attention: str = "native"
+    calibration_attention: str | None = None
+    rollout_dtype: str = "float32"
+    trainer_dtype: str = "float32"
+    device: str = "cpu"
+
+    prompts: tuple[str, ...] = ()
+    num_prompts: int = 4
+    num_images_per_prompt: int = 2
+    height: int = 32
+    width: int = 32
+    num_inference_steps: int = 6
+    max_sequence_length: int = 32
+    pad_prompts_to_max_length: bool = False
+    mask_text_padding: bool = True
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+    sde_window_size: int = 2
+    sde_window_range: tuple[int, int] | None = None
+    sde_window_kind: str = "random"
+    guidance_scale: float = 1.0
+    true_cfg_scale: float = 1.0
+    seed: int = 42
+    global_step: int = 0
+
+    rollout_batch_size: int = 4
+    micro_batch_size: int | None = None
+    clip_ratio: float = 1e-4
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    profile: str | None = None
+    thresholds: Mapping[str, float | None] = field(default_factory=dict)
+    calibration_multiple: float = DEFAULT_CALIBRATION_MULTIPLE
+
+    inject: str | None = None
+    trajectory: str | None = None
+    workers: int = 1
+    ray_address: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+        _validate(self)
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def resolved_profile(self) -> str:
+        if self.profile is not None:
+            return self.profile
+        return "exact" if self.rollout_backend == "torch" else "kernel"
+
+    @property
+    def resolved_micro_batch_size(self) -> int:
+        return self.rollout_batch_size if self.micro_batch_size is None else self.micro_batch_size
+
+    @property
+    def resolved_prompts(self) -> tuple[str, ...]:
+        """`num_prompts` prompt texts: `prompts` (or the built-in ones) cycled."""
+        source = self.prompts or DEFAULT_PROMPTS
+        return tuple(source[i % len(source)] for i in range(self.num_prompts))
+
+    @property
+    def num_samples(self) -> int:
+        return self.num_prompts * self.num_images_per_prompt
+
+    # -- (de)serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field (tuples become lists)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    def replace(self, **overrides: Any) -> CheckConfig:
+        """A copy with `overrides` applied (validated; unknown names raise [`ConfigError`])."""
+        _reject_unknown(overrides, "override")
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> CheckConfig:
+        """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML."""
+        return cls(**_flatten(data, source))
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckConfig))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings in a ``.yaml``/``.yml`` or ``.toml`` file, validated for unknown keys.
+
+    Raises:
+        ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
+            unknown key.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist.")
+    extension = os.path.splitext(path)[1].lower()
+    try:
+        if extension in (".yaml", ".yml"):
+            import yaml
+
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+        elif extension == ".toml":
+            data = _load_toml(path)
+        else:
+            raise ConfigError(f"config file {path!r}: use a .yaml, .yml or .toml file (got {extension or 'no extension'!r}).")
+    except ConfigError:
+        raise
+    except Exception as error:  # yaml.YAMLError, tomllib.TOMLDecodeError
+        raise ConfigError(f"config file {path!r} could not be parsed: {error}") from error
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {path!r} must hold a mapping of settings, got {type(data).__name__}.")
+    return _flatten(data, path)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> CheckConfig:
+    """Defaults, then the file at `path` (if any), then `overrides` (e.g. the CLI flags that were given)."""
+    settings = read_config_file(path) if path is not None else {}
+    _reject_unknown(overrides, "override")
+    if "thresholds" in overrides and "thresholds" in settings:
+        # Per-metric merge: a flag `--threshold ppo_kl=...` does not drop the file's other thresholds.
+        overrides = {**overrides, "thresholds": {**dict(settings["thresholds"]), **dict(overrides["thresholds"])}}
+    settings.update(overrides)
+    try:
+        return CheckConfig(**settings)
+    except TypeError as error:  # pragma: no cover - _flatten rejects unknown keys first
+        raise ConfigError(str(error)) from error
+
+
+# ----------------------------------------------------------------------------------------------------
+def _load_toml(path: str) -> Any:
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError as error:
+            raise ConfigError(
+                "reading TOML on Python 3.10 needs the `tomli` package (`pip install tomli`), or use a YAML file."
+            ) from error
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    data = dict(data)
+    if "check" in data and isinstance(data["check"], Mapping):
+        nested = dict(data.pop("check"))
+        clash = sorted(set(nested) & set(data))
+        if clash:
+            raise ConfigError(f"{source}: {', '.join(clash)} set both at the top level and under `check`.")
+        data.update(nested)
+    _reject_unknown(data, source)
+    return data
+
+
+def _reject_unknown(data: Mapping[str, Any], source: str) -> None:
+    for key in data:
+        if key in FIELD_NAMES:
+            continue
+        normalised = str(key).replace("-", "_").lower()
+        if normalised in FIELD_NAMES:
+            hint = f" Did you mean {normalised!r}? (settings use underscores)"
+        elif normalised in ALIASES:
+            hint = f" This checker calls that setting {ALIASES[normalised]!r}."
+        else:
+            hint = closest_name(normalised, FIELD_NAMES) or " Valid keys are listed in docs/checker.md."
+        raise ConfigError(f"{source}: unknown setting {key!r}.{hint}")
+
+
+_INT_FIELDS = {
+    "max_num_seqs", "num_prompts", "num_images_per_prompt", "height", "width", "num_inference_steps",
+    "max_sequence_length", "sde_window_size", "seed", "global_step", "rollout_batch_size", "workers",
+}
+_OPTIONAL_INT_FIELDS = {"micro_batch_size"}
+_FLOAT_FIELDS = {"noise_level", "guidance_scale", "true_cfg_scale", "clip_ratio", "calibration_multiple"}
+_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
+_BOOL_FIELDS = {"step_execution", "stagger_arrivals", "progress", "pad_prompts_to_max_length", "mask_text_padding"}
+_STR_FIELDS = {
+    "model_family", "rollout_backend", "trainer_backend", "rollout_attention", "trainer_attention",
+    "rollout_dtype", "trainer_dtype", "device", "sde_type", "sde_window_kind",
+}
+_OPTIONAL_STR_FIELDS = {"model_path", "profile", "inject", "trajectory", "ray_address", "calibration_attention"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Normalise what YAML/TOML/argparse give (lists, ints for floats) and reject wrong types."""
+    optional = name in _OPTIONAL_INT_FIELDS | _OPTIONAL_FLOAT_FIELDS | _OPTIONAL_STR_FIELDS | {"sde_window_range"}
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"setting {name!r} cannot be empty.")
+    if name in _INT_FIELDS or name in _OPTIONAL_INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"setting {name!r} must be an integer, got {value!r}.")
+        return int(value)
+    if name in _FLOAT_FIELDS or name in _OPTIONAL_FLOAT_FIELDS:
+        value = _yaml_float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"setting {name!r} must be a finite number, got {value!r}.")
+        return float(value)
+    if name in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"setting {name!r} must be true or false, got {value!r}.")
+        return value
+    if name in _STR_FIELDS or name in _OPTIONAL_STR_FIELDS:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"setting {name!r} must be a non-empty string, got {value!r}.")
+        return value
+    if name == "prompts":
+        if isinstance(value, str) or not all(isinstance(p, str) and p for p in value):
+            raise ConfigError(f"setting 'prompts' must be a list of non-empty strings, got {value!r}.")
+        return tuple(value)
+    if name == "sde_window_range":
+        if isinstance(value, str) or len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"setting 'sde_window_range' must be two integers [low, high), got {value!r}.")
+        return (int(value[0]), int(value[1]))
+    if name == "thresholds":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"setting 'thresholds' must map metric names to limits, got {value!r}.")
+        # `off`/`none`/null disable a gate (YAML 1.1 reads a bare `off` as false).
+        return {
+            str(k): None if (v is None or v is False or str(v).lower() in ("none", "off")) else _yaml_float(v)
+            for k, v in value.items()
+        }
+    raise AssertionError(f"unhandled config field {name}")  # pragma: no cover
+
+
+def _yaml_float(value: Any) -> Any:
+    """PyYAML reads `1e-4` (no dot) as a string; accept any string that is a plain float."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"setting {name!r} is {value!r}; expected one of {', '.join(choices)}.{closest_name(value, choices)}"
+        )
+
+
+def _validate(config: CheckConfig) -> None:
+    _choice("model_family", config.model_family, MODEL_FAMILIES)
+    _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
+    _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
+    _choice("rollout_dtype", config.rollout_dtype, DTYPES)
+    _choice("trainer_dtype", config.trainer_dtype, DTYPES)
+    _choice("sde_type", config.sde_type, SDE_TYPES)
+    _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
+    _choice("device", config.device, ("cpu", "cuda", "auto"))
+    if config.profile is not None:
+        _choice("profile", config.profile, PROFILES)
+    if config.inject is not None:
+        _choice("inject", config.inject, INJECTIONS)
+    for name in ("max_num_seqs", "num_prompts", "num_images_per_prompt", "height", "width", "num_inference_steps",
+                 "max_sequence_length", "sde_window_size", "rollout_batch_size", "workers"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"setting {name!r} must be >= 1, got {getattr(config, name)}.")
+    if config.global_step < 0:
+        raise ConfigError(f"setting 'global_step' must be >= 0, got {config.global_step}.")
+    if not config.noise_level > 0:
+        raise ConfigError(
+            f"setting 'noise_level' is {config.noise_level}: with noise_level 0 every step is a deterministic "
+            f"ODE step and carries no log-prob, so there is nothing to check. Use the run's SDE noise level."
+        )
+    if config.sde_window_size > config.num_inference_steps:
+        raise ConfigError(
+            f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}."
+        )
+    if config.sde_window_range is not None:
+        low, high = config.sde_window_range
+        if not (0 <= low < high <= config.num_inference_steps) or config.sde_window_size > high - low:
+            raise ConfigError(
+                f"sde_window_range {list(config.sde_window_range)} must satisfy 0 <= low < high <= "
+                f"num_inference_steps ({config.num_inference_steps}) and hold sde_window_size "
+                f"({config.sde_window_size}) steps."
+            )
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"setting {name!r} must be > 0, got {value}.")
+    if config.calibration_multiple < 1:
+        raise ConfigError(f"setting 'calibration_multiple' must be >= 1, got {config.calibration_multiple}.")
+    mbs = config.micro_batch_size
+    if mbs is not None and (mbs < 1 or config.rollout_batch_size % mbs):
+        raise ConfigError(
+            f"micro_batch_size {mbs} must be >= 1 and divide rollout_batch_size {config.rollout_batch_size}, so "
+            f"micro-batches are the same whatever the number of workers."
+        )
+    try:
+        resolve_tolerance("exact", config.thresholds)
+    except ToleranceError as error:
+        raise ConfigError(str(error)) from error
+    if config.rollout_backend == "vllm-omni" and config.device == "cpu":
+        raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
+    if config.trajectory is not None and (config.inject is not None or config.step_execution):
+        raise ConfigError(
+            "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "
+            "cannot be combined with it."
+        )

@@ -1,0 +1,463 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Step-1 consistency metrics: rollout log-probs against the trainer's recomputation of them.
+
+The definitions are the ones GRPO trainers log (DESIGN.md §2, verl conventions; Flow-GRPO's approx_kl),
+with ``Δlogp = logp_trainer − logp_rollout``:
+
+==================== ==============================================================
+``ratio_mean``       mean of ``ratio = exp(Δlogp)``
+``ratio_std``        population standard deviation (ddof 0) of ``ratio``
+``ppo_kl``           mean of ``−Δlogp`` (= logp_rollout − logp_trainer)
+``pg_clipfrac``      fraction with ``ratio > 1 + ε_high`` or ``ratio < 1 − ε_low``
+``pg_clipfrac_higher`` fraction with ``ratio − 1 > ε_high``
+``pg_clipfrac_lower``  fraction with ``1 − ratio > ε_low``
+``approx_kl``        ``½ · mean(Δlogp²)`` (Flow-GRPO)
+``mean_abs_dlogp``   mean of ``|Δlogp|``
+``max_abs_dlogp``    max of ``|Δlogp|``
+==================== ==============================================================
+
+Aggregation — how the numbers match a trainer's logs
+----------------------------------------------------
+A trainer computes each metric on one *cell*: the samples of one micro-batch at one window step (its
+inner loop runs over timesteps and micro-batches), appends the cell's value to a list, and logs the
+unweighted mean of that list. This module does the same: samples are cut, in their global order, into
+micro-batches of ``micro_batch_size`` (the last one may be shorter; ``None`` = the whole batch in one
+micro-batch); every ``(micro-batch, window position)`` cell with at least one valid entry gives one value
+per metric (``ratio_std`` is the standard deviation inside the cell); a figure is the unweighted mean of
+its cells. ``max_abs_dlogp`` is the maximum over entries, not a mean of maxima.
+
+Data parallelism: a trainer on R ranks that splits the batch into equal contiguous shards and micro-batches
+of the same size within each rank, then averages over ranks, computes exactly these figures when every
+rank holds the same number of micro-batches. The figures depend only on the global sample order, never on
+how the samples were distributed to compute them.
+
+Views: ``overall`` (all cells); ``by_position`` (window position ``j``, cells ``(micro-batch, j)``);
+``by_timestep`` (exact timestep value, cells ``(micro-batch, timestep)``; equals ``by_position`` when all
+samples share one window); ``by_sample`` (plain statistics over one sample's steps, ``ratio_std`` across
+those steps).
+
+Guarantees:
+    * Inputs must be float32 (or float64); they are widened to float64 before any arithmetic, so
+      ``Δlogp`` is exact and nothing is rounded to float32 again.
+    * Non-finite log-probs are never averaged away: they are listed in ``nonfinite`` and they propagate
+      (NaN or ±inf) into every figure they enter — a clip indicator of a NaN ratio is NaN, not 0.
+    * Steps present on one side only are listed in ``missing`` and left out of the figures; a sample with
+      no step at all is listed in ``empty_samples``. The verdict fails on all three.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+
+METRIC_NAMES: tuple[str, ...] = (
+    "ratio_mean",
+    "ratio_std",
+    "ppo_kl",
+    "pg_clipfrac",
+    "pg_clipfrac_higher",
+    "pg_clipfrac_lower",
+    "approx_kl",
+    "mean_abs_dlogp",
+    "max_abs_dlogp",
+)
+
+Side = Literal["rollout", "trainer"]
+
+
+class MetricsInputError(ValueError):
+    """The two log-prob tables cannot be compared (shape, dtype or mask mismatch)."""
+
+
+@dataclass(frozen=True)
+class MetricValues:
+    """The nine figures of one view, plus the number of ``(sample, step)`` entries they summarise.
+
+    A view with no entries has every figure NaN and ``count == 0``.
+    """
+
+    ratio_mean: float
+    ratio_std: float
+    ppo_kl: float
+    pg_clipfrac: float
+    pg_clipfrac_higher: float
+    pg_clipfrac_lower: float
+    approx_kl: float
+    mean_abs_dlogp: float
+    max_abs_dlogp: float
+    count: int
+
+    def get(self, metric: str) -> float:
+        if metric not in METRIC_NAMES:
+            raise KeyError(f"Unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}.")
+        return getattr(self, metric)
+
+    def is_finite(self) -> bool:
+        return all(math.isfinite(getattr(self, name)) for name in METRIC_NAMES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricValues:
+        return cls(**{f.name: (int(data[f.name]) if f.name == "count" else float(data[f.name])) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Figures of one window position (``by_position``) or one exact timestep value (``by_timestep``).
+
+    ``position`` is ``None`` in ``by_timestep`` entries when samples reach that timestep at different
+    window positions; ``timestep`` is ``None`` in ``by_position`` entries when the position holds several
+    timestep values (or no timesteps were given).
+    """
+
+    position: int | None
+    timestep: float | None
+    values: MetricValues
+
+    def label(self) -> str:
+        parts = []
+        if self.position is not None:
+            parts.append(f"step {self.position}")
+        if self.timestep is not None:
+            parts.append(f"t={self.timestep:.6g}")
+        return " ".join(parts) if parts else "?"
+
+
+@dataclass(frozen=True)
+class SampleMetrics:
+    """Figures of one sample over its own window steps."""
+
+    index: int
+    values: MetricValues
+
+
+@dataclass(frozen=True)
+class NonFiniteEntry:
+    """A log-prob that is NaN or ±inf. ``value`` is ``"nan"``, ``"inf"`` or ``"-inf"``."""
+
+    sample: int
+    position: int
+    side: Side
+    value: str
+
+
+@dataclass(frozen=True)
+class MissingStep:
+    """A window step that one side has and the other lacks."""
+
+    sample: int
+    position: int
+    missing_on: Side
+
+
+@dataclass(frozen=True)
+class ConsistencyMetrics:
+    """Everything [`compute_metrics`] measured. See the module docstring for the aggregation."""
+
+    overall: MetricValues
+    by_position: tuple[StepMetrics, ...]
+    by_timestep: tuple[StepMetrics, ...]
+    by_sample: tuple[SampleMetrics, ...]
+    nonfinite: tuple[NonFiniteEntry, ...]
+    missing: tuple[MissingStep, ...]
+    empty_samples: tuple[int, ...]
+    num_samples: int
+    num_positions: int
+    micro_batch_size: int | None
+    clip_ratio_low: float
+    clip_ratio_high: float
+
+    def to_dict(self) -> dict[str, Any]:
+        def step(s: StepMetrics) -> dict[str, Any]:
+            return {"position": s.position, "timestep": s.timestep, "values": s.values.to_dict()}
+
+        return {
+            "overall": self.overall.to_dict(),
+            "by_position": [step(s) for s in self.by_position],
+            "by_timestep": [step(s) for s in self.by_timestep],
+            "by_sample": [{"index": s.index, "values": s.values.to_dict()} for s in self.by_sample],
+            "nonfinite": [vars(e).copy() for e in self.nonfinite],
+            "missing": [vars(m).copy() for m in self.missing],
+            "empty_samples": list(self.empty_samples),
+            "num_samples": self.num_samples,
+            "num_positions": self.num_positions,
+            "micro_batch_size": self.micro_batch_size,
+            "clip_ratio_low": self.clip_ratio_low,
+            "clip_ratio_high": self.clip_ratio_high,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConsistencyMetrics:
+        def step(d: dict[str, Any]) -> StepMetrics:
+            ts = d["timestep"]
+            return StepMetrics(d["position"], None if ts is None else float(ts), MetricValues.from_dict(d["values"]))
+
+        return cls(
+            overall=MetricValues.from_dict(data["overall"]),
+            by_position=tuple(step(d) for d in data["by_position"]),
+            by_timestep=tuple(step(d) for d in data["by_timestep"]),
+            by_sample=tuple(SampleMetrics(d["index"], MetricValues.from_dict(d["values"])) for d in data["by_sample"]),
+            nonfinite=tuple(NonFiniteEntry(**d) for d in data["nonfinite"]),
+            missing=tuple(MissingStep(**d) for d in data["missing"]),
+            empty_samples=tuple(data["empty_samples"]),
+            num_samples=data["num_samples"],
+            num_positions=data["num_positions"],
+            micro_batch_size=data["micro_batch_size"],
+            clip_ratio_low=float(data["clip_ratio_low"]),
+            clip_ratio_high=float(data["clip_ratio_high"]),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+def compute_metrics(
+    rollout_log_probs: Any,
+    trainer_log_probs: Any,
+    *,
+    clip_ratio: float = 1e-4,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    micro_batch_size: int | None = None,
+    rollout_mask: Any = None,
+    trainer_mask: Any = None,
+    timesteps: Any = None,
+) -> ConsistencyMetrics:
+    """Compare rollout and trainer log-probs of the same window steps.
+
+    Args:
+        rollout_log_probs (`torch.Tensor` or `np.ndarray` of shape `(B, W)`, float32):
+            Log-prob of each window step as the rollout stored it (``old_log_prob``).
+        trainer_log_probs (`torch.Tensor` or `np.ndarray` of shape `(B, W)`, float32):
+            The trainer's recomputation of the same steps (``log_prob``).
+        clip_ratio (`float`): PPO clip range ε (``clip_ratio`` / Flow-GRPO ``clip_range``).
+        clip_ratio_low, clip_ratio_high (`float`, *optional*): asymmetric ranges (verl
+            ``clip_ratio_low``/``clip_ratio_high``); each defaults to ``clip_ratio``.
+        micro_batch_size (`int`, *optional*): the trainer's micro-batch size; ``None`` = one micro-batch.
+        rollout_mask, trainer_mask (`(B, W)` bool, *optional*): which steps each side has (default: all).
+            A sample with a shorter window pads its row and clears the mask there.
+        timesteps (`(B, W)` float, *optional*): exact timestep value of each step, for ``by_timestep``.
+
+    Raises:
+        MetricsInputError: shapes differ, a table is not 2-D, or a dtype is not float32/float64 (a bf16
+            log-prob has already lost the digits this comparison is about).
+    """
+    rollout = _as_float64(rollout_log_probs, "rollout_log_probs")
+    trainer = _as_float64(trainer_log_probs, "trainer_log_probs")
+    if rollout.shape != trainer.shape:
+        raise MetricsInputError(
+            f"rollout log-probs have shape {rollout.shape} but the trainer's have {trainer.shape}: both sides "
+            f"must score the same (samples, window steps); check the SDE window and batch on each side."
+        )
+    shape = rollout.shape
+    r_mask = _as_mask(rollout_mask, shape, "rollout_mask")
+    t_mask = _as_mask(trainer_mask, shape, "trainer_mask")
+    steps = None if timesteps is None else _as_float64(timesteps, "timesteps", expect=shape)
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    for name, value in (("clip_ratio_low", low), ("clip_ratio_high", high)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise MetricsInputError(f"{name} must be a finite number >= 0, got {value!r}.")
+    if micro_batch_size is not None and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
+        raise MetricsInputError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}.")
+
+    batch, width = shape
+    missing = tuple(
+        MissingStep(int(b), int(w), side)
+        for side, where in (("trainer", r_mask & ~t_mask), ("rollout", t_mask & ~r_mask))
+        for b, w in zip(*np.nonzero(where))
+    )
+    missing = tuple(sorted(missing, key=lambda m: (m.sample, m.position, m.missing_on)))
+    valid = r_mask & t_mask
+    nonfinite = tuple(
+        sorted(
+            (
+                NonFiniteEntry(int(b), int(w), side, _name_nonfinite(table[b, w]))
+                for side, table in (("rollout", rollout), ("trainer", trainer))
+                for b, w in zip(*np.nonzero(valid & ~np.isfinite(table)))
+            ),
+            key=lambda e: (e.sample, e.position, e.side),
+        )
+    )
+    empty_samples = tuple(int(b) for b in np.nonzero(~valid.any(axis=1))[0])
+
+    # One row per valid (sample, step) entry.
+    sample_idx, position = np.nonzero(valid)
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN on purpose: flagged above, propagated below
+        delta = trainer[sample_idx, position] - rollout[sample_idx, position]
+    entries = _entry_values(delta, low, high)
+    mbs = batch if micro_batch_size is None else micro_batch_size
+    micro = sample_idx // max(mbs, 1)
+
+    overall = _aggregate(entries, cell=(micro, position), group=np.zeros_like(position))[0]
+    overall = overall if overall is not None else _empty_values()
+
+    by_position = []
+    for pos, values in zip(*_aggregate_groups(entries, cell=(micro, position), group=position)):
+        ts = None
+        if steps is not None:
+            seen = np.unique(steps[sample_idx[position == pos], pos])
+            ts = float(seen[0]) if seen.size == 1 else None
+        by_position.append(StepMetrics(int(pos), ts, values))
+
+    by_timestep: list[StepMetrics] = []
+    if steps is not None:
+        step_values = steps[sample_idx, position]
+        # Group by the exact float64 value (bit pattern of the float32 timestep) — no rounding merges.
+        keys, inverse = np.unique(step_values, return_inverse=True)
+        for key_index, values in zip(*_aggregate_groups(entries, cell=(micro, inverse), group=inverse)):
+            positions = np.unique(position[inverse == key_index])
+            pos = int(positions[0]) if positions.size == 1 else None
+            by_timestep.append(StepMetrics(pos, float(keys[key_index]), values))
+        # Denoising order: high noise (large t) first.
+        by_timestep.sort(key=lambda s: -s.timestep)  # type: ignore[operator]
+
+    by_sample = []
+    for b in range(batch):
+        rows = sample_idx == b
+        sub = {k: v[rows] for k, v in entries.items()}
+        values = _aggregate(sub, cell=(np.zeros(int(rows.sum()), dtype=np.int64),), group=np.zeros(int(rows.sum()), dtype=np.int64))[0]
+        by_sample.append(SampleMetrics(b, values if values is not None else _empty_values()))
+
+    return ConsistencyMetrics(
+        overall=overall,
+        by_position=tuple(by_position),
+        by_timestep=tuple(by_timestep),
+        by_sample=tuple(by_sample),
+        nonfinite=nonfinite,
+        missing=missing,
+        empty_samples=empty_samples,
+        num_samples=batch,
+        num_positions=width,
+        micro_batch_size=micro_batch_size,
+        clip_ratio_low=float(low),
+        clip_ratio_high=float(high),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+_ALLOWED_DTYPES = ("float32", "float64")
+
+
+def _as_float64(value: Any, name: str, expect: tuple[int, ...] | None = None) -> np.ndarray:
+    if value is None:
+        raise MetricsInputError(f"`{name}` is required.")
+    try:  # torch tensors without importing torch here
+        value = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+    except TypeError as error:  # bf16 tensors refuse .numpy()
+        raise MetricsInputError(
+            f"`{name}` is {getattr(value, 'dtype', '?')}; log-probs must be stored and compared in float32. "
+            f"Keep the scheduler's float32 log_prob instead of casting it."
+        ) from error
+    array = np.asarray(value)
+    if array.dtype.name not in _ALLOWED_DTYPES:
+        raise MetricsInputError(
+            f"`{name}` has dtype {array.dtype}; expected float32 (or float64). Low-precision log-probs have "
+            f"already lost the digits this check compares; keep the scheduler's float32 output."
+        )
+    if expect is not None and array.shape != expect:
+        raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {expect}.")
+    if expect is None and array.ndim != 2:
+        raise MetricsInputError(f"`{name}` must have shape (batch, window_steps); got {array.shape}.")
+    return array.astype(np.float64)
+
+
+def _as_mask(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    if value is None:
+        return np.ones(shape, dtype=bool)
+    value = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+    array = np.asarray(value)
+    if array.shape != shape:
+        raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {shape} (one flag per step).")
+    if array.dtype != bool and not np.isin(array, (0, 1)).all():
+        raise MetricsInputError(f"`{name}` must hold booleans (or 0/1).")
+    return array.astype(bool)
+
+
+def _name_nonfinite(value: float) -> str:
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _entry_values(delta: np.ndarray, low: float, high: float) -> dict[str, np.ndarray]:
+    """Per-entry quantities, float64. Clip indicators are NaN where the ratio is NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = np.exp(delta)
+        undefined = np.isnan(ratio)
+        higher = np.where(undefined, np.nan, (ratio - 1.0 > high).astype(np.float64))
+        lower = np.where(undefined, np.nan, (1.0 - ratio > low).astype(np.float64))
+        clipped = np.where(undefined, np.nan, np.maximum(higher, lower))
+        return {
+            "ratio": ratio,
+            "neg_delta": -delta,
+            "higher": higher,
+            "lower": lower,
+            "clipped": clipped,
+            "half_sq": 0.5 * delta * delta,
+            "abs": np.abs(delta),
+        }
+
+
+_MEAN_OF = {
+    "ratio_mean": "ratio",
+    "ppo_kl": "neg_delta",
+    "pg_clipfrac": "clipped",
+    "pg_clipfrac_higher": "higher",
+    "pg_clipfrac_lower": "lower",
+    "approx_kl": "half_sq",
+    "mean_abs_dlogp": "abs",
+}
+
+
+def _empty_values() -> MetricValues:
+    return MetricValues(**{name: math.nan for name in METRIC_NAMES}, count=0)
+
+
+def _dense_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    if keys[0].size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    stacked = np.stack([np.asarray(k, dtype=np.int64) for k in keys], axis=1)
+    _, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    return inverse, int(inverse.max()) + 1
+
+
+def _aggregate_groups(
+    entries: dict[str, np.ndarray], *, cell: tuple[np.ndarray, ...], group: np.ndarray
+) -> tuple[list[int], list[MetricValues]]:
+    """Cell means (and in-cell std), then unweighted means over the cells of each group."""
+    group = np.asarray(group, dtype=np.int64)
+    if group.size == 0:
+        return [], []
+    cell_id, n_cells = _dense_ids(*cell, group)
+    counts = np.bincount(cell_id, minlength=n_cells).astype(np.float64)
+    cell_group = np.zeros(n_cells, dtype=np.int64)
+    cell_group[cell_id] = group
+    cell_means = {}
+    with np.errstate(invalid="ignore", over="ignore"):
+        for metric, key in _MEAN_OF.items():
+            cell_means[metric] = np.bincount(cell_id, weights=entries[key], minlength=n_cells) / counts
+        deviation = entries["ratio"] - cell_means["ratio_mean"][cell_id]
+        cell_means["ratio_std"] = np.sqrt(np.bincount(cell_id, weights=deviation * deviation, minlength=n_cells) / counts)
+
+    groups = np.unique(group)
+    out_groups, out_values = [], []
+    for g in groups:
+        in_group = cell_group == g
+        rows = group == g
+        with np.errstate(invalid="ignore", over="ignore"):
+            figures = {metric: float(np.mean(cell_means[metric][in_group])) for metric in cell_means}
+            # np.max propagates NaN: a NaN entry makes the max NaN, never hides behind a finite one.
+            figures["max_abs_dlogp"] = float(np.max(entries["abs"][rows]))
+        out_groups.append(int(g))
+        out_values.append(MetricValues(**{name: figures[name] for name in METRIC_NAMES}, count=int(rows.sum())))
+    return out_groups, out_values
+
+
+def _aggregate(
+    entries: dict[str, np.ndarray], *, cell: tuple[np.ndarray, ...], group: np.ndarray
+) -> list[MetricValues | None]:
+    _, values = _aggregate_groups(entries, cell=cell, group=group)
+    return values if values else [None]

@@ -1,0 +1,261 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""PASS, or FAIL with every reason.
+
+The verdict is a list of checks. Six guard the comparison itself and fail closed (DESIGN.md §4):
+
+==============  ==============================================================================
+``shapes``      both sides scored the same (samples, window steps); a mismatch is a FAIL
+``nonempty``    at least one (sample, step) entry was compared
+``finite``      no log-prob is NaN or ±inf, and no figure is
+``complete``    every window step is on both sides and every sample has a step
+``workers``     every shard of the work came back (a dead worker, retried once, is a FAIL)
+``windows``     all rollouts of a prompt group share one SDE window, the one the launcher's seed draws
+==============  ==============================================================================
+
+Then one check per gated metric: the overall figure *and* the figure at every window position (and at
+every timestep value) must be within the limit; the reason names the figure, its limit, how far over it
+is, and the steps where it is over. NaN is never within a limit. A tolerance that gates no metric fails:
+a check that checks nothing must not pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
+from .tolerances import Tolerance, deviation
+
+GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "finite", "complete", "workers", "windows")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reason the comparison itself failed, raised by the pipeline (e.g. a dead worker).
+
+    ``check`` is one of `GUARD_CHECKS`, or another short name for the pipeline stage.
+    """
+
+    check: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One line of the verdict.
+
+    Attributes:
+        name: a metric name or a guard name.
+        kind: ``"metric"`` or ``"guard"``.
+        passed: whether it holds.
+        message: why it failed (empty when it passed).
+        value: overall figure (metrics).
+        limit: the largest allowed deviation (metrics).
+        excess: how far the worst deviation is over the limit (0 when passed; NaN when not finite).
+        steps: window positions where the metric is over its limit.
+        timesteps: timestep values where it is over its limit.
+    """
+
+    name: str
+    kind: str
+    passed: bool
+    message: str = ""
+    value: float | None = None
+    limit: float | None = None
+    excess: float | None = None
+    steps: tuple[int, ...] = ()
+    timesteps: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "passed": self.passed,
+            "message": self.message,
+            "value": self.value,
+            "limit": self.limit,
+            "excess": self.excess,
+            "steps": list(self.steps),
+            "timesteps": list(self.timesteps),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckResult:
+        return cls(
+            name=data["name"],
+            kind=data["kind"],
+            passed=bool(data["passed"]),
+            message=data["message"],
+            value=None if data["value"] is None else float(data["value"]),
+            limit=None if data["limit"] is None else float(data["limit"]),
+            excess=None if data["excess"] is None else float(data["excess"]),
+            steps=tuple(data["steps"]),
+            timesteps=tuple(float(t) for t in data["timesteps"]),
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """All checks; ``passed`` only if every one holds."""
+
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(f"{c.name}: {c.message}" for c in self.checks if not c.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": list(self.reasons), "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        return cls(tuple(CheckResult.from_dict(c) for c in data["checks"]))
+
+
+def decide(
+    metrics: ConsistencyMetrics | None,
+    tolerance: Tolerance,
+    problems: Iterable[Problem] = (),
+) -> Verdict:
+    """Judge `metrics` against `tolerance`.
+
+    Args:
+        metrics: the comparison, or ``None`` when it could not be made (then `problems` says why, and
+            every metric check fails as "not evaluated").
+        tolerance: the resolved limits.
+        problems: pipeline failures (shape mismatch, dead worker, ...); each fails its guard.
+    """
+    problems = tuple(problems)
+    if metrics is None and not problems:
+        problems = (Problem("nonempty", "no metrics were computed"),)
+    by_check: dict[str, list[str]] = {}
+    for problem in problems:
+        by_check.setdefault(problem.check, []).append(problem.message)
+
+    if metrics is not None:
+        if metrics.overall.count == 0:
+            by_check.setdefault("nonempty", []).append(
+                f"no (sample, step) entry to compare ({metrics.num_samples} samples x {metrics.num_positions} "
+                f"window steps); an empty batch proves nothing"
+            )
+        if metrics.nonfinite:
+            by_check.setdefault("finite", []).append(_describe_nonfinite(metrics))
+        elif metrics.overall.count and not metrics.overall.is_finite():
+            bad = [m for m in METRIC_NAMES if not math.isfinite(metrics.overall.get(m))]
+            by_check.setdefault("finite", []).append(f"figures not finite: {', '.join(bad)}")
+        if metrics.missing:
+            by_check.setdefault("complete", []).append(_describe_missing(metrics))
+        if metrics.empty_samples:
+            by_check.setdefault("complete", []).append(
+                f"samples with no window step on both sides: {_short_list(metrics.empty_samples)}"
+            )
+
+    checks = [
+        CheckResult(name, "guard", name not in by_check, "; ".join(by_check.get(name, ())))
+        for name in GUARD_CHECKS
+    ]
+    checks += [
+        CheckResult(name, "guard", False, "; ".join(messages))
+        for name, messages in by_check.items()
+        if name not in GUARD_CHECKS
+    ]
+    if not tolerance.limits:
+        checks.append(
+            CheckResult(
+                "gates",
+                "guard",
+                False,
+                "no metric has a limit (every threshold was disabled); a check that gates nothing cannot pass",
+            )
+        )
+    for metric, limit in tolerance.limits.items():
+        checks.append(_metric_check(metric, limit, metrics, tolerance.profile))
+    return Verdict(tuple(checks))
+
+
+# ----------------------------------------------------------------------------------------------------
+def _metric_check(metric: str, limit: float, metrics: ConsistencyMetrics | None, profile: str) -> CheckResult:
+    if metrics is None or metrics.overall.count == 0:
+        return CheckResult(metric, "metric", False, "not evaluated: no comparison was made", limit=limit)
+    value = metrics.overall.get(metric)
+    overall_dev = deviation(metric, value)
+    over_positions = [s for s in metrics.by_position if not _within(deviation(metric, s.values.get(metric)), limit)]
+    over_timesteps = [s for s in metrics.by_timestep if not _within(deviation(metric, s.values.get(metric)), limit)]
+    worst = max(
+        [overall_dev] + [deviation(metric, s.values.get(metric)) for s in over_positions + over_timesteps],
+        key=lambda d: math.inf if math.isnan(d) else d,
+    )
+    passed = _within(overall_dev, limit) and not over_positions and not over_timesteps
+    if passed:
+        return CheckResult(metric, "metric", True, "", value=value, limit=limit, excess=0.0)
+    excess = worst - limit if not math.isnan(worst) else math.nan
+    message = f"{metric} = {_value_text(metric, value)}"
+    if metric in ("ratio_mean", "ppo_kl"):
+        message += f" ({_deviation_text(metric, overall_dev)})"
+    message += f", {profile} limit {limit:.3g}: {_by_how_much(overall_dev, limit)}"
+    if over_positions or over_timesteps:
+        message += "; over the limit at " + _describe_steps(metric, over_positions, over_timesteps)
+    return CheckResult(
+        metric,
+        "metric",
+        False,
+        message,
+        value=value,
+        limit=limit,
+        excess=excess,
+        steps=tuple(s.position for s in over_positions if s.position is not None),
+        timesteps=tuple(s.timestep for s in over_timesteps if s.timestep is not None),
+    )
+
+
+def _within(dev: float, limit: float) -> bool:
+    return not math.isnan(dev) and dev <= limit
+
+
+def _value_text(metric: str, value: float) -> str:
+    return f"{value:.9f}" if metric == "ratio_mean" and math.isfinite(value) else f"{value:.3g}"
+
+
+def _deviation_text(metric: str, dev: float) -> str:
+    return f"|ratio_mean - 1| = {dev:.3g}" if metric == "ratio_mean" else f"|ppo_kl| = {dev:.3g}"
+
+
+def _by_how_much(dev: float, limit: float) -> str:
+    if math.isnan(dev):
+        return "not a number"
+    if dev <= limit:
+        return "within it overall"
+    if limit > 0:
+        return f"over by {dev - limit:.3g} ({dev / limit:.3g}x the limit)"
+    return f"over by {dev:.3g}"
+
+
+def _describe_steps(metric: str, positions: Sequence[StepMetrics], timesteps: Sequence[StepMetrics]) -> str:
+    # Timestep entries name the step best (with its window position when unique); positions otherwise.
+    entries = timesteps if timesteps else positions
+    return _short_list([f"{s.label()} ({_value_text(metric, s.values.get(metric))})" for s in entries], limit=8)
+
+
+def _describe_nonfinite(metrics: ConsistencyMetrics) -> str:
+    items = [f"sample {e.sample} step {e.position} {e.side}={e.value}" for e in metrics.nonfinite]
+    return f"{len(items)} non-finite log-prob(s): {_short_list(items)}"
+
+
+def _describe_missing(metrics: ConsistencyMetrics) -> str:
+    items = [f"sample {m.sample} step {m.position} (missing on {m.missing_on})" for m in metrics.missing]
+    return f"{len(items)} window step(s) present on one side only: {_short_list(items)}"
+
+
+def _short_list(items: Sequence[Any], limit: int = 6) -> str:
+    shown = ", ".join(str(i) for i in items[:limit])
+    return shown + (f", … ({len(items) - limit} more)" if len(items) > limit else "")

@@ -1,0 +1,185 @@
+#!/usr/bin/env python
+"""Adapter overhead over the bare transformer forward, and stored bytes per trajectory step.
+
+Prints, from one run on the tiny Qwen-Image model (CPU):
+
+1. time per denoising step of the request-level rollout, the step-wise rollout and the trainer recompute,
+   each against the bare transformer forward(s) of one step on the same inputs (target: <= 5% overhead);
+   the configurations are timed interleaved, repeat by repeat, and the median per-step time is reported;
+2. bytes a trajectory stores per window step against the minimum, one float32 latent per sample and step.
+
+    .venv/bin/python scripts/bench_rollout.py [--batch 4] [--steps 10] [--window 4] [--size 128] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from adapters import (TinyPromptEncoder, Trajectory, load_qwen_image, make_generators, qwen_image,
+                      recompute_log_probs, rollout)
+from adapters.stepwise import StepwiseRequest, run_stepwise
+from schedulers import SDEWindow
+
+PROMPTS = ["a red cat sitting on a small blue house", "a dog in the garden at night", "sky",
+           "photo of an old boat on the quiet lake in winter"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--size", type=int, default=128, help="image height = width in pixels")
+    parser.add_argument("--guidance", type=float, default=1.0, help="> 1 runs true CFG (two forwards per step)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model = load_qwen_image()
+    encoder = TinyPromptEncoder()
+    prompts = (PROMPTS * args.batch)[: args.batch]
+    cond = encoder.conditioning(prompts, [" "] * args.batch if args.guidance > 1 else None)
+    width = cond["prompt_embeds"].shape[1]
+    window = SDEWindow(start=1, size=args.window, num_steps=args.steps)
+    seeds = list(range(args.batch))
+    rollout_kwargs = dict(height=args.size, width=args.size, num_inference_steps=args.steps, seeds=seeds,
+                          window=window, noise_level=0.7, guidance_scale=args.guidance)
+    trajectory = qwen_image.rollout(model, cond, **rollout_kwargs)
+    passes = 2 if args.guidance > 1 else 1
+
+    # The bare forward: the transformer call(s) of one step, inputs prepared once outside the timer.
+    h = args.size // 8
+    x = trajectory.latents[:, 0].clone()
+    t = torch.full((args.batch,), float(trajectory.timesteps[0, 0]) / 1000)
+    bare_inputs = []
+    for prefix in ("", "negative_")[:passes]:
+        mask = cond[prefix + "prompt_embeds_mask"]
+        bare_inputs.append(dict(hidden_states=x, encoder_hidden_states=cond[prefix + "prompt_embeds"],
+                                encoder_hidden_states_mask=None if bool(mask.all()) else mask, timestep=t,
+                                img_shapes=[[(1, h // 2, h // 2)]] * args.batch, return_dict=False))
+
+    # Every timer spans a whole rollout's worth of work (`steps` forwards) and reports per step, so that all
+    # configurations are equally exposed to other load on a shared machine.
+    def bare() -> float:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            for inputs in bare_inputs:
+                model(**inputs)
+        return (time.perf_counter() - start) / args.steps
+
+    # The generic entry point with the scheduler setup built once and reused, as a training loop (and the
+    # checker) does; `qwen_image.rollout` builds a new setup per call (one scheduler build, ~0.25 ms).
+    generic_kwargs = dict(scheduler_setup=trajectory.scheduler, seeds=seeds, window=window, noise_level=0.7,
+                          guidance_scale=args.guidance, options=trajectory.family_options)
+
+    def request_level() -> float:
+        start = time.perf_counter()
+        rollout(qwen_image.FAMILY, model, cond, **generic_kwargs)
+        return (time.perf_counter() - start) / args.steps
+
+    requests = [StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()},
+                                window=window) for i in range(args.batch)]
+
+    def stepwise() -> float:
+        start = time.perf_counter()
+        run_stepwise(qwen_image.FAMILY, model, requests, scheduler_setup=trajectory.scheduler, noise_level=0.7,
+                     guidance_scale=args.guidance, options=trajectory.family_options, max_num_seqs=args.batch,
+                     text_width=width)
+        return (time.perf_counter() - start) / args.steps
+
+    def recompute() -> float:
+        start = time.perf_counter()
+        for _ in range(-(-args.steps // args.window)):
+            recompute_log_probs(model, trajectory)
+        return (time.perf_counter() - start) / (-(-args.steps // args.window) * args.window)
+
+    scheduler = trajectory.scheduler.scheduler()
+    generators = make_generators(seeds)
+    velocity = torch.randn_like(x)
+
+    def scheduler_sde() -> float:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            scheduler.sample_previous_step(velocity, trajectory.timesteps[0, 0], x, noise_level=0.7,
+                                           generator=generators)
+        return (time.perf_counter() - start) / args.steps
+
+    def scheduler_ode() -> float:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            scheduler.sample_previous_step(velocity, trajectory.timesteps[0, 0], x, noise_level=0.0)
+        return (time.perf_counter() - start) / args.steps
+
+    # The adapter's own work per step, measured directly: the request-level loop with the forward replaced by
+    # an (almost) free velocity, so cache effects of interleaving it with real forwards do not count.
+    no_forward = replace(qwen_image.FAMILY, velocity=lambda transformer, latents, *a, **k: latents * 0.5)
+
+    def adapter_alone() -> float:
+        start = time.perf_counter()
+        rollout(no_forward, model, cond, **generic_kwargs)
+        return (time.perf_counter() - start) / args.steps
+
+    timers = {"bare forward": bare, "request-level rollout": request_level, "step-wise rollout": stepwise,
+              "trainer recompute": recompute, "scheduler SDE step": scheduler_sde, "scheduler ODE step": scheduler_ode,
+              "loop w/o forward": adapter_alone}
+    samples = {name: [] for name in timers}
+    with torch.no_grad():
+        for fn in timers.values():  # warm-up (caches, allocator)
+            fn()
+        for _ in range(args.repeats):
+            for name, fn in timers.items():
+                samples[name].append(fn())
+    print(f"tiny Qwen-Image, batch {args.batch}, {args.size}x{args.size} px "
+          f"({trajectory.latent_shape[0]} tokens x {trajectory.latent_shape[1]} ch), {args.steps} steps, "
+          f"window {args.window}, CFG passes {passes}, torch threads {torch.get_num_threads()}, "
+          f"{args.repeats} interleaved repeats")
+    # min: the contention-free cost (the machine may be shared); median: the typical one.
+    print(f"{'per denoising step':<26}{'min ms':>9}{'vs bare':>9}{'median ms':>11}{'vs bare':>9}")
+    base_min, base_med = min(samples["bare forward"]), statistics.median(samples["bare forward"])
+    for name in timers:
+        low, mid = min(samples[name]), statistics.median(samples[name])
+        if name.startswith(("scheduler", "loop")):  # a part of a step, shown as a share of the bare forward
+            print(f"{name:<26}{low * 1e3:>9.3f}{low / base_min * 100:>8.1f}%{mid * 1e3:>11.3f}{mid / base_med * 100:>8.1f}%")
+            continue
+        print(f"{name:<26}{low * 1e3:>9.3f}{(low / base_min - 1) * 100:>+8.1f}%"
+              f"{mid * 1e3:>11.3f}{(mid / base_med - 1) * 100:>+8.1f}%")
+    sde, ode = min(samples["scheduler SDE step"]), min(samples["scheduler ODE step"])
+    mean_step = (args.window * sde + (args.steps - args.window) * ode) / args.steps
+    rest = min(samples["request-level rollout"]) - base_min - mean_step
+    print(f"request-level overhead without the scheduler's own step (min): {rest * 1e3:.3f} ms "
+          f"= {rest / base_min * 100:+.1f}% of the bare forward")
+
+    # ---------------------------------------------------------------- bytes per stored step
+    for final in (False, True):
+        stored = trajectory if final else qwen_image.rollout(model, cond, denoise_to_end=False,
+                                                             **rollout_kwargs)
+        with tempfile.TemporaryDirectory() as tmp:
+            file_bytes = Path(stored.save(Path(tmp) / "t.safetensors")).stat().st_size
+            assert torch.equal(Trajectory.load(Path(tmp) / "t.safetensors").latents, stored.latents)
+        minimum = args.batch * args.window * stored.latents[0, 0].numel() * 4
+        parts = {
+            "latents (W+1 per sample)": stored.latents.numel() * 4,
+            "log_probs + timesteps": (stored.log_probs.numel() + stored.timesteps.numel()) * 4,
+            "conditioning": sum(v.numel() * v.element_size() for v in stored.conditioning.values()),
+            "final_latents": 0 if stored.final_latents is None else stored.final_latents.numel() * 4,
+        }
+        print(f"\nstored bytes per window step ({'with' if final else 'without'} final latents; "
+              f"minimum = one fp32 latent per sample and step = {minimum // args.window:,} B)")
+        for name, value in parts.items():
+            print(f"  {name:<26}{value / args.window:>12,.0f} B  x{value / minimum:.3f}")
+        print(f"  {'tensor data':<26}{stored.stored_bytes() / args.window:>12,.0f} B  "
+              f"x{stored.stored_bytes() / minimum:.3f}")
+        print(f"  {'file on disk':<26}{file_bytes / args.window:>12,.0f} B  x{file_bytes / minimum:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Shared fixtures. One Ray session per test session (starting Ray costs ~5 s and ~650 MB)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+
+import pytest
+
+# `pytester` runs inner pytest sessions (tests of the pytest plugin, tests/test_pytest_plugin.py).
+pytest_plugins = ("pytester",)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray cluster (2 CPUs, no dashboard), started on first use and shut down at the end.
+
+    Code under test that calls `consistency.distributed.run_sharded` reuses it (it never starts a second
+    one while `ray.is_initialized()`). Ray's files live in a short temp dir: its socket paths must stay under
+    the 107-character limit, which pytest's own tmp paths can exceed.
+    """
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'rollout-consistency[ray]')")
+    temp_dir = tempfile.mkdtemp(prefix="rc-ray-")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

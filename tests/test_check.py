@@ -1,0 +1,277 @@
+"""run_step1_check end to end on the tiny real models: clean setups pass, each pitfall fails with its
+signature and its fix passes, kernels, trajectory mode, Ray workers (one Ray session), fail-closed paths."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import consistency.check as check_module
+from consistency import CheckConfig, ConfigError, Report, run_step1_check
+from consistency.backends import run_batch
+from consistency.check import injection_settings
+
+QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
+
+
+def failed(report: Report) -> set[str]:
+    return {c.name for c in report.verdict.checks if not c.passed}
+
+
+def assert_bit_exact_pass(report: Report) -> None:
+    assert report.passed, report.format_table()
+    overall = report.metrics.overall
+    assert overall.max_abs_dlogp == 0 and overall.ratio_mean == 1 and overall.ppo_kl == 0
+    assert overall.count == report.metrics.num_samples * report.metrics.num_positions > 0
+
+
+# ---------------------------------------------------------------------------------------------- clean
+def test_default_check_passes_exact_and_fills_the_report():
+    report = run_step1_check(progress=False)
+    assert_bit_exact_pass(report)
+    assert report.tolerance.profile == "exact" and report.metrics.num_samples == 8
+    assert [s.index for s in report.samples] == list(range(8))
+    # Rollouts of a prompt group share the window drawn from the launcher's seed.
+    for group in range(4):
+        starts = {s.window_start for s in report.samples if s.prompt_group == group}
+        assert len(starts) == 1
+    assert report.run["mode"] == "in-process" and report.run["forwards"]["trainer"] > 0
+    assert report.precision is not None and "differences" in report.precision
+    assert report.config["model_family"] == "qwen-image"
+
+
+@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux"])
+@pytest.mark.parametrize("step_execution", [False, True], ids=["request-level", "step-wise"])
+def test_clean_tiny_families_pass_exact(family, step_execution):
+    report = run_step1_check(model_family=family, step_execution=step_execution, max_num_seqs=2, **QUICK)
+    assert_bit_exact_pass(report)
+
+
+def test_clean_setup_with_cfg_and_micro_batches_passes_exact():
+    report = run_step1_check(true_cfg_scale=4.0, rollout_batch_size=4, micro_batch_size=2, sde_type="cps", progress=False)
+    assert_bit_exact_pass(report)
+    assert report.run["forwards"]["trainer"] == 2 * (8 // 2) * 2  # CFG doubles the forwards
+
+
+def test_same_seeds_give_identical_reports():
+    a = run_step1_check(noise_level=0.5, **QUICK)
+    b = run_step1_check(noise_level=0.5, **QUICK)
+    assert a.results_dict() == b.results_dict()
+    c = run_step1_check(noise_level=0.5, seed=43, **QUICK)
+    assert [s.seed for s in c.samples] != [s.seed for s in a.samples]
+
+
+# ---------------------------------------------------------------------------------------------- pitfalls
+def test_bf16_latents_fails_with_the_design_signature_and_its_fix_passes():
+    report = run_step1_check(inject="bf16-latents", clip_ratio=1e-4, **QUICK)
+    o = report.metrics.overall
+    # DESIGN.md §1: ratio_mean below 1, clipping inflated and all of it on the lower side.
+    assert o.ratio_mean < 1 and o.ppo_kl > 0
+    assert o.pg_clipfrac_higher == 0 and o.pg_clipfrac_lower > 0
+    assert {"ratio_mean", "ppo_kl", "pg_clipfrac_lower"} <= failed(report)
+    assert any("bf16-latents" in n for n in report.notes)
+    fixed = run_step1_check(**injection_settings("bf16-latents"), clip_ratio=1e-4, **QUICK)
+    assert fixed.config["rollout_dtype"] == "bfloat16"
+    assert_bit_exact_pass(fixed)
+
+
+def test_stepwise_bf16_fails_with_the_same_signature_and_its_fix_passes():
+    report = run_step1_check(inject="stepwise-bf16", **QUICK)
+    o = report.metrics.overall
+    assert report.config["step_execution"] is True
+    assert o.ratio_mean < 1 and o.pg_clipfrac_higher == 0 and o.pg_clipfrac_lower > 0
+    assert_bit_exact_pass(run_step1_check(**injection_settings("stepwise-bf16"), **QUICK))
+
+
+def test_stepwise_bf16_mixed_dtype_batch_is_a_fail_not_a_crash():
+    # Staggered arrivals: a fresh float32 request joins running bf16 ones, which the stock engine cannot batch.
+    settings = {**QUICK, "rollout_batch_size": 4}
+    report = run_step1_check(inject="stepwise-bf16", stagger_arrivals=True, **settings)
+    assert not report.passed and {"rollout", "nonempty"} <= failed(report)
+    assert "Mixed dtypes in latents batch" in " ".join(report.reasons)
+    assert_bit_exact_pass(run_step1_check(**injection_settings("stepwise-bf16"), stagger_arrivals=True, **settings))
+
+
+def test_continuous_batching_with_staggered_arrivals_passes_exact():
+    report = run_step1_check(step_execution=True, stagger_arrivals=True, max_num_seqs=4, rollout_batch_size=4,
+                             progress=False)
+    assert_bit_exact_pass(report)
+
+
+def test_mask_sum_rope_fails_and_its_fix_passes():
+    report = run_step1_check(inject="mask-sum-rope", **QUICK)
+    assert not report.passed and {"ppo_kl", "max_abs_dlogp"} <= failed(report)
+    assert report.metrics.overall.max_abs_dlogp > 1e-6  # far above rounding: a different RoPE, not a kernel
+    assert_bit_exact_pass(run_step1_check(**injection_settings("mask-sum-rope"), **QUICK))
+
+
+def test_per_request_window_fails_structurally():
+    report = run_step1_check(inject="per-request-window", num_prompts=2, num_images_per_prompt=4, progress=False)
+    # The ratio stays 1 (the trainer re-scores the stored steps); the windows guard catches it.
+    assert report.metrics.overall.max_abs_dlogp == 0
+    assert "windows" in failed(report)
+    assert "different SDE windows" in " ".join(report.reasons) or "did not use the window" in " ".join(report.reasons)
+
+
+def test_per_request_window_on_the_stepwise_path_fails_too():
+    report = run_step1_check(inject="per-request-window", step_execution=True, num_prompts=2, num_images_per_prompt=4,
+                             progress=False)
+    assert "windows" in failed(report)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+def test_cross_kernel_fails_exact_passes_kernel_and_calibrated():
+    settings = dict(rollout_attention="_native_math", trainer_attention="native", **QUICK)
+    exact = run_step1_check(profile="exact", **settings)
+    assert exact.metrics.overall.max_abs_dlogp > 0, "the two SDPA kernels agree bit for bit here"
+    assert not exact.passed and "max_abs_dlogp" in failed(exact)
+    assert exact.metrics.overall.max_abs_dlogp < 1e-5  # rounding-level: a kernel, not a bug
+    assert run_step1_check(profile="kernel", **settings).passed
+    calibrated = run_step1_check(profile="calibrated", **settings)
+    assert calibrated.passed, calibrated.format_table()
+    floor = calibrated.tolerance.floor
+    assert floor is not None and floor.max_abs_dlogp > 0
+    assert calibrated.tolerance.limits["max_abs_dlogp"] == pytest.approx(4 * floor.max_abs_dlogp)
+
+
+def test_calibrated_still_catches_a_real_bug():
+    report = run_step1_check(profile="calibrated", inject="mask-sum-rope", **QUICK)
+    assert not report.passed and "max_abs_dlogp" in failed(report)
+
+
+def test_threshold_overrides_apply():
+    report = run_step1_check(rollout_attention="_native_math", thresholds={"max_abs_dlogp": 1e-3, "mean_abs_dlogp": 1e-3,
+                             "ppo_kl": 1e-3, "ratio_mean": 1e-3, "ratio_std": 1e-3, "approx_kl": 1e-3}, **QUICK)
+    assert report.passed and report.tolerance.overridden
+
+
+def test_unknown_attention_backend_is_a_usage_error():
+    with pytest.raises(ConfigError, match="Did you mean '_native_math'"):
+        run_step1_check(trainer_attention="_native_mat", **QUICK)
+
+
+# ---------------------------------------------------------------------------------------------- trajectory mode
+def _save_trajectory(tmp_path, name="t.safetensors", **rollout_kwargs):
+    import adapters
+    from schedulers import draw_sde_window
+
+    model = adapters.load_qwen_image(seed=0)
+    encoder = adapters.TinyPromptEncoder(32, seed=0)
+    window = draw_sde_window(seed=1, global_step=0, prompt_group=0, num_steps=6, window_size=2)
+    trajectory = adapters.qwen_image.rollout(
+        model, encoder.conditioning(["a red cube", "a cat on a mat", "a dog", "a blue house"]), height=32, width=32,
+        num_inference_steps=6, seeds=[1, 2, 3, 4], window=window, noise_level=0.7, prompt_groups=[0, 0, 1, 1],
+        **rollout_kwargs,
+    )
+    path = tmp_path / name
+    trajectory.save(path)
+    return trajectory, path
+
+
+def test_trajectory_mode_passes_a_clean_dump_and_names_a_corrupted_step(tmp_path):
+    trajectory, path = _save_trajectory(tmp_path)
+    report = run_step1_check(trajectory=str(path), progress=False)
+    assert_bit_exact_pass(report)
+    assert report.metrics.num_samples == 4 and any("trajectory" in n for n in report.notes)
+
+    log_probs = trajectory.log_probs.clone()
+    log_probs[2, 1] += 1e-4
+    bad = dataclasses.replace(trajectory, log_probs=log_probs)
+    bad.save(tmp_path / "bad.safetensors")
+    report = run_step1_check(trajectory=str(tmp_path / "bad.safetensors"), progress=False)
+    assert not report.passed
+    check = next(c for c in report.verdict.checks if c.name == "max_abs_dlogp")
+    assert check.steps == (1,) and report.metrics.by_sample[2].values.max_abs_dlogp > 0
+    assert report.metrics.by_sample[0].values.max_abs_dlogp == 0
+
+
+def test_trajectory_mode_fails_split_group_windows(tmp_path):
+    from adapters.pitfalls import Injection
+
+    _, path = _save_trajectory(tmp_path, injection=Injection(per_request_window=True))
+    report = run_step1_check(trajectory=str(path), progress=False)
+    windows = {(s.prompt_group, s.window_start) for s in report.samples}
+    if len({g for g, _ in windows}) < len(windows):  # the unseeded draw split a group (it may, by chance, not)
+        assert "windows" in failed(report)
+
+
+def test_trajectory_mode_bad_files_are_usage_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        run_step1_check(trajectory=str(tmp_path / "missing.safetensors"), progress=False)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a trajectory")
+    with pytest.raises(ConfigError, match="junk.safetensors"):
+        run_step1_check(trajectory=str(tmp_path / "junk.safetensors"), progress=False)
+
+
+# ---------------------------------------------------------------------------------------------- fail closed
+def test_nonfinite_trainer_output_fails(monkeypatch):
+    real = check_module.run_batch
+
+    def poisoned(backend, batch):
+        result = real(backend, batch)
+        trainer = result.trainer_log_probs.copy()
+        trainer[0, 0] = np.nan
+        return dataclasses.replace(result, trainer_log_probs=trainer)
+
+    monkeypatch.setattr(check_module, "run_batch", poisoned)
+    report = run_step1_check(**QUICK)
+    assert not report.passed and "finite" in failed(report)
+
+
+def test_missing_window_step_on_the_trainer_side_fails(monkeypatch):
+    real = check_module.run_batch
+
+    def truncated(backend, batch):
+        result = real(backend, batch)
+        return dataclasses.replace(result, trainer_log_probs=result.trainer_log_probs[:, :1].copy())
+
+    monkeypatch.setattr(check_module, "run_batch", truncated)
+    report = run_step1_check(**QUICK)
+    assert not report.passed and "shapes" in failed(report) and report.metrics is None
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+def _kill_batch_one(backend, batch):
+    """Stands in for a worker that dies (segfault, OOM kill) on batch 1 — a real process exit."""
+    if batch.index == 1:
+        os._exit(3)
+    return run_batch(backend, batch)
+
+
+@pytest.fixture
+def by_value(ray_session):
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray_session.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_one_and_two_ray_workers_give_the_in_process_report(ray_session):
+    settings = dict(num_prompts=3, num_images_per_prompt=2, rollout_batch_size=2, progress=False,
+                    rollout_attention="_native_math")  # non-zero figures, so equality means something
+    local = run_step1_check(**settings)
+    one = run_step1_check(workers=1, ray_address="auto", **settings)
+    two = run_step1_check(workers=2, **settings)
+    assert (one.run["mode"], one.run["workers"]) == ("ray", 1) and (two.run["mode"], two.run["workers"]) == ("ray", 2)
+    assert local.metrics.overall.max_abs_dlogp > 0
+    assert one.results_dict() == two.results_dict() == local.results_dict()
+
+
+def test_a_worker_that_dies_is_retried_then_fails_naming_the_shard(ray_session, by_value, monkeypatch):
+    monkeypatch.setattr(check_module, "run_batch", _kill_batch_one)
+    report = run_step1_check(workers=2, num_prompts=3, num_images_per_prompt=2, rollout_batch_size=2, progress=False)
+    assert not report.passed and failed(report) == {"workers"}
+    (reason,) = report.reasons
+    assert "shard 1 failed after 2 attempt(s)" in reason and "rollout batch 1 (samples 2-3" in reason
+    assert report.metrics.num_samples == 4  # batches 0 and 2 still compared, and bit-exact
+    assert report.metrics.overall.max_abs_dlogp == 0
+
+
+def test_no_samples_is_impossible_to_configure():
+    with pytest.raises(ConfigError):
+        CheckConfig(num_prompts=0)
+    assert torch.get_num_threads() >= 1

@@ -1,0 +1,107 @@
+"""consistency.config: names users know, YAML/TOML files, precedence, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from consistency.config import CheckConfig, ConfigError, load_config, read_config_file
+
+
+def test_defaults_are_the_offline_tiny_check():
+    config = CheckConfig()
+    assert config.model_family == "qwen-image" and config.model_path is None
+    assert config.rollout_backend == config.trainer_backend == "torch"
+    assert config.resolved_profile == "exact"
+    assert config.num_samples == 8 and len(config.resolved_prompts) == 4
+    assert config.resolved_micro_batch_size == config.rollout_batch_size
+
+
+def test_profile_defaults_to_kernel_for_vllm_omni():
+    assert CheckConfig(rollout_backend="vllm-omni", device="cuda").resolved_profile == "kernel"
+
+
+def test_yaml_and_toml_give_the_same_config(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "noise_level: 0.8\nsde_type: cps\nsde_window_size: 3\nsde_window_range: [1, 5]\n"
+        "clip_ratio: 1e-5\nprofile: kernel\nthresholds:\n  ppo_kl: 5e-5\n  pg_clipfrac: off\n"
+    )
+    (tmp_path / "c.toml").write_text(
+        'noise_level = 0.8\nsde_type = "cps"\nsde_window_size = 3\nsde_window_range = [1, 5]\n'
+        'clip_ratio = 1e-5\nprofile = "kernel"\n[thresholds]\nppo_kl = 5e-5\npg_clipfrac = "off"\n'
+    )
+    a, b = load_config(tmp_path / "c.yaml"), load_config(tmp_path / "c.toml")
+    assert a == b
+    assert a.clip_ratio == 1e-5 and a.sde_window_range == (1, 5)  # PyYAML's "1e-5" string is accepted
+    assert a.thresholds == {"ppo_kl": 5e-5, "pg_clipfrac": None}
+
+
+def test_check_table_and_flag_precedence(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[check]\nnoise_level = 0.5\nseed = 7\n[check.thresholds]\nppo_kl = 1e-4\napprox_kl = 1e-9\n')
+    config = load_config(path, seed=11, thresholds={"ppo_kl": 2e-4})
+    assert config.noise_level == 0.5 and config.seed == 11
+    assert config.thresholds == {"ppo_kl": 2e-4, "approx_kl": 1e-9}  # per-metric merge
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"noise_levl": 0.7}, "unknown setting 'noise_levl'. Did you mean 'noise_level'"),
+        ({"clip_range": 1e-4}, "calls that setting 'clip_ratio'"),
+        ({"noise-level": 0.7}, "Did you mean 'noise_level'"),
+        ({"zzz": 1}, "unknown setting 'zzz'"),
+        ({"sde_type": "SDE"}, "Did you mean 'sde'"),
+        ({"noise_level": "high"}, "'noise_level' must be a finite number"),
+        ({"noise_level": 0.0}, "nothing to check"),
+        ({"num_inference_steps": 2.5}, "must be an integer"),
+        ({"step_execution": "yes"}, "true or false"),
+        ({"sde_window_size": 9}, "exceeds num_inference_steps"),
+        ({"sde_window_range": [3, 2]}, "sde_window_range"),
+        ({"micro_batch_size": 3}, "divide rollout_batch_size"),
+        ({"thresholds": {"ppo_kll": 1}}, "Did you mean 'ppo_kl'"),
+        ({"thresholds": {"ppo_kl": -1}}, ">= 0"),
+        ({"profile": "exactly"}, "Did you mean 'exact'"),
+        ({"inject": "bf16"}, "bf16-latents"),
+        ({"rollout_backend": "vllm-omni"}, "needs CUDA"),
+        ({"prompts": "a cat"}, "list of non-empty strings"),
+        ({"trajectory": "t.safetensors", "inject": "bf16-latents"}, "trajectory mode"),
+    ],
+)
+def test_bad_settings_name_the_fix(settings, match):
+    with pytest.raises(ConfigError, match=match):
+        CheckConfig.from_mapping(settings)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_config_file(tmp_path / "nope.yaml")
+    (tmp_path / "c.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"\.yaml, \.yml or \.toml"):
+        read_config_file(tmp_path / "c.json")
+    (tmp_path / "bad.toml").write_text("noise_level = = 1")
+    with pytest.raises(ConfigError, match="could not be parsed"):
+        read_config_file(tmp_path / "bad.toml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        read_config_file(tmp_path / "list.yaml")
+    (tmp_path / "typo.yaml").write_text("sde_windows_size: 2\n")
+    with pytest.raises(ConfigError, match="typo.yaml: unknown setting 'sde_windows_size'. Did you mean 'sde_window_size'"):
+        read_config_file(tmp_path / "typo.yaml")
+    assert read_config_file(_empty(tmp_path)) == {}
+
+
+def _empty(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    return path
+
+
+def test_replace_validates_and_to_dict_is_json_able():
+    import json
+
+    config = CheckConfig().replace(prompts=["a", "b"], sde_window_range=[0, 3])
+    assert config.prompts == ("a", "b") and config.resolved_prompts == ("a", "b", "a", "b")
+    json.dumps(config.to_dict())
+    with pytest.raises(ConfigError, match="Did you mean 'seed'"):
+        config.replace(sed=1)
+    assert CheckConfig.from_mapping(config.to_dict()) == config

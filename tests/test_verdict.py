@@ -1,0 +1,185 @@
+"""consistency.tolerances + consistency.verdict: profiles, overrides, and the fail-closed guards."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from consistency.metrics import METRIC_NAMES, compute_metrics
+from consistency.tolerances import (
+    KERNEL_MAX_LIMIT,
+    KERNEL_MEAN_LIMIT,
+    ToleranceError,
+    calibrated_tolerance,
+    exact_tolerance,
+    kernel_tolerance,
+    resolve_tolerance,
+)
+from consistency.verdict import GUARD_CHECKS, Problem, Verdict, decide
+
+STEPS = np.tile(np.float32([900, 750, 500]), (8, 1))
+
+
+def tables(bias=0.0, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    rollout = rng.normal(size=(8, 3)).astype(np.float32)
+    trainer = (rollout.astype(np.float64) + bias + rng.normal(scale=noise, size=rollout.shape)).astype(np.float32)
+    if noise == 0 and bias == 0:
+        trainer = rollout.copy()
+    return rollout, trainer
+
+
+def failed(verdict: Verdict) -> set[str]:
+    return {c.name for c in verdict.checks if not c.passed}
+
+
+def test_exact_passes_identical_log_probs_with_every_check_listed():
+    rollout, trainer = tables()
+    verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), exact_tolerance())
+    assert verdict.passed and verdict.status == "PASS" and verdict.reasons == ()
+    assert [c.name for c in verdict.checks] == list(GUARD_CHECKS) + list(METRIC_NAMES)
+
+
+def test_exact_fails_on_one_ulp_and_names_the_step():
+    rollout, trainer = tables()
+    trainer[3, 1] = np.nextafter(trainer[3, 1], np.float32(np.inf))
+    verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), exact_tolerance())
+    assert not verdict.passed
+    assert {"max_abs_dlogp", "ppo_kl", "ratio_mean", "approx_kl"} <= failed(verdict)
+    check = next(c for c in verdict.checks if c.name == "max_abs_dlogp")
+    assert check.steps == (1,) and check.timesteps == (750.0,)
+    assert "step 1 t=750" in check.message and check.excess > 0
+    assert not any(c.kind == "guard" and not c.passed for c in verdict.checks)
+
+
+def test_kernel_profile_passes_noise_below_the_floor_and_fails_a_bias():
+    rollout, trainer = tables(noise=1e-5)
+    assert decide(compute_metrics(rollout, trainer, timesteps=STEPS), kernel_tolerance()).passed
+    rollout, trainer = tables(bias=-2.5e-4)
+    verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), kernel_tolerance())
+    assert {"ppo_kl", "ratio_mean", "mean_abs_dlogp"} <= failed(verdict)
+    check = next(c for c in verdict.checks if c.name == "ppo_kl")
+    assert check.limit == KERNEL_MEAN_LIMIT and "2.5x the limit" in check.message
+    assert check.steps == (0, 1, 2)
+
+
+def test_kernel_profile_limits_follow_the_published_floor():
+    limits = kernel_tolerance().limits
+    assert limits["ppo_kl"] == KERNEL_MEAN_LIMIT == 1e-4 and limits["max_abs_dlogp"] == KERNEL_MAX_LIMIT == 1e-3
+    assert limits["approx_kl"] == pytest.approx(0.5 * 1e-4**2)
+    assert "pg_clipfrac" not in limits  # reported, not gated
+
+
+def test_nan_fails_even_if_every_metric_gate_is_loose():
+    rollout, trainer = tables()
+    trainer[0, 0] = np.nan
+    loose = resolve_tolerance("kernel", {m: 1e9 for m in METRIC_NAMES})
+    verdict = decide(compute_metrics(rollout, trainer), loose)
+    assert "finite" in failed(verdict)
+    assert "sample 0 step 0 trainer=nan" in " ".join(verdict.reasons)
+
+
+def test_infinite_figures_fail_the_finite_guard():
+    rollout, trainer = tables()
+    trainer[2, 2] = -np.inf
+    verdict = decide(compute_metrics(rollout, trainer), kernel_tolerance())
+    assert {"finite", "ppo_kl", "max_abs_dlogp"} <= failed(verdict)
+
+
+def test_empty_batch_fails():
+    z = np.zeros((0, 3), np.float32)
+    verdict = decide(compute_metrics(z, z), exact_tolerance())
+    assert "nonempty" in failed(verdict) and not verdict.passed
+    assert all("not evaluated" in c.message for c in verdict.checks if c.kind == "metric")
+
+
+def test_missing_step_fails_even_when_the_rest_agrees():
+    rollout, trainer = tables()
+    mask = np.ones_like(rollout, dtype=bool)
+    mask[5, 2] = False
+    verdict = decide(compute_metrics(rollout, trainer, trainer_mask=mask), exact_tolerance())
+    assert failed(verdict) == {"complete"}
+    assert "sample 5 step 2 (missing on trainer)" in verdict.reasons[0]
+
+
+def test_pipeline_problems_fail_closed_without_metrics():
+    verdict = decide(None, exact_tolerance(), [Problem("shapes", "rollout (4, 2) vs trainer (4, 3)")])
+    assert not verdict.passed and "shapes" in failed(verdict)
+    assert all(not c.passed for c in verdict.checks if c.kind == "metric")
+    assert not decide(None, exact_tolerance()).passed  # no metrics and no reason: still a FAIL
+
+
+def test_dead_worker_fails_naming_the_shard():
+    rollout, trainer = tables()
+    problem = Problem("workers", "shard 1 failed after 2 attempt(s): worker died")
+    verdict = decide(compute_metrics(rollout, trainer), exact_tolerance(), [problem])
+    assert failed(verdict) == {"workers"} and "shard 1" in verdict.reasons[0]
+
+
+def test_unknown_pipeline_check_is_listed_and_fails():
+    verdict = decide(compute_metrics(*tables()), exact_tolerance(), [Problem("calibration", "floor run died")])
+    assert failed(verdict) == {"calibration"}
+
+
+def test_a_check_that_gates_nothing_fails():
+    off = resolve_tolerance("exact", {m: None for m in METRIC_NAMES})
+    verdict = decide(compute_metrics(*tables()), off)
+    assert failed(verdict) == {"gates"}
+
+
+def test_overrides_change_and_remove_single_gates():
+    tol = resolve_tolerance("exact", {"ppo_kl": 1e-3, "max_abs_dlogp": None})
+    assert tol.limits["ppo_kl"] == 1e-3 and "max_abs_dlogp" not in tol.limits and tol.limits["approx_kl"] == 0
+    assert tol.overridden == ("ppo_kl", "max_abs_dlogp")
+    with pytest.raises(ToleranceError, match="Did you mean 'ppo_kl'"):
+        resolve_tolerance("exact", {"ppo_kll": 1.0})
+    with pytest.raises(ToleranceError, match=">= 0"):
+        resolve_tolerance("exact", {"ppo_kl": -1.0})
+    with pytest.raises(ToleranceError, match="Did you mean 'kernel'"):
+        resolve_tolerance("kernal")
+
+
+def test_calibrated_limits_are_multiples_of_the_measured_floor():
+    rollout, trainer = tables(noise=3e-6)
+    floor = compute_metrics(rollout, trainer).overall
+    tol = calibrated_tolerance(floor, multiple=4)
+    assert tol.limits["max_abs_dlogp"] == 4 * floor.max_abs_dlogp
+    assert tol.limits["mean_abs_dlogp"] == 4 * floor.mean_abs_dlogp
+    assert tol.limits["ppo_kl"] >= 4 * floor.mean_abs_dlogp  # never 0 because a signed mean cancelled
+    assert tol.limits["approx_kl"] == 16 * floor.approx_kl
+    # The same kind of noise passes; a bias 10x the floor fails.
+    assert decide(compute_metrics(*tables(noise=3e-6, seed=1)), tol).passed
+    assert not decide(compute_metrics(*tables(bias=10 * floor.mean_abs_dlogp, seed=1)), tol).passed
+
+
+def test_calibrated_floor_of_zero_degenerates_to_exact_and_bad_floors_refuse():
+    zero = compute_metrics(*tables()).overall
+    tol = calibrated_tolerance(zero)
+    assert set(tol.limits.values()) == {0.0} and "bit for bit" in tol.basis
+    rollout, trainer = tables()
+    trainer[0, 0] = np.nan
+    with pytest.raises(ToleranceError, match="not finite"):
+        calibrated_tolerance(compute_metrics(rollout, trainer).overall)
+    with pytest.raises(ToleranceError, match="needs the measured floor"):
+        resolve_tolerance("calibrated")
+    with pytest.raises(ToleranceError, match="multiple"):
+        calibrated_tolerance(zero, multiple=0.5)
+
+
+def test_bf16_latent_signature_is_reported_as_such():
+    """ratio_mean < 1 with all clipping on the lower side (DESIGN.md §1) — the reasons say which metrics."""
+    rollout, trainer = tables(bias=-4e-5, noise=1e-6)
+    m = compute_metrics(rollout, trainer, clip_ratio=1e-5, timesteps=STEPS)
+    assert m.overall.ratio_mean < 1 and m.overall.pg_clipfrac_higher == 0 and m.overall.pg_clipfrac_lower > 0.9
+    verdict = decide(m, exact_tolerance())
+    assert {"ratio_mean", "ppo_kl", "pg_clipfrac_lower"} <= failed(verdict)
+    assert "pg_clipfrac_higher" not in failed(verdict)
+
+
+def test_verdict_round_trips():
+    rollout, trainer = tables(bias=1e-3)
+    verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), kernel_tolerance())
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+    assert math.isfinite(next(c for c in verdict.checks if c.name == "ppo_kl").excess)
