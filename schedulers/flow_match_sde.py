@@ -177,43 +177,44 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             return_dict=True,
         )
 
-    def step_sigmas(self, timestep: float | torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sigmas `(σ, σ')` of the current and next timestep, each of shape `(batch_size,)`, float32.
+    def step_sigmas(self, timestep: float | torch.Tensor, batch_size: int) -> list[tuple[float, float]]:
+        """Sigmas `(σ, σ')` of the current and next timestep for each of `batch_size` samples.
+
+        Returned as Python floats holding the float32 schedule values exactly: the per-step scalar maths
+        runs on a handful of numbers, where tensor ops would cost more than the latent-sized work.
 
         Raises:
             ValueError: a timestep that is not exactly one of `self.timesteps`, or a batch-size mismatch.
         """
         if getattr(self, "num_inference_steps", None) is None or self.timesteps is None:
             raise RuntimeError("Call `set_timesteps(...)` before stepping the scheduler.")
-        schedule = self.timesteps.to(dtype=torch.float32)
-        t = torch.as_tensor(timestep, dtype=torch.float32).to(schedule.device).reshape(-1)
-        if t.numel() == 1:
-            t = t.expand(batch_size)
-        elif t.numel() != batch_size:
+        requested = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).tolist()
+        if len(requested) == 1:
+            requested = requested * batch_size
+        elif len(requested) != batch_size:
             raise ValueError(
-                f"`timestep` has {t.numel()} entries for a batch of {batch_size}: pass one timestep, or one "
+                f"`timestep` has {len(requested)} entries for a batch of {batch_size}: pass one timestep, or one "
                 f"per sample (shape ({batch_size},))."
             )
+        schedule = self.timesteps.to(torch.float32).tolist()
+        sigmas = self.sigmas.to(torch.float32).tolist()
         # Exact equality, as diffusers' `index_for_timestep`: a timestep that drifted through a dtype
         # round-trip is a consistency bug to report, not to paper over with a nearest match.
-        matches = t[:, None] == schedule[None, :]
-        found = matches.any(dim=1)
-        if not bool(found.all()):
-            missing = t[~found].tolist()
-            terminal = self.sigmas[-1].item() * self.config.num_train_timesteps
-            if any(value == terminal for value in missing):
+        index_of = {value: index for index, value in reversed(list(enumerate(schedule)))}
+        missing = [value for value in requested if value not in index_of]
+        if missing:
+            terminal = sigmas[-1] * self.config.num_train_timesteps
+            if terminal in missing:
                 raise ValueError(
                     f"timestep {terminal:g} is the end of the schedule: there is no step after it "
-                    f"({schedule.numel()} steps were set)."
+                    f"({len(schedule)} steps were set)."
                 )
             raise ValueError(
-                f"timestep(s) {missing} are not in the schedule ({schedule.numel()} steps, "
-                f"{schedule[0].item():.6g} … {schedule[-1].item():.6g}). Pass values taken from "
-                f"`scheduler.timesteps` after the same `set_timesteps(...)` call, kept in float32."
+                f"timestep(s) {missing} are not in the schedule ({len(schedule)} steps, {schedule[0]:.6g} … "
+                f"{schedule[-1]:.6g}). Pass values taken from `scheduler.timesteps` after the same "
+                f"`set_timesteps(...)` call, kept in float32."
             )
-        index = matches.to(torch.int8).argmax(dim=1)
-        sigmas = self.sigmas.to(device=schedule.device, dtype=torch.float32)
-        return sigmas[index], sigmas[index + 1]
+        return [(sigmas[index_of[value]], sigmas[index_of[value] + 1]) for value in requested]
 
     # ------------------------------------------------------------------------------------------------
     def _sde_step(
@@ -248,20 +249,24 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
                 )
 
         batch = sample.shape[0]
-        sigma, sigma_next = self.step_sigmas(timestep, batch)
+        step_sigmas = self.step_sigmas(timestep, batch)
         view = (batch,) + (1,) * (sample.dim() - 1)
 
         if noise_level == 0:
-            # Exactly diffusers' Euler update (same operations, same rounding).
-            dt = (sigma_next - sigma).to(sample.device).view(view)
-            mean = sample + dt * model_output
+            # Exactly diffusers' Euler update: dt is the float32 difference of the float32 sigmas (the
+            # double difference of two floats is exact, so rounding it once to float32 is the same).
+            dt = torch.tensor([s_next - s for s, s_next in step_sigmas], dtype=torch.float32)
+            mean = sample + dt.to(sample.device).view(view) * model_output
             std = torch.zeros(batch, dtype=torch.float32, device=sample.device)
             return self._output(mean if prev_sample is None else prev_sample, None, mean, std, return_dict)
 
         sigma_max = self.sigmas[1].item()
-        coef_sample, coef_output, std = _transition_coefficients(sigma, sigma_next, sigma_max, noise_level, sde_type)
-        coef_sample, coef_output = coef_sample.to(sample.device).view(view), coef_output.to(sample.device).view(view)
-        std = std.to(sample.device)
+        params = torch.tensor(
+            [_transition(s, s_next, sigma_max, noise_level, sde_type) for s, s_next in step_sigmas],
+            dtype=torch.float64,
+        ).to(sample.device)
+        coefficients = params[:, :3].to(torch.float32)
+        coef_sample, coef_output, std = coefficients[:, 0].view(view), coefficients[:, 1].view(view), coefficients[:, 2]
         # Every transition is linear in (x, v): mean = a·x + b·v with per-sample scalars, two passes over
         # memory. In-place on a fresh tensor is autograd-safe: the product's backward does not need it.
         mean = (sample * coef_sample).addcmul_(model_output, coef_output)
@@ -270,8 +275,14 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             noise = randn_tensor(sample.shape, generator=generator, device=sample.device, dtype=torch.float32)
             prev_sample = torch.addcmul(mean.detach(), noise, std.view(view))
             del noise  # let the allocator reuse it for the residual
-        log_prob = _reduced_log_prob(prev_sample.detach(), mean, std, sde_type, include_normalizer)
-        return self._output(prev_sample, log_prob, mean, std, return_dict)
+        mean_sq = _mean_squared_residual(prev_sample.detach(), mean)
+        if sde_type == "cps":
+            log_prob = -mean_sq
+        else:
+            log_prob = mean_sq * params[:, 3]
+            if include_normalizer:
+                log_prob = log_prob + params[:, 4]
+        return self._output(prev_sample, log_prob.to(torch.float32), mean, std, return_dict)
 
     @staticmethod
     def _output(prev_sample, log_prob, mean, std, return_dict):
@@ -282,44 +293,43 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         )
 
 
-def _transition_coefficients(
-    sigma: torch.Tensor, sigma_next: torch.Tensor, sigma_max: float, noise_level: float, sde_type: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample `(a, b, std)`, each `(B,)` float32, with transition mean `a·x + b·v` (DESIGN.md §2).
+def _transition(
+    sigma: float, sigma_next: float, sigma_max: float, noise_level: float, sde_type: str
+) -> tuple[float, float, float, float, float]:
+    """One sample's transition `(a, b, std, -1/(2·std²), -log(std) - log(2π)/2)`, in float64.
 
-    Worked in float64 on `B` scalars so that the only float32 roundings on the latent are the two of
-    `a·x + b·v`:
+    The mean is `a·x + b·v` (DESIGN.md §2, rearranged), so the only float32 roundings on the latent are
+    the two of `a·x + b·v`:
       sde:       std_dev = η·sqrt(σ / (1 − σ̃)), σ̃ = σ_max if σ == 1 else σ;
                  a = 1 + std_dev²·dt/(2σ),  b = (1 + std_dev²(1−σ)/(2σ))·dt,  std = std_dev·sqrt(−dt)
       cps:       std = σ'·sin(ηπ/2), k = sqrt(σ'² − std²); x̂0 = x − σv, x̂1 = x + (1−σ)v
                  mean = x̂0(1−σ') + x̂1·k  →  a = (1−σ') + k,  b = −σ(1−σ') + (1−σ)k
       dance_sde: score = −(x − x̂0(1−σ))/σ² = −(x + (1−σ)v)/σ; mean = x + dt·v − ½η²·score·dt
                  →  a = 1 + ½η²dt/σ,  b = dt + ½η²dt(1−σ)/σ,  std = η·sqrt(σ − σ')
+    The last two entries are the Gaussian's log-density terms (unused by `cps`, which has none).
     """
-    s, s_next = sigma.double(), sigma_next.double()
-    dt = s_next - s
+    dt = sigma_next - sigma
     if sde_type == "sde":
-        std_dev = noise_level * torch.sqrt(s / (1 - torch.where(s == 1, torch.full_like(s, sigma_max), s)))
-        a = 1 + std_dev**2 * dt / (2 * s)
-        b = (1 + std_dev**2 * (1 - s) / (2 * s)) * dt
-        std = std_dev * torch.sqrt(-dt)
+        std_dev = noise_level * math.sqrt(sigma / (1 - (sigma_max if sigma == 1 else sigma)))
+        a = 1 + std_dev**2 * dt / (2 * sigma)
+        b = (1 + std_dev**2 * (1 - sigma) / (2 * sigma)) * dt
+        std = std_dev * math.sqrt(-dt)
     elif sde_type == "cps":
-        std = s_next * math.sin(noise_level * math.pi / 2)
-        k = torch.sqrt(s_next**2 - std**2)
-        a = (1 - s_next) + k
-        b = -s * (1 - s_next) + (1 - s) * k
+        std = sigma_next * math.sin(noise_level * math.pi / 2)
+        k = math.sqrt(max(sigma_next**2 - std**2, 0.0))
+        a = (1 - sigma_next) + k
+        b = -sigma * (1 - sigma_next) + (1 - sigma) * k
+        return a, b, std, 0.0, 0.0
     else:  # dance_sde
         half_eta_sq = 0.5 * noise_level**2
-        a = 1 + half_eta_sq * dt / s
-        b = dt + half_eta_sq * dt * (1 - s) / s
-        std = noise_level * torch.sqrt(s - s_next)
-    return a.float(), b.float(), std.float()
+        a = 1 + half_eta_sq * dt / sigma
+        b = dt + half_eta_sq * dt * (1 - sigma) / sigma
+        std = noise_level * math.sqrt(sigma - sigma_next)
+    return a, b, std, -0.5 / std**2, -math.log(std) - _HALF_LOG_2PI
 
 
-def _reduced_log_prob(
-    prev_sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, sde_type: str, include_normalizer: bool
-) -> torch.Tensor:
-    """Per-sample log-density averaged over non-batch dims, shape `(B,)`, float32.
+def _mean_squared_residual(prev_sample: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """`mean((prev_sample - mean)²)` over the non-batch dims, shape `(B,)`, float64.
 
     The differences compared downstream are ~1e-6 of values ~1, so the reduction's own rounding must stay
     far below 1e-7 relative. Squares are summed in float32 over chunks of at most 512 elements (~4e-9
@@ -332,11 +342,4 @@ def _reduced_log_prob(
     # Nothing to differentiate (rollout, no-grad recompute): square in place, one latent-sized buffer less.
     squares = residual.square() if residual.requires_grad else residual.square_()
     chunk_sums = squares.view(batch, -1, math.gcd(numel, 512)).sum(dim=2)
-    mean_sq = chunk_sums.sum(dim=1, dtype=torch.float64) / numel
-    if sde_type == "cps":
-        return (-mean_sq).to(torch.float32)
-    std64 = std.to(torch.float64)
-    log_prob = -mean_sq / (2 * std64**2)
-    if include_normalizer:
-        log_prob = log_prob - torch.log(std64) - _HALF_LOG_2PI
-    return log_prob.to(torch.float32)
+    return chunk_sums.sum(dim=1, dtype=torch.float64) / numel
