@@ -41,8 +41,14 @@ Stock-behaviour reproductions (`adapters.pitfalls`; tests and `--inject` only)
     Injection(bf16_latents, stepwise_bf16, mask_sum_rope, per_request_window), Injection.from_names(names),
     INJECTION_NAMES, MixedDtypeBatchError; pass `injection=` to a rollout
 
-SD3 and FLUX live in `adapters.sd3` / `adapters.flux` (imported on first use), the vLLM-omni backend in
-`adapters.vllm_omni` (imports vLLM lazily). Importing `adapters` never imports vllm.
+SD3 and FLUX (`adapters.sd3`, `adapters.flux`, imported on first use; tiny models in `adapters.tiny_sd3_flux`)
+    sd3.rollout / flux.rollout (same shape as qwen_image.rollout; FLUX adds true_cfg_scale),
+    sd3.recompute_log_probs / flux.recompute_log_probs, sd3.FAMILY / flux.FAMILY,
+    load_sd3(path=None, *, dtype, device, seed), load_flux(...), TinyClipT5Encoder,
+    tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder()
+
+The vLLM-omni backend lives in `adapters.vllm_omni` (imports vLLM lazily). Importing `adapters` never
+imports vllm.
 """
 
 from __future__ import annotations

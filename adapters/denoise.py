@@ -29,8 +29,10 @@ device, and a sample's noise never depends on its batch-mates or on the batch or
 
 Bit-exactness: recompute runs the same forward on the same stored float32 inputs as the rollout, so with
 the same model it reproduces the rollout's log-probs bit for bit — provided the forward is batch-invariant
-for the batches used. On this CPU build that holds for any batch of at least 2 rows; a single-row forward
-takes a different matrix-vector kernel (differences ~1e-7), see docs/adapters.md.
+for the batches used. The simplest way to guarantee it is to recompute with the rollout's batch composition
+(micro-batches of the same rows). Other compositions may take other kernels on this CPU build — a single
+row takes a matrix-vector kernel, and some batches of 3 round differently for SD3 — with differences of
+~1e-7, see docs/adapters.md.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from .trajectory import Trajectory
 
 __all__ = [
     "ModelFamily",
+    "concat_fixed_width_conditioning",
     "VelocityFn",
     "get_family",
     "make_generators",
@@ -162,6 +165,44 @@ def resolve_windows(window: SDEWindow | Sequence[SDEWindow], batch_size: int, nu
     if len({w.size for w in windows}) != 1:
         raise ValueError(f"All samples need the same window size, got {sorted({w.size for w in windows})}.")
     return windows
+
+
+def concat_fixed_width_conditioning(
+    conditionings: Sequence[Mapping[str, torch.Tensor]],
+    width: int | None,
+    *,
+    text_keys: Sequence[str],
+    pipeline: str,
+) -> dict[str, torch.Tensor]:
+    """Batch per-request conditionings of a family whose transformer attends to text padding (SD3, FLUX).
+
+    No key-padding mask means zero-padding an embedding to a wider shared width would change the
+    prediction, so requests must share one text width (the encoder's fixed `max_sequence_length`) and are
+    concatenated as they are; a `width` other than theirs is refused.
+
+    Raises:
+        ValueError: no requests, different keys, different text widths, or a `width` that needs padding.
+    """
+    if not conditionings:
+        raise ValueError("collate_conditioning needs at least one request.")
+    keys = set(conditionings[0])
+    for cond in conditionings[1:]:
+        if set(cond) != keys:
+            raise ValueError(
+                f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}."
+            )
+    for embeds_key in text_keys:
+        if embeds_key not in keys:
+            continue
+        widths = {int(c[embeds_key].shape[1]) for c in conditionings}
+        if len(widths) > 1 or (width is not None and widths != {width}):
+            raise ValueError(
+                f"{pipeline} requests with {embeds_key} widths {sorted(widths)} cannot share a forward"
+                f"{'' if width is None else f' at width {width}'}: the transformer attends to padding tokens (no "
+                f"text mask), so re-padding changes the prediction. Encode every prompt to the same fixed length, "
+                f"as {pipeline} does (max_sequence_length)."
+            )
+    return {key: torch.cat([c[key] for c in conditionings]) for key in sorted(keys)}
 
 
 def _check_rollout_args(seeds, prompt_groups, noise_level, global_step) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -264,31 +264,12 @@ def velocity(
 def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
     """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding.
 
-    FLUX attends to every text token (no key-padding mask), so zero-padding an embedding to a wider shared
-    width would change its prediction. Requests must therefore share one text width (T5's fixed
-    `max_sequence_length`); a `width` other than that width is refused.
-
-    Raises:
-        ValueError: no requests, different keys, different text widths, or `width` that would need padding.
+    FLUX has no text mask, so requests must share one text width; see
+    `adapters.denoise.concat_fixed_width_conditioning`.
     """
-    if not conditionings:
-        raise ValueError("collate_conditioning needs at least one request.")
-    keys = set(conditionings[0])
-    for cond in conditionings[1:]:
-        if set(cond) != keys:
-            raise ValueError(f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}.")
-    for embeds_key, _ in TEXT_KEYS:
-        if embeds_key not in keys:
-            continue
-        widths = {int(c[embeds_key].shape[1]) for c in conditionings}
-        if len(widths) > 1 or (width is not None and widths != {width}):
-            raise ValueError(
-                f"FLUX requests with {embeds_key} widths {sorted(widths)} cannot share a forward"
-                f"{'' if width is None else f' at width {width}'}: FLUX attends to padding tokens (no text mask), "
-                f"so re-padding changes the prediction. Encode every prompt to the same fixed length, as "
-                f"FluxPipeline does (max_sequence_length)."
-            )
-    return {key: torch.cat([c[key] for c in conditionings]) for key in sorted(keys)}
+    return denoise.concat_fixed_width_conditioning(
+        conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="FluxPipeline"
+    )
 
 
 FAMILY = ModelFamily(

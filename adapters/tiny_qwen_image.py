@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,12 +31,15 @@ from torch import nn
 
 from .rope import QwenImageTransformerTxtSeqLens
 
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
 __all__ = [
     "QWEN_IMAGE_SCHEDULER_CONFIG",
     "TINY_QWEN_IMAGE_CONFIG",
     "TinyPromptEncoder",
     "load_qwen_image",
     "load_qwen_image_scheduler_config",
+    "load_transformer",
 ]
 
 # Tiny but structurally complete: 2 double-stream blocks, 2 heads of 16, 16 packed channels (4 latent
@@ -71,6 +74,36 @@ QWEN_IMAGE_SCHEDULER_CONFIG: Mapping[str, Any] = {
 }
 
 
+def load_transformer(
+    model_class: type[ModelT],
+    tiny_config: Mapping[str, Any],
+    path: str | os.PathLike | None,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+    config: Mapping[str, Any] | None,
+) -> ModelT:
+    """A diffusers transformer: built from `config or tiny_config` with weights drawn from `seed` when `path`
+    is None, else loaded from a local model directory (its `transformer/` subfolder, or the folder itself).
+
+    Weights are drawn in float32 under a forked global RNG (the caller's RNG state is untouched), so the bf16
+    model of a seed is the rounded float32 model. Returned on `device`, in `dtype`, in eval mode.
+    """
+    if path is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = model_class(**dict(config or tiny_config))
+    else:
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"No model directory at {path}.")
+        subfolder = "transformer" if (path / "transformer").is_dir() else None
+        model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+    # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast.
+    return nn.Module.to(model, device=device, dtype=dtype).eval()
+
+
 def load_qwen_image(
     path: str | os.PathLike | None = None,
     *,
@@ -93,20 +126,8 @@ def load_qwen_image(
         The model in eval mode. It is a `QwenImageTransformer2DModel` whose forward also accepts
         `txt_seq_lens` (see `adapters.rope`).
     """
-    if path is None:
-        # Seed only the weight init, then restore the caller's global RNG (no hidden global-state change).
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = QwenImageTransformerTxtSeqLens(**dict(config or TINY_QWEN_IMAGE_CONFIG))
-    else:
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"No model directory at {path}.")
-        subfolder = "transformer" if (path / "transformer").is_dir() else None
-        model = QwenImageTransformerTxtSeqLens.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
-    # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast, and
-    # Qwen-Image has none to keep.
-    return nn.Module.to(model, device=device, dtype=dtype).eval()
+    return load_transformer(QwenImageTransformerTxtSeqLens, TINY_QWEN_IMAGE_CONFIG, path, dtype=dtype, device=device,
+                            seed=seed, config=config)
 
 
 def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:

@@ -21,12 +21,12 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
-from .tiny_qwen_image import TinyPromptEncoder
+from .tiny_qwen_image import TinyPromptEncoder, load_transformer
 
 __all__ = [
     "TINY_FLUX_CONFIG",
@@ -67,26 +67,6 @@ TINY_FLUX_CONFIG: Mapping[str, Any] = {
 }
 TINY_TEXT_LENGTH = 16  # the tiny encoders' fixed text length (the pipelines' max_sequence_length)
 
-ModelT = TypeVar("ModelT", SD3Transformer2DModel, FluxTransformer2DModel)
-
-
-def _load(model_class: type[ModelT], tiny_config: Mapping[str, Any], path, dtype, device, seed, config) -> ModelT:
-    if path is None:
-        # Seed only the weight init, then restore the caller's global RNG (no hidden global-state change).
-        # Weights are drawn in float32, so the bf16 model of a seed is the rounded float32 model.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = model_class(**dict(config or tiny_config))
-    else:
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"No model directory at {path}.")
-        subfolder = "transformer" if (path / "transformer").is_dir() else None
-        model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
-    # torch.nn.Module.to: the cast of diffusers' ModelMixin.to without its `_keep_in_fp32_modules` warning.
-    return torch.nn.Module.to(model, device=device, dtype=dtype).eval()
-
-
 def load_sd3(
     path: str | os.PathLike | None = None,
     *,
@@ -108,7 +88,7 @@ def load_sd3(
     Returns:
         The model in eval mode.
     """
-    return _load(SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype, device, seed, config)
+    return load_transformer(SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config)
 
 
 def load_flux(
@@ -124,7 +104,7 @@ def load_flux(
     Arguments as [`load_sd3`]; `config={**TINY_FLUX_CONFIG, "guidance_embeds": False}` gives a schnell-like
     tiny model without the guidance embedding.
     """
-    return _load(FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype, device, seed, config)
+    return load_transformer(FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config)
 
 
 class TinyClipT5Encoder:

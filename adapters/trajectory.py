@@ -444,10 +444,12 @@ def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
 def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
     """Concatenate trajectories of one family/schedule/settings along the batch.
 
-    Conditioning tensors of different widths (text length, dim 1) are zero-padded to the widest — the
-    fp32 embeddings with zeros, the int64 masks with 0 — so step-wise rollouts of prompts of different
-    lengths can be recomputed as one batch. Raises ValueError if the settings differ.
+    Conditioning is batched by the family's own `collate_conditioning`: Qwen-Image zero-pads texts of
+    different lengths (its key-padding mask hides the padding), so step-wise rollouts of prompts of
+    different lengths can be recomputed as one batch; SD3 and FLUX attend to padding and refuse texts of
+    different widths. Raises ValueError if the settings differ.
     """
+    from .denoise import get_family  # the family registry imports this module
     if not trajectories:
         raise ValueError("stack_trajectories needs at least one trajectory.")
     first = trajectories[0]
@@ -467,10 +469,7 @@ def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
         if other.latents.shape[1:] != first.latents.shape[1:]:
             raise ValueError(f"Cannot stack trajectories with latents {tuple(first.latents.shape[1:])} and "
                              f"{tuple(other.latents.shape[1:])} per sample.")
-    conditioning = {}
-    for name in first.conditioning:
-        parts = [t.conditioning[name] for t in trajectories]
-        conditioning[name] = pad_and_cat(parts)
+    conditioning = get_family(first.model_family).collate_conditioning([t.conditioning for t in trajectories], None)
     optional_final = [t.final_latents for t in trajectories]
     return replace(
         first,
@@ -484,23 +483,3 @@ def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
         final_latents=None if any(f is None for f in optional_final) else torch.cat(optional_final),
         provenance=dict(first.provenance),
     )
-
-
-def pad_and_cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate batch-first tensors, zero-padding dim 1 (the text length) to the widest part."""
-    if parts[0].dim() < 2:
-        return torch.cat(parts)
-    width = max(p.shape[1] for p in parts)
-    if any(p.shape[1] != width for p in parts) and parts[0].dim() == 2 and parts[0].dtype != torch.int64:
-        # Only text sequences (B, L, D) and their int64 masks (B, L) have a length to pad; a (B, D) float
-        # tensor of another width (a pooled embedding) comes from a different model.
-        raise ValueError(f"Cannot batch (B, D) tensors of widths {sorted({p.shape[1] for p in parts})}.")
-    padded = []
-    for part in parts:
-        if part.shape[2:] != parts[0].shape[2:]:
-            raise ValueError(f"Cannot batch tensors of shapes {tuple(parts[0].shape)} and {tuple(part.shape)}.")
-        if part.shape[1] < width:
-            pad = part.new_zeros((part.shape[0], width - part.shape[1], *part.shape[2:]))
-            part = torch.cat([part, pad], dim=1)
-        padded.append(part)
-    return torch.cat(padded)

@@ -511,7 +511,7 @@ def build_requests(
     *,
     scheduler_setup: SchedulerSetup,
     seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow],
+    window: SDEWindow | Sequence[SDEWindow] | None,
     noise_level: float,
     sde_type: str = "sde",
     guidance_scale: float = 1.0,
@@ -532,7 +532,9 @@ def build_requests(
             each request gets its row, so the engine runs the trainer's exact embeddings. `None`: send
             `prompts` (and `negative_prompts` for CFG) and let the engine's text encoder embed them (the
             trajectory then stores the engine's embeddings).
-        seeds, window, prompt_groups, global_step: per sample, as for `adapters.rollout`.
+        seeds, window, prompt_groups, global_step: per sample, as for `adapters.rollout`; `window=None` sends no
+            explicit window: the engine derives each from (launcher_seed, global_step, prompt group) with
+            `window_schedule` (both then required).
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
             padded alike, as the checker's step-wise torch path does), or `None` in text mode.
         launcher_seed, window_schedule: let the engine re-derive and check each window.
@@ -548,7 +550,12 @@ def build_requests(
     groups = list(range(count)) if prompt_groups is None else list(prompt_groups)
     if len(groups) != count:
         raise ValueError(f"{len(groups)} prompt groups for {count} seeds: pass one per sample.")
-    windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
+    if window is None:
+        if window_schedule is None or launcher_seed is None:
+            raise ValueError("window=None needs window_schedule and launcher_seed: the engine derives each window from them.")
+        windows: Sequence[SDEWindow | None] = [None] * count
+    else:
+        windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
     if conditioning is None and prompts is None:
         raise ValueError("Pass `conditioning` (embeddings) or `prompts` (texts for the engine's text encoder).")
     for name, texts in (("prompts", prompts), ("negative_prompts", negative_prompts)):
