@@ -47,8 +47,15 @@ SD3 and FLUX (`adapters.sd3`, `adapters.flux`, imported on first use; tiny model
     load_sd3(path=None, *, dtype, device, seed), load_flux(...), TinyClipT5Encoder,
     tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder()
 
-The vLLM-omni backend lives in `adapters.vllm_omni` (imports vLLM lazily). Importing `adapters` never
-imports vllm.
+vLLM-omni backend (`adapters.vllm_omni`, imported on first use; vLLM is imported only when an engine starts)
+    VllmOmniRollout(model_path, *, dtype, step_execution, max_num_seqs, launcher_seed, window_schedule, ...)
+        .from_check_config(config), .rollout(family, transformer, conditioning, **rollout args) -> Trajectory, .close()
+    build_requests / decode_request   settings carried in the prompt and sampling_params.extra_args
+    start_request / batch_noise_pred / advance_request / finish_request   the engine's per-request steps
+    trajectory_to_payload / trajectory_from_payload / order_by_sample_index / collect_trajectories
+    adapters.vllm_omni_pipeline.RolloutQwenImagePipeline: the class vLLM-omni's worker loads (PIPELINE_CLASS)
+
+Importing `adapters` never imports vllm.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ __all__ = [
     "RequestState",
     "StepwiseRequest",
     "WindowRecord",
+    "advance_request",
     "denoise_step",
     "gather_latents",
     "init_request",
@@ -58,6 +59,7 @@ __all__ = [
     "run_stepwise",
     "scheduler_step",
     "shared_text_width",
+    "stored_conditioning",
     "window_trajectory",
 ]
 
@@ -244,6 +246,44 @@ def scheduler_step(
     )
 
 
+def advance_request(
+    state: RequestState,
+    noise_pred: torch.Tensor,
+    *,
+    noise_level: float,
+    sde_type: str,
+    include_normalizer: bool = True,
+    store_dtype: torch.dtype | None = None,
+) -> None:
+    """`step_scheduler`: one scheduler step of one request in float32, recorded when inside its window.
+
+    Args:
+        noise_pred (`torch.Tensor` `(1, *latent_shape)`): the request's row of the batched forward.
+        store_dtype: REPRODUCTION only (the stock step-wise path): keep the request's state in this dtype.
+    """
+    step = state.step_index
+    in_window = step in state.record.window
+    sample = state.latents.to(torch.float32)
+    out = scheduler_step(
+        state.scheduler, noise_pred, state.current_timestep, sample, in_window=in_window, generator=state.generator,
+        noise_level=noise_level, sde_type=sde_type, include_normalizer=include_normalizer,
+    )
+    prev = out.prev_sample if store_dtype is None else out.prev_sample.to(store_dtype)
+    if in_window:
+        record_window_step(state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32))
+    state.latents = prev
+    state.step_index += 1
+
+
+def stored_conditioning(
+    family: ModelFamily, conditioning: Mapping[str, torch.Tensor], text_width: int | None
+) -> dict[str, torch.Tensor]:
+    """A request's conditioning as its trajectory stores it: every text padded to the width its forwards used
+    (`text_width`, or its own widest text, the negative prompt included), so that the trainer's recompute runs
+    the same forwards."""
+    return family.collate_conditioning([conditioning], shared_text_width([conditioning], text_width))
+
+
 def init_request(
     family: ModelFamily,
     transformer: nn.Module,
@@ -358,23 +398,10 @@ def run_stepwise(
             noise_pred = denoise_step(family, transformer, states, guidance_scale=guidance_scale, options=options,
                                       text_width=text_width, injection=injection)
             for row, state in enumerate(states):
-                step = state.step_index
-                in_window = step in state.record.window
-                sample = state.latents.to(torch.float32)
-                out = scheduler_step(
-                    state.scheduler, noise_pred[row : row + 1], state.current_timestep, sample,
-                    in_window=in_window, generator=state.generator, noise_level=noise_level, sde_type=sde_type,
-                    include_normalizer=include_normalizer,
+                advance_request(
+                    state, noise_pred[row : row + 1], noise_level=noise_level, sde_type=sde_type,
+                    include_normalizer=include_normalizer, store_dtype=dtype if keep_model_dtype else None,
                 )
-                prev = out.prev_sample
-                if keep_model_dtype:
-                    # REPRODUCTION (stock step-wise path): the per-request state is stored in the model dtype.
-                    prev = prev.to(dtype)
-                if in_window:
-                    record_window_step(state.record, step, sample, state.current_timestep, out.log_prob,
-                                       prev.to(torch.float32))
-                state.latents = prev
-                state.step_index += 1
             still_running = []
             for index, state in running:
                 if state.finished:
@@ -389,7 +416,8 @@ def run_stepwise(
         provenance["injection"] = ",".join(injection.names)
     trajectories = [
         window_trajectory(
-            finished[i][0].record, seed=r.seed, prompt_group=r.prompt_group, conditioning=r.conditioning,
+            finished[i][0].record, seed=r.seed, prompt_group=r.prompt_group,
+            conditioning=stored_conditioning(family, r.conditioning, text_width),
             model_family=family.name, scheduler_setup=scheduler_setup, noise_level=noise_level, sde_type=sde_type,
             guidance_scale=guidance_scale, global_step=global_step, family_options=options,
             include_normalizer=include_normalizer, final_latents=finished[i][1], provenance=provenance,

@@ -29,7 +29,8 @@ Guarantees (what the plain functions do; the vLLM shell only calls them):
       global step, prompt group) with the batch's `SDEWindowSchedule`; when both are sent they must agree.
     * Text is padded per forward to one shared width (`text_width`, or the widest running request) and
       the text RoPE length is that padded width (`adapters.rope.padded_txt_seq_lens`, applied by the
-      family's velocity function); the stored conditioning has the width the forwards used.
+      family's velocity function). With a fixed `text_width` (the default when embeddings are sent) the
+      stored conditioning has the width every forward used, so the trainer repeats the same computation.
     * Missing or malformed settings fail closed (ValueError naming the fix); only vLLM-omni's own warm-up
       request may run without them.
 Not guaranteed:
@@ -341,7 +342,7 @@ class RequestSettings:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RolloutRequest:
     """One decoded request, as the engine sees it.
 
@@ -603,12 +604,13 @@ def check_engine_settings(
     cache_backend: str | None = None,
     guidance_embeds: bool = False,
     zero_cond_t: bool = False,
+    quantized: bool = False,
 ) -> None:
     """ValueError for engine settings the rollout pipeline does not support (checked when the engine loads it).
 
     Parallel sizes must be 1 (one GPU per engine; CFG runs its two passes sequentially), no step cache
-    (TeaCache & co. skip forwards, so the trainer would score other computations), and the plain Qwen-Image
-    transformer (no guidance-distilled or editing variant).
+    (TeaCache & co. skip forwards, so the trainer would score other computations), unquantized weights (the
+    trainer's), and the plain Qwen-Image transformer (no guidance-distilled or editing variant).
     """
     sizes = {
         "cfg_parallel_size": cfg_parallel_size, "sequence_parallel_size": sequence_parallel_size or 1,
@@ -624,6 +626,11 @@ def check_engine_settings(
         raise ValueError(
             f"cache_backend={cache_backend!r} reuses transformer outputs across steps, so the trainer would score a "
             f"different computation; start the engine with cache_backend='none'."
+        )
+    if quantized:
+        raise ValueError(
+            "The engine quantizes the transformer, so the rollout scores other weights than the trainer; start it "
+            "without quantization for the consistency check."
         )
     if guidance_embeds or zero_cond_t:
         raise ValueError(
@@ -800,32 +807,22 @@ def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
             f"advance_request takes this request's float32 noise_pred {tuple(state.latents.shape)}, got "
             f"{noise_pred.dtype} {tuple(noise_pred.shape)}: cast the transformer output with .float() before the scheduler."
         )
-    step = state.step_index
-    in_window = step in state.record.window
-    sample = state.latents
-    timestep = state.current_timestep
-    out = stepwise.scheduler_step(
-        state.scheduler, noise_pred, timestep, sample, in_window=in_window, generator=state.generator,
-        noise_level=batch.noise_level, sde_type=batch.sde_type, include_normalizer=batch.include_normalizer,
+    stepwise.advance_request(
+        state, noise_pred, noise_level=batch.noise_level, sde_type=batch.sde_type,
+        include_normalizer=batch.include_normalizer,
     )
-    if in_window:
-        stepwise.record_window_step(state.record, step, sample, timestep, out.log_prob, out.prev_sample)
-    state.latents = out.prev_sample
-    state.step_index += 1
 
 
 def finish_request(rollout: RolloutState) -> Trajectory:
     """`post_decode`: the request's validated float32 [`Trajectory`] (B = 1), final latents included.
 
-    The stored conditioning is padded to the batch's `text_width` (when fixed), the width its forwards used.
+    The stored conditioning is padded as its forwards padded it (`stepwise.stored_conditioning`).
     """
     state, request = rollout.state, rollout.request
     batch = request.batch
     if not state.finished:
         raise ValueError(f"{state.request.request_id} stopped at step {state.step_index} of {state.num_steps}.")
-    conditioning = dict(state.request.conditioning)
-    if batch.text_width is not None:
-        conditioning = _family(batch).collate_conditioning([conditioning], batch.text_width)
+    conditioning = stepwise.stored_conditioning(_family(batch), state.request.conditioning, batch.text_width)
     return stepwise.window_trajectory(
         state.record, seed=request.request.seed, prompt_group=request.request.prompt_group, conditioning=conditioning,
         model_family=batch.model_family, scheduler_setup=batch.scheduler, noise_level=batch.noise_level,

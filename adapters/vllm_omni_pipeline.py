@@ -66,6 +66,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
             cache_backend=od_config.cache_backend,
             guidance_embeds=bool(self.transformer.guidance_embeds),
             zero_cond_t=bool(getattr(self.transformer, "zero_cond_t", False)),
+            quantized=od_config.quantization_config is not None,
         )
         # Set by the stock `_prepare_generation_context`, which our requests never call; `denoise_step` reads them.
         self._interrupt = False

@@ -84,6 +84,20 @@ def test_stepwise_with_per_group_windows_is_exact(model, encoder):
         assert torch.equal(recompute_log_probs(model, stepwise), stepwise.log_probs)
 
 
+
+def test_stepwise_cfg_with_trimmed_texts_recomputes_exactly(model, encoder):
+    """Requests arrive with their own tokens only (the negative prompt narrower than the positive); the
+    forwards pad both texts to `text_width`, and the trajectory stores them padded the same way, so the
+    trainer's recompute runs the very same CFG forwards."""
+    cond = encoder.conditioning(PROMPTS, [" "] * 4, pad_to=12)
+    reference = _reference(model, cond)
+    requests = _requests(cond, (0, 0, 0, 0), trim=True)
+    assert requests[3].conditioning["negative_prompt_embeds"].shape[1] < requests[3].conditioning["prompt_embeds"].shape[1]
+    stepwise = _stepwise(model, requests, reference, max_num_seqs=4, text_width=12)
+    assert stepwise.conditioning["negative_prompt_embeds"].shape[1] == 12
+    with torch.no_grad():
+        assert torch.equal(recompute_log_probs(model, stepwise), stepwise.log_probs)
+
 def test_stepwise_is_rounding_close_when_the_forward_differs(model, encoder):
     """Not batch-invariant cases, stated: (a) a request runs alone for some steps (max_num_seqs=3 and late
     arrivals: a single-row forward takes another CPU kernel); (b) text padded to the running batch's widest
