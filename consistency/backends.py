@@ -17,9 +17,8 @@ code. Nothing here reads the environment or a global RNG: every draw comes from 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +139,8 @@ def _qwen_image_kit() -> FamilyKit:
         return QwenImagePipeline.from_pretrained(path, transformer=None, vae=None).to(device)
 
     def conditioning(enc, prompts, config):
+        import torch
+
         negatives = [" "] * len(prompts) if config.true_cfg_scale > 1 else None
         pad_to = config.max_sequence_length if config.pad_prompts_to_max_length else None
         if isinstance(enc, adapters.TinyPromptEncoder):
@@ -150,6 +151,8 @@ def _qwen_image_kit() -> FamilyKit:
                 continue
             embeds, mask = enc.encode_prompt(list(texts), max_sequence_length=config.max_sequence_length)
             out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
+            if mask is None:  # diffusers drops an all-valid mask
+                mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
             out[f"{prefix}prompt_embeds_mask"] = mask.long().cpu()
         if pad_to is not None:
             out = adapters.qwen_image.pad_text_conditioning(out, pad_to)
@@ -275,8 +278,10 @@ def _dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def attention(name: str):
-    """Context manager running diffusers attention with backend `name` (e.g. ``native``, ``_native_math``)."""
+@contextlib.contextmanager
+def attention(name: str) -> Iterator[None]:
+    """Run diffusers attention with backend `name` (``native`` = PyTorch SDPA, ``_native_math`` = its math
+    kernel, ...) inside the block. An unknown name or a backend that cannot run here is a `ConfigError`."""
     from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend
 
     valid = [b.value for b in AttentionBackendName]
@@ -286,10 +291,15 @@ def attention(name: str):
         raise ConfigError(
             f"attention backend {name!r} is not one of diffusers' backends ({', '.join(valid)}).{closest_name(name, valid)}"
         )
+    manager = attention_backend(name)
     try:
-        return attention_backend(name)
-    except Exception as error:  # requirements not met (flash kernels on a CPU, missing package)
+        manager.__enter__()
+    except Exception as error:  # requirements not met (flash kernels on a CPU, a missing package)
         raise ConfigError(f"attention backend {name!r} cannot run here: {error}") from error
+    try:
+        yield
+    finally:
+        manager.__exit__(None, None, None)  # restores the previous backend
 
 
 def floor_kernel(config: CheckConfig) -> str | None:
@@ -307,39 +317,54 @@ def floor_kernel(config: CheckConfig) -> str | None:
 
 
 def load_rollout_engine(config: CheckConfig) -> Any:
-    """`adapters.vllm_omni` for ``rollout_backend='vllm-omni'`` (clear error without the package), else None."""
+    """The started vLLM-omni engine for ``rollout_backend='vllm-omni'`` (None for ``torch``).
+
+    Raises:
+        BackendError: vLLM-omni, vLLM or CUDA is missing (naming the ``vllm`` extra), or the engine cannot start
+            from the config (e.g. no ``model_path``).
+    """
     if config.rollout_backend != "vllm-omni":
         return None
+    from adapters import vllm_omni  # imports no vLLM: only the engine does, when it starts
+
     try:
-        return importlib.import_module("adapters.vllm_omni")
+        vllm_omni.require_vllm_omni()
     except ImportError as error:
-        raise BackendError(
-            f"rollout_backend 'vllm-omni' needs vLLM-omni, which is not importable here ({error}). Install the "
-            f"`vllm` extra on a CUDA machine: pip install 'rollout-consistency[vllm]'."
-        ) from error
+        raise BackendError(str(error)) from error
+    try:
+        return vllm_omni.VllmOmniRollout.from_check_config(config)
+    except (ValueError, FileNotFoundError) as error:
+        raise BackendError(f"the vLLM-omni engine cannot start: {error}") from error
 
 
 def build_backend(config: CheckConfig) -> Backend:
-    """Load both sides for `config` (a worker's setup). Identical weights on both sides by construction."""
+    """Load both sides for `config` (a worker's setup). Identical weights on both sides by construction.
+
+    With the ``torch`` rollout both sides load the same seeded tiny model (or the same `model_path`) and, when
+    their dtypes agree, share one module. With ``vllm-omni`` the engine holds its own copy of `model_path`.
+    """
     import adapters
     from adapters.pitfalls import Injection
 
+    engine = load_rollout_engine(config)  # first: a missing package is the first thing to fix
     device = resolve_device(config.device)
     kit = family_kit(config.model_family)
     family = adapters.get_family(config.model_family)
-    engine = load_rollout_engine(config)
-    rollout_model = kit.load_transformer(config.model_path, _dtype(config.rollout_dtype), device)
-    if config.trainer_dtype == config.rollout_dtype:
-        trainer_model = rollout_model  # the same module: identical weights, nothing to sync
+    trainer_model = kit.load_transformer(config.model_path, _dtype(config.trainer_dtype), device)
+    if engine is not None:
+        rollout_model = None
+    elif config.rollout_dtype == config.trainer_dtype:
+        rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
-        trainer_model = kit.load_transformer(config.model_path, _dtype(config.trainer_dtype), device)
+        rollout_model = kit.load_transformer(config.model_path, _dtype(config.rollout_dtype), device)
     encoder = kit.make_encoder(config.model_path, trainer_model, device)
     options = kit.options(config)
     setup = family.scheduler_setup(
         kit.scheduler_config(config.model_path), config.num_inference_steps, trainer_model, options
     )
     injection = Injection.from_names([config.inject]) if config.inject else None
-    precision = _precision_diff(rollout_model, trainer_model, device)
+    # The engine's precision settings live in its own worker process: audited there, not here.
+    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
     return Backend(
         config=config,
         kit=kit,
@@ -445,8 +470,9 @@ def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
         injection=backend.injection,
     )
     if backend.rollout_engine is not None:
+        # The engine encodes nothing itself here: it gets the conditioning the trainer will re-score.
         return backend.rollout_engine.rollout(
-            backend.family, backend.rollout_model, conditioning, max_num_seqs=config.max_num_seqs,
+            backend.family, None, conditioning, max_num_seqs=config.max_num_seqs,
             step_execution=config.step_execution, **common,
         )
     if config.step_execution:

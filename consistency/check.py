@@ -33,7 +33,7 @@ from .backends import INJECTION_SETTINGS, BackendError, BatchResult, build_backe
 from .config import CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
-from .plan import BatchSpec, make_plan, window_problems
+from .plan import make_plan, window_problems
 from .report import Report, SampleInfo
 from .tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
 from .verdict import Problem, decide
@@ -117,13 +117,15 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         for s, start_ in zip(returned, starts)
     )
     run = _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start)
+    precision = _first_precision(results)
+    notes.extend(_precision_note(precision))
     return Report(
         verdict=decide(metrics, tolerance, problems),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
         config=config.to_dict(),
-        precision=_first_precision(results),
+        precision=precision,
         notes=tuple(notes),
         run=run,
     )
@@ -166,7 +168,6 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         prompt_groups=tuple(trajectory.prompt_groups),
         seeds=tuple(trajectory.seeds),
         seconds=seconds,
-        precision=backend.precision,
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
     metrics, tolerance = _judge(config, [result], problems, notes)
@@ -181,7 +182,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         metrics=metrics,
         samples=samples,
         config=config.to_dict(),
-        precision=backend.precision,
+        precision=None,  # the rollout side is a file: there is no second process to audit
         notes=tuple(notes),
         run=_run_info(config, "in-process", 1, timings, [result], start),
     )
@@ -250,6 +251,15 @@ def _first_precision(results: Sequence[BatchResult]) -> Any:
         if result.precision is not None:
             return result.precision
     return None
+
+
+def _precision_note(precision: Any) -> list[str]:
+    """One note naming the settings in which the two sides differ (the audit itself is `report.precision`)."""
+    if not precision or not precision.get("differences"):
+        return []
+    keys = ", ".join(str(d.get("key")) for d in precision["differences"])
+    state = "consistent" if precision.get("consistent", True) else "INCONSISTENT"
+    return [f"precision audit ({state}): rollout and trainer differ in {keys} (details in report.precision)"]
 
 
 def _progress_bar(config: CheckConfig, total: int) -> Any:

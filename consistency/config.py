@@ -433,8 +433,13 @@ def _validate(config: CheckConfig) -> None:
         resolve_tolerance("exact", config.thresholds)
     except ToleranceError as error:
         raise ConfigError(str(error)) from error
-    if config.rollout_backend == "vllm-omni" and config.device == "cpu":
-        raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
+    if config.rollout_backend == "vllm-omni":
+        if config.device == "cpu":
+            raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
+        if config.inject is not None:
+            raise ConfigError(
+                "--inject reproduces stock behaviours inside the PyTorch adapters; use it with rollout_backend 'torch'."
+            )
     if config.trajectory is not None and (config.inject is not None or config.step_execution):
         raise ConfigError(
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "

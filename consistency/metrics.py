@@ -315,12 +315,8 @@ def compute_metrics(
         # Denoising order: high noise (large t) first.
         by_timestep.sort(key=lambda s: -s.timestep)  # type: ignore[operator]
 
-    by_sample = []
-    for b in range(batch):
-        rows = sample_idx == b
-        sub = {k: v[rows] for k, v in entries.items()}
-        values = _aggregate(sub, cell=(np.zeros(int(rows.sum()), dtype=np.int64),), group=np.zeros(int(rows.sum()), dtype=np.int64))[0]
-        by_sample.append(SampleMetrics(b, values if values is not None else _empty_values()))
+    per_sample = dict(zip(*_aggregate_groups(entries, cell=(sample_idx,), group=sample_idx)))
+    by_sample = [SampleMetrics(b, per_sample.get(b, _empty_values())) for b in range(batch)]
 
     return ConsistencyMetrics(
         overall=overall,
@@ -416,10 +412,14 @@ def _empty_values() -> MetricValues:
 
 
 def _dense_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids 0..n-1 of the distinct tuples of non-negative int keys (one combined int64 key, then unique)."""
     if keys[0].size == 0:
         return np.zeros(0, dtype=np.int64), 0
-    stacked = np.stack([np.asarray(k, dtype=np.int64) for k in keys], axis=1)
-    _, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    combined = np.zeros(keys[0].shape, dtype=np.int64)
+    for key in keys:
+        key = np.asarray(key, dtype=np.int64)
+        combined = combined * (int(key.max()) + 1) + key
+    _, inverse = np.unique(combined, return_inverse=True)
     inverse = inverse.reshape(-1)
     return inverse, int(inverse.max()) + 1
 
@@ -427,33 +427,37 @@ def _dense_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
 def _aggregate_groups(
     entries: dict[str, np.ndarray], *, cell: tuple[np.ndarray, ...], group: np.ndarray
 ) -> tuple[list[int], list[MetricValues]]:
-    """Cell means (and in-cell std), then unweighted means over the cells of each group."""
+    """Cell means (and in-cell std), then unweighted means over the cells of each group. Vectorised."""
     group = np.asarray(group, dtype=np.int64)
     if group.size == 0:
         return [], []
+    group_id, n_groups = _dense_ids(group)
     cell_id, n_cells = _dense_ids(*cell, group)
     counts = np.bincount(cell_id, minlength=n_cells).astype(np.float64)
     cell_group = np.zeros(n_cells, dtype=np.int64)
-    cell_group[cell_id] = group
-    cell_means = {}
+    cell_group[cell_id] = group_id
+    cells_per_group = np.bincount(cell_group, minlength=n_groups).astype(np.float64)
+    figures: dict[str, np.ndarray] = {}
     with np.errstate(invalid="ignore", over="ignore"):
+        cell_means = {}
         for metric, key in _MEAN_OF.items():
             cell_means[metric] = np.bincount(cell_id, weights=entries[key], minlength=n_cells) / counts
         deviation = entries["ratio"] - cell_means["ratio_mean"][cell_id]
         cell_means["ratio_std"] = np.sqrt(np.bincount(cell_id, weights=deviation * deviation, minlength=n_cells) / counts)
-
-    groups = np.unique(group)
-    out_groups, out_values = [], []
-    for g in groups:
-        in_group = cell_group == g
-        rows = group == g
-        with np.errstate(invalid="ignore", over="ignore"):
-            figures = {metric: float(np.mean(cell_means[metric][in_group])) for metric in cell_means}
-            # np.max propagates NaN: a NaN entry makes the max NaN, never hides behind a finite one.
-            figures["max_abs_dlogp"] = float(np.max(entries["abs"][rows]))
-        out_groups.append(int(g))
-        out_values.append(MetricValues(**{name: figures[name] for name in METRIC_NAMES}, count=int(rows.sum())))
-    return out_groups, out_values
+        for metric, values in cell_means.items():
+            figures[metric] = np.bincount(cell_group, weights=values, minlength=n_groups) / cells_per_group
+        # np.maximum propagates NaN: a NaN entry makes the max NaN, never hides behind a finite one.
+        maxima = np.full(n_groups, -np.inf)
+        np.maximum.at(maxima, group_id, entries["abs"])
+        figures["max_abs_dlogp"] = maxima
+    entry_counts = np.bincount(group_id, minlength=n_groups)
+    first_of_group = np.zeros(n_groups, dtype=np.int64)
+    first_of_group[group_id[::-1]] = group[::-1]  # the original group label of each dense id
+    values = [
+        MetricValues(**{name: float(figures[name][g]) for name in METRIC_NAMES}, count=int(entry_counts[g]))
+        for g in range(n_groups)
+    ]
+    return [int(label) for label in first_of_group], values
 
 
 def _aggregate(

@@ -359,8 +359,14 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
             if limit is not None:
                 ax_dlogp.axhline(limit, color=style, linestyle=":", label=f"limit {_SHORT[metric]} {limit:.2g}")
         positive = [v for v in mean_abs + max_abs if math.isfinite(v) and v > 0]
-        # symlog keeps exact zeros (a bit-exact run) on the axis while spreading 1e-9 .. 1e-2 apart.
-        ax_dlogp.set_yscale("symlog", linthresh=min(positive) / 2 if positive else 1e-12)
+        if positive:
+            # symlog keeps exact zeros on the axis while spreading 1e-9 .. 1e-2 apart.
+            ax_dlogp.set_yscale("symlog", linthresh=min(positive) / 2)
+            ax_dlogp.set_ylim(bottom=0)  # |Δlogp| >= 0: no negative half of the symlog axis
+        elif all(math.isfinite(v) for v in mean_abs + max_abs):
+            ax_dlogp.set_ylim(-0.05, 1)
+            ax_dlogp.text(0.5, 0.5, "Δlogp = 0 at every step (bit for bit)", ha="center", va="center",
+                          transform=ax_dlogp.transAxes)
         ax_dlogp.set_ylabel("|Δlogp| (trainer − rollout)")
         ax_dlogp.legend(fontsize=8)
         ratio = [s.values.ratio_mean for s in steps]
