@@ -141,7 +141,11 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     if trajectory.model_family != config.model_family:
         notes.append(f"model_family {trajectory.model_family!r} taken from the trajectory file")
     # Only the trainer side is built: the rollout side is the file.
-    config = config.replace(model_family=trajectory.model_family, rollout_dtype=config.trainer_dtype)
+    # The profile stays the one the named rollout backend implies (a vLLM-omni dump is gated at `kernel`).
+    config = config.replace(
+        model_family=trajectory.model_family, rollout_dtype=config.trainer_dtype, rollout_backend="torch",
+        profile=config.resolved_profile,
+    )
     if config.workers > 1 or config.ray_address is not None:
         notes.append("trajectory mode re-scores one file in this process (workers/ray_address unused)")
     notes.append(f"trajectory {config.trajectory} ({trajectory.provenance.get('path', 'unknown path')})")

@@ -433,7 +433,7 @@ def _validate(config: CheckConfig) -> None:
         resolve_tolerance("exact", config.thresholds)
     except ToleranceError as error:
         raise ConfigError(str(error)) from error
-    if config.rollout_backend == "vllm-omni":
+    if config.rollout_backend == "vllm-omni" and config.trajectory is None:  # a dump needs no engine
         if config.device == "cpu":
             raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
         if config.inject is not None:

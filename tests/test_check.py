@@ -199,6 +199,13 @@ def test_trajectory_mode_passes_a_clean_dump_and_names_a_corrupted_step(tmp_path
     assert report.metrics.by_sample[0].values.max_abs_dlogp == 0
 
 
+
+def test_trajectory_mode_of_a_vllm_omni_dump_needs_no_engine_and_keeps_the_kernel_profile(tmp_path):
+    """A dump is re-scored by the trainer alone: naming the vLLM-omni rollout must not start (or require) it."""
+    _, path = _save_trajectory(tmp_path)
+    report = run_step1_check(trajectory=str(path), rollout_backend="vllm-omni", progress=False)
+    assert report.passed and report.to_dict()["config"]["profile"] == "kernel"
+
 def test_trajectory_mode_fails_split_group_windows(tmp_path):
     from schedulers import SDEWindow
 
