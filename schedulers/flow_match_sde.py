@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 from diffusers.utils import BaseOutput
-from diffusers.utils.torch_utils import randn_tensor
 
 SDE_TYPES = ("sde", "cps", "dance_sde")
 
@@ -272,7 +271,7 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         mean = (sample * coef_sample).addcmul_(model_output, coef_output)
 
         if prev_sample is None:
-            noise = randn_tensor(sample.shape, generator=generator, device=sample.device, dtype=torch.float32)
+            noise = _standard_normal(sample.shape, generator, sample.device)
             prev_sample = torch.addcmul(mean.detach(), noise, std.view(view))
             del noise  # let the allocator reuse it for the residual
         mean_sq = _mean_squared_residual(prev_sample.detach(), mean)
@@ -328,18 +327,36 @@ def _transition(
     return a, b, std, -0.5 / std**2, -math.log(std) - _HALF_LOG_2PI
 
 
+def _standard_normal(
+    shape: torch.Size, generator: torch.Generator | list[torch.Generator] | None, device: torch.device
+) -> torch.Tensor:
+    """Float32 standard normal noise, drawn on the generator's device and moved to `device`.
+
+    A list draws row `i` from `generator[i]` straight into its slice of one buffer: the same values as
+    diffusers' `randn_tensor` (per-row draws, then `torch.cat`) without the second latent-sized copy.
+    """
+    if not isinstance(generator, list):
+        draw_device = generator.device if generator is not None else device
+        return torch.randn(shape, generator=generator, device=draw_device, dtype=torch.float32).to(device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"{len(generator)} generators for a batch of {shape[0]}: pass one per sample, or one.")
+    noise = torch.empty(shape, dtype=torch.float32, device=generator[0].device)
+    for row, row_generator in zip(noise, generator):
+        torch.randn(shape[1:], generator=row_generator, dtype=torch.float32, device=noise.device, out=row)
+    return noise.to(device)
+
+
 def _mean_squared_residual(prev_sample: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """`mean((prev_sample - mean)²)` over the non-batch dims, shape `(B,)`, float64.
 
     The differences compared downstream are ~1e-6 of values ~1, so the reduction's own rounding must stay
-    far below 1e-7 relative. Squares are summed in float32 over chunks of at most 512 elements (~4e-9
-    relative) and the chunk sums in float64; a float32 sum over the whole latent would add ~6e-8, and a
-    float64 sum would materialise a float64 copy of the latent.
+    far below 1e-7 relative: a float32 sum over the whole latent would add ~6e-8, and a float64 sum would
+    materialise a float64 copy of the latent.
     """
     batch = prev_sample.shape[0]
     residual = (prev_sample - mean).reshape(batch, -1)
     numel = residual.shape[1]
-    # Nothing to differentiate (rollout, no-grad recompute): square in place, one latent-sized buffer less.
-    squares = residual.square() if residual.requires_grad else residual.square_()
-    chunk_sums = squares.view(batch, -1, math.gcd(numel, 512)).sum(dim=2)
-    return chunk_sums.sum(dim=1, dtype=torch.float64) / numel
+    # One pass, no latent-sized temporary: float32 norms of chunks of <= 512 elements, squared and summed
+    # in float64 (~7e-9 relative). The norm's backward is finite at zero (cps on its last step).
+    chunk_norms = torch.linalg.vector_norm(residual.view(batch, -1, math.gcd(numel, 512)), dim=2)
+    return chunk_norms.to(torch.float64).square().sum(dim=1) / numel

@@ -5,7 +5,7 @@
 (a) recompute path (score a given prev_sample)  vs  diffusers' FlowMatchEulerDiscreteScheduler.step
 (b) sampling path (draw + score)                vs  diffusers' step + drawing the same amount of noise
 Also the peak extra memory of one step, as a multiple of one latent tensor (CUDA: allocator peak; CPU:
-resident memory sampled while the step runs).
+the resident-set peak of a child process).
 Targets: (a) <= 1.5x, (b) <= 1.3x, memory <= 3 latents.
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import resource
+import os
 import statistics
-import threading
+import subprocess
+import sys
 import time
 
 import torch
@@ -75,47 +76,53 @@ def median_ms(fn, repeats: int, device: str) -> float:
     return 1e3 * statistics.median(times)
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize()
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_extra_latents(name: str, batch: int, device: str, calls: int = 5) -> float:
+def measure_peak_extra(name: str, batch: int) -> float:
+    """In this process: peak resident memory above the inputs during one call, in latents (CPU, Linux).
+
+    Run it in a child whose malloc returns every latent-sized buffer to the OS when freed
+    (MALLOC_MMAP_THRESHOLD_ fixed), so the resident set follows live tensors exactly; the kernel's peak
+    (VmHWM) is reset to the current size right before the call.
+    """
+    fns, x = paths(batch, "cpu")
+    fns[name]()  # warm-up: kernels, thread pool
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # reset VmHWM to the current resident size
+    base = _status_kib("VmRSS")
+    result = fns[name]()
+    peak = _status_kib("VmHWM")
+    del result
+    return (peak - base) * 1024 / (x.numel() * x.element_size())
+
+
+def peak_extra_latents(name: str, batch: int, device: str) -> float:
     """Peak memory above the inputs during one call of path `name`, in units of one latent tensor.
 
-    CUDA: the caching allocator's peak. CPU: resident memory sampled by a thread while the call runs
-    (torch releases the GIL inside kernels; latent-sized buffers are mmap-backed, so they enter and
-    leave the resident set as they are allocated and freed). The maximum over a few calls.
+    CUDA: the caching allocator's peak. CPU: the resident-set peak, measured in a child process.
     """
-    fns, x = paths(batch, device)
-    fn = fns[name]
-    latent_bytes = x.numel() * x.element_size()
-    fn()
     if device == "cuda":
+        fns, x = paths(batch, device)
+        fns[name]()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fn()
+        fns[name]()
         torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / latent_bytes
-    peak_extra = 0
-    for _ in range(calls):
-        gc.collect()
-        base = _resident_bytes()
-        peak, done = [base], threading.Event()
-
-        def sample_resident():
-            while not done.is_set():
-                peak[0] = max(peak[0], _resident_bytes())
-
-        sampler = threading.Thread(target=sample_resident)
-        sampler.start()
-        result = fn()
-        done.set()
-        sampler.join()
-        del result
-        peak_extra = max(peak_extra, peak[0] - base)
-    return peak_extra / latent_bytes
+        return (torch.cuda.max_memory_allocated() - base) / (x.numel() * x.element_size())
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    child = subprocess.run(
+        [sys.executable, __file__, "--measure-memory", name, "--batch", str(batch)],
+        capture_output=True, text=True, check=True, env=env,
+    )
+    return float(child.stdout.strip())
 
 
 def main() -> None:
@@ -124,7 +131,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--measure-memory", metavar="PATH", help=argparse.SUPPRESS)  # the child of peak_extra_latents
     args = parser.parse_args()
+    if args.device == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        # Time with a caching allocator, as on CUDA: glibc otherwise hands latent-sized buffers back to the OS
+        # on free, and every call then pays page faults that swamp the arithmetic being compared.
+        cached = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**31)}
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, **cached})
+    if args.measure_memory:
+        print(measure_peak_extra(args.measure_memory, args.batch))
+        return
 
     fns, _ = paths(args.batch, args.device)
     # Interleave the paths round by round so that machine load affects all of them alike.

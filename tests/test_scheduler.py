@@ -256,3 +256,29 @@ def test_clear_errors():
         scheduler.step(v, scheduler.timesteps[:2], x, noise_level=0.7)
     with pytest.raises(RuntimeError, match="set_timesteps"):
         FlowMatchSDEDiscreteScheduler().step(v, 1000.0, x, noise_level=0.7)
+
+
+def test_per_sample_noise_is_diffusers_randn_tensor_draw():
+    """One generator per sample draws what diffusers' pipelines draw (`randn_tensor` with a generator list)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    scheduler = make_scheduler()
+    x, v = tensors(8)
+    t = scheduler.timesteps[2]
+    out = scheduler.sample_previous_step(v, t, x, noise_level=0.7, generator=generators(8, 3))
+    noise = randn_tensor(x.shape, generator=generators(8, 3), dtype=torch.float32)
+    expected = torch.addcmul(out.prev_sample_mean, noise, out.prev_sample_std.view(3, 1, 1, 1))
+    assert torch.equal(out.prev_sample, expected)
+    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
+        scheduler.sample_previous_step(v, t, x, noise_level=0.7, generator=generators(8, 2))
+
+
+def test_cps_last_step_is_deterministic_with_finite_gradient():
+    scheduler = make_scheduler()
+    x, v = tensors(9)
+    v = v.requires_grad_(True)
+    out = scheduler.sample_previous_step(v, scheduler.timesteps[-1], x, noise_level=0.5, sde_type="cps",
+                                         generator=generators(9, 3))
+    assert torch.equal(out.prev_sample, out.prev_sample_mean.detach()) and torch.all(out.log_prob == 0)
+    out.log_prob.sum().backward()
+    assert torch.isfinite(v.grad).all()
