@@ -275,40 +275,90 @@ class Trajectory:
 
     def stored_bytes(self) -> int:
         """Bytes of tensor data this trajectory stores (excluding the file header)."""
-        tensors = self._tensors()
+        tensors, _ = self.to_parts()
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     # ---------------------------------------------------------------- file I/O
-    def _tensors(self) -> dict[str, torch.Tensor]:
+    def to_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """`(tensors, fields)`: the CPU tensors (conditioning under `conditioning.<name>`) and the JSON-able
+        fields — what the file stores and what a vLLM-omni engine sends back. Inverse: [`from_parts`]."""
         tensors = {"latents": self.latents, "log_probs": self.log_probs, "timesteps": self.timesteps}
         if self.final_latents is not None:
             tensors["final_latents"] = self.final_latents
         for name in sorted(self.conditioning):  # sorted: the same trajectory always writes the same bytes
             tensors[_COND_PREFIX + name] = self.conditioning[name]
-        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-
-    def _metadata(self) -> dict[str, str]:
-        return {
-            "windows": json.dumps([[w.start, w.size, w.num_steps] for w in self.windows]),
-            "noise_level": json.dumps(float(self.noise_level)),
-            "sde_type": json.dumps(self.sde_type),
-            "guidance_scale": json.dumps(float(self.guidance_scale)),
-            "seeds": json.dumps(list(self.seeds)),
-            "prompt_groups": json.dumps(list(self.prompt_groups)),
-            "global_step": json.dumps(self.global_step),
-            "model_family": json.dumps(self.model_family),
-            "scheduler": json.dumps(self.scheduler.to_json_dict(), allow_nan=False),
-            "family_options": json.dumps(dict(self.family_options), allow_nan=False),
-            "include_normalizer": json.dumps(bool(self.include_normalizer)),
-            "provenance": json.dumps(dict(self.provenance)),
+        fields_ = {
+            "windows": [[w.start, w.size, w.num_steps] for w in self.windows],
+            "noise_level": float(self.noise_level),
+            "sde_type": self.sde_type,
+            "guidance_scale": float(self.guidance_scale),
+            "seeds": list(self.seeds),
+            "prompt_groups": list(self.prompt_groups),
+            "global_step": self.global_step,
+            "model_family": self.model_family,
+            "scheduler": self.scheduler.to_json_dict(),
+            "family_options": dict(self.family_options),
+            "include_normalizer": bool(self.include_normalizer),
+            "provenance": dict(self.provenance),
         }
+        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, fields_
+
+    @classmethod
+    def from_parts(cls, tensors: Mapping[str, torch.Tensor], fields_: Mapping[str, Any], *, source: str) -> Trajectory:
+        """The validated trajectory of [`to_parts`]' output; nothing is cast.
+
+        Raises:
+            TrajectoryFormatError: a missing tensor or field, a latent / log-prob / timestep tensor that is not
+                float32 (the writer kept a low-precision copy), or an invalid trajectory. `source` names where
+                the parts came from, in the message.
+        """
+        for name in ("latents", "log_probs", "timesteps", "final_latents"):
+            tensor = tensors.get(name)
+            if tensor is not None and (not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32):
+                raise TrajectoryFormatError(
+                    f"{source}: tensor {name!r} is {getattr(tensor, 'dtype', type(tensor).__name__)}; trajectories "
+                    f"store float32 only. The writer kept a low-precision copy — fix the rollout to keep and store "
+                    f"float32 latents."
+                )
+        for name in ("latents", "log_probs", "timesteps"):
+            if name not in tensors:
+                raise TrajectoryFormatError(f"{source}: tensor {name!r} is missing.")
+        missing = [name for name in _FIELDS if name not in fields_]
+        if missing:
+            raise TrajectoryFormatError(f"{source}: metadata field {missing[0]!r} is missing.")
+        try:
+            return cls(
+                latents=tensors["latents"],
+                log_probs=tensors["log_probs"],
+                timesteps=tensors["timesteps"],
+                windows=tuple(SDEWindow(start=s, size=n, num_steps=t) for s, n, t in fields_["windows"]),
+                noise_level=float(fields_["noise_level"]),
+                sde_type=fields_["sde_type"],
+                guidance_scale=float(fields_["guidance_scale"]),
+                seeds=tuple(fields_["seeds"]),
+                prompt_groups=tuple(fields_["prompt_groups"]),
+                global_step=fields_["global_step"],
+                conditioning={
+                    k[len(_COND_PREFIX):]: v for k, v in sorted(tensors.items()) if k.startswith(_COND_PREFIX)
+                },
+                model_family=fields_["model_family"],
+                scheduler=SchedulerSetup.from_json_dict(fields_["scheduler"]),
+                family_options=dict(fields_["family_options"]),
+                include_normalizer=bool(fields_["include_normalizer"]),
+                final_latents=tensors.get("final_latents"),
+                provenance=dict(fields_["provenance"]),
+            ).validate()
+        except TrajectoryFormatError:
+            raise
+        except (TypeError, ValueError, KeyError) as error:
+            raise TrajectoryFormatError(f"{source}: not a valid trajectory: {error}") from error
 
     def save(self, path: str | os.PathLike) -> Path:
         """Validate, then write atomically (temp file + rename) to `path`. Returns the path."""
         self.validate()
-        tensors = self._tensors()
+        tensors, fields_ = self.to_parts()
         metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "sha256": _digest(tensors)}
-        metadata.update(self._metadata())
+        metadata.update({name: json.dumps(value, allow_nan=False) for name, value in fields_.items()})
         data = save_safetensors_bytes(tensors, metadata=metadata)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,52 +396,15 @@ class Trajectory:
                 f"{path}: checksum mismatch — the tensor data changed after it was written (corruption or a "
                 f"tool that rewrote the file). Re-export the trajectory from the rollout."
             )
-        for name in ("latents", "log_probs", "timesteps", "final_latents"):
-            if name in tensors and tensors[name].dtype != torch.float32:
-                raise TrajectoryFormatError(
-                    f"{path}: tensor {name!r} is {tensors[name].dtype}; trajectories store float32 only. The writer "
-                    f"kept a low-precision copy — fix the rollout to keep and store float32 latents."
-                )
-        for name in ("latents", "log_probs", "timesteps"):
-            if name not in tensors:
-                raise TrajectoryFormatError(f"{path}: tensor {name!r} is missing.")
         try:
-            fields_ = {key: json.loads(metadata[key]) for key in _REQUIRED_METADATA}
-        except KeyError as error:
-            raise TrajectoryFormatError(f"{path}: metadata field {error.args[0]!r} is missing.") from error
+            fields_ = {key: json.loads(metadata[key]) for key in _FIELDS if key in metadata}
         except json.JSONDecodeError as error:
             raise TrajectoryFormatError(f"{path}: a metadata field is not valid JSON ({error}).") from error
-        try:
-            trajectory = cls(
-                latents=tensors["latents"],
-                log_probs=tensors["log_probs"],
-                timesteps=tensors["timesteps"],
-                windows=tuple(SDEWindow(start=s, size=n, num_steps=t) for s, n, t in fields_["windows"]),
-                noise_level=float(fields_["noise_level"]),
-                sde_type=fields_["sde_type"],
-                guidance_scale=float(fields_["guidance_scale"]),
-                seeds=tuple(fields_["seeds"]),
-                prompt_groups=tuple(fields_["prompt_groups"]),
-                global_step=fields_["global_step"],
-                conditioning={
-                    k[len(_COND_PREFIX):]: v for k, v in sorted(tensors.items()) if k.startswith(_COND_PREFIX)
-                },
-                model_family=fields_["model_family"],
-                scheduler=SchedulerSetup.from_json_dict(fields_["scheduler"]),
-                family_options=fields_["family_options"],
-                include_normalizer=bool(fields_["include_normalizer"]),
-                final_latents=tensors.get("final_latents"),
-                provenance=fields_["provenance"],
-            )
-            trajectory.validate()
-        except (TypeError, ValueError, KeyError) as error:
-            if isinstance(error, TrajectoryFormatError):
-                raise
-            raise TrajectoryFormatError(f"{path}: not a valid trajectory: {error}") from error
+        trajectory = cls.from_parts(tensors, fields_, source=str(path))
         return trajectory.to(device) if str(device) != "cpu" else trajectory
 
 
-_REQUIRED_METADATA = tuple(f.name for f in fields(Trajectory) if f.name not in (
+_FIELDS = tuple(f.name for f in fields(Trajectory) if f.name not in (
     "latents", "log_probs", "timesteps", "conditioning", "final_latents"))
 
 

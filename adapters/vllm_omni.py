@@ -840,31 +840,17 @@ def trajectory_to_payload(trajectory: Trajectory, request: RequestSettings) -> d
     `OmniRequestOutput.trajectory_latents / trajectory_timesteps / trajectory_log_probs`; the whole mapping
     lands in `OmniRequestOutput.multimodal_output["trajectory"]`.
     """
+    tensors, fields_ = trajectory.to_parts()
+    # The three standard keys at the top level (vLLM-omni copies them onto the request output); the rest
+    # of the tensors (final latents, conditioning) travel under "tensors".
     payload: dict[str, Any] = {
         "format": ENVELOPE_FORMAT,
         "version": PAYLOAD_VERSION,
-        "latents": trajectory.latents.detach().cpu(),
-        "log_probs": trajectory.log_probs.detach().cpu(),
-        "timesteps": trajectory.timesteps.detach().cpu(),
-        "conditioning": {k: v.detach().cpu() for k, v in sorted(trajectory.conditioning.items())},
-        "fields": {
-            "windows": [[w.start, w.size, w.num_steps] for w in trajectory.windows],
-            "noise_level": float(trajectory.noise_level),
-            "sde_type": trajectory.sde_type,
-            "guidance_scale": float(trajectory.guidance_scale),
-            "seeds": list(trajectory.seeds),
-            "prompt_groups": list(trajectory.prompt_groups),
-            "global_step": trajectory.global_step,
-            "model_family": trajectory.model_family,
-            "scheduler": trajectory.scheduler.to_json_dict(),
-            "family_options": dict(trajectory.family_options),
-            "include_normalizer": bool(trajectory.include_normalizer),
-            "provenance": dict(trajectory.provenance),
-        },
+        **{name: tensors.pop(name) for name in ("latents", "log_probs", "timesteps")},
+        "tensors": tensors,
+        "fields": fields_,
         "request": request.to_payload(),
     }
-    if trajectory.final_latents is not None:
-        payload["final_latents"] = trajectory.final_latents.detach().cpu()
     return payload
 
 
@@ -887,38 +873,12 @@ def trajectory_from_payload(payload: Mapping[str, Any]) -> Trajectory:
             f"rollout-consistency version on the client and the engine."
         )
     try:
+        tensors = {name: payload[name] for name in ("latents", "log_probs", "timesteps")}
+        tensors.update(payload["tensors"])
         fields_ = payload["fields"]
-        for name in ("latents", "log_probs", "timesteps", "final_latents"):
-            tensor = payload.get(name)
-            if tensor is not None and (not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32):
-                raise TrajectoryFormatError(
-                    f"Trajectory payload {name!r} is {getattr(tensor, 'dtype', type(tensor).__name__)}; trajectories are "
-                    f"float32 end to end."
-                )
-        trajectory = Trajectory(
-            latents=payload["latents"],
-            log_probs=payload["log_probs"],
-            timesteps=payload["timesteps"],
-            windows=tuple(SDEWindow(start=s, size=n, num_steps=t) for s, n, t in fields_["windows"]),
-            noise_level=float(fields_["noise_level"]),
-            sde_type=fields_["sde_type"],
-            guidance_scale=float(fields_["guidance_scale"]),
-            seeds=tuple(fields_["seeds"]),
-            prompt_groups=tuple(fields_["prompt_groups"]),
-            global_step=fields_["global_step"],
-            conditioning=dict(payload["conditioning"]),
-            model_family=fields_["model_family"],
-            scheduler=SchedulerSetup.from_json_dict(fields_["scheduler"]),
-            family_options=dict(fields_["family_options"]),
-            include_normalizer=bool(fields_["include_normalizer"]),
-            final_latents=payload.get("final_latents"),
-            provenance=dict(fields_["provenance"]),
-        )
-        return trajectory.validate()
-    except TrajectoryFormatError:
-        raise
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError) as error:
         raise TrajectoryFormatError(f"The trajectory payload is incomplete or invalid: {error!r}") from error
+    return Trajectory.from_parts(tensors, fields_, source="vLLM-omni trajectory payload")
 
 
 def output_envelope(image: Any, trajectory_payload: Mapping[str, Any]) -> dict[str, Any]:

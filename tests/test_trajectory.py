@@ -102,10 +102,10 @@ def test_other_safetensors_file_is_rejected(tmp_path):
 
 def _rewrite(trajectory: Trajectory, path, **changes) -> None:
     """Write a file in the trajectory format with some tensors replaced (a buggy writer)."""
-    tensors = trajectory._tensors()
+    tensors, fields_ = trajectory.to_parts()
     tensors.update(changes)
     metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": _digest(tensors)}
-    metadata.update(trajectory._metadata())
+    metadata.update({name: json.dumps(value) for name, value in fields_.items()})
     save_file(tensors, str(path), metadata=metadata)
 
 
@@ -123,9 +123,9 @@ def test_wrong_dtype_in_file_is_rejected(trajectory, tmp_path):
 
 
 def test_missing_metadata_field_is_rejected(trajectory, tmp_path):
-    tensors = trajectory._tensors()
+    tensors, fields_ = trajectory.to_parts()
     metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": _digest(tensors)}
-    metadata.update({k: v for k, v in trajectory._metadata().items() if k != "seeds"})
+    metadata.update({k: json.dumps(v) for k, v in fields_.items() if k != "seeds"})
     save_file(tensors, str(tmp_path / "m.safetensors"), metadata=metadata)
     with pytest.raises(TrajectoryFormatError, match="'seeds' is missing"):
         Trajectory.load(tmp_path / "m.safetensors")

@@ -426,13 +426,14 @@ def test_envelope_round_trip_is_exact(engine_output):
     payload = payloads[0]
     # The keys vLLM-omni copies onto OmniRequestOutput.trajectory_latents / _timesteps / _log_probs.
     assert {"latents", "timesteps", "log_probs"} <= set(payload)
-    assert all(t.device.type == "cpu" for t in (payload["latents"], payload["log_probs"], payload["final_latents"]))
+    assert all(t.device.type == "cpu" for t in (payload["latents"], payload["log_probs"], *payload["tensors"].values()))
     json.dumps(payload["fields"])  # plain types
     json.dumps(payload["request"])
     trajectory = vo.trajectory_from_payload(payload)
     again = vo.trajectory_from_payload(vo.trajectory_to_payload(trajectory, vo.RequestSettings.from_payload(payload["request"])))
-    for name in ("latents", "log_probs", "timesteps", "final_latents"):
+    for name in ("latents", "log_probs", "timesteps"):
         assert torch.equal(getattr(again, name), payload[name])
+    assert torch.equal(again.final_latents, payload["tensors"]["final_latents"])
     assert again.scheduler == trajectory.scheduler and again.windows == trajectory.windows
     envelope = vo.output_envelope("IMAGE", payload)
     assert envelope["payload"]["image"] == "IMAGE" and envelope["payload"]["trajectory"]["format"] == vo.ENVELOPE_FORMAT
@@ -445,8 +446,9 @@ def test_envelope_round_trip_is_exact(engine_output):
         (lambda p: p.update(format="bagel"), "not a rollout-consistency payload"),
         (lambda p: p.update(version=9), "version"),
         (lambda p: p.update(latents=p["latents"].to(torch.bfloat16)), "float32"),
-        (lambda p: p["fields"].pop("seeds"), "incomplete"),
-        (lambda p: p.update(log_probs=p["log_probs"][:, :1]), "incomplete"),
+        (lambda p: p["fields"].pop("seeds"), "'seeds' is missing"),
+        (lambda p: p.pop("tensors"), "incomplete"),
+        (lambda p: p.update(log_probs=p["log_probs"][:, :1]), "not a valid trajectory"),
     ],
 )
 def test_bad_envelopes_are_refused(engine_output, damage, message):
