@@ -423,6 +423,29 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     last = max(w.stop for w in trajectory.windows)
     forwards["rollout"] = last * cfg_passes
 
+    return score_trajectory(
+        backend, trajectory, batch=batch.index, sample_indices=batch.sample_indices, seconds=seconds,
+        forwards=forwards,
+    )
+
+
+def score_trajectory(
+    backend: Backend,
+    trajectory: Any,
+    *,
+    batch: int,
+    sample_indices: tuple[int, ...],
+    seconds: dict[str, float] | None = None,
+    forwards: dict[str, int] | None = None,
+) -> BatchResult:
+    """The trainer side: recompute every stored window step of `trajectory` (and the floor with the other
+    kernel, for ``calibrated``), and pack both sides' log-probs as one batch's result.
+
+    `seconds` / `forwards` carry the rollout's own figures when there was a rollout in this process.
+    """
+    config = backend.config
+    seconds, forwards = dict(seconds or {}), dict(forwards or {})
+    cfg_passes = backend.kit.cfg_passes(config)
     start = time.perf_counter()
     trainer = recompute(backend, trajectory, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
@@ -438,8 +461,8 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         forwards["floor"] = forwards["trainer"]
 
     return BatchResult(
-        batch=batch.index,
-        sample_indices=batch.sample_indices,
+        batch=batch,
+        sample_indices=sample_indices,
         rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
         trainer_log_probs=trainer,
         floor_log_probs=floor,

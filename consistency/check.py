@@ -20,6 +20,7 @@ within a prompt group — each is a FAIL with its reason. Bad settings raise [`C
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import platform
 import sys
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import INJECTION_SETTINGS, BackendError, BatchResult, build_backend, recompute, run_batch
+from .backends import INJECTION_SETTINGS, BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
@@ -153,25 +154,10 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     backend = build_backend(config)
     setup_s = time.perf_counter() - setup_start
     work_start = time.perf_counter()
-    trainer = recompute(backend, trajectory, config.trainer_attention)
-    seconds = {"trainer": time.perf_counter() - work_start}
-    floor = None
-    if backend.floor_kernel is not None:
-        floor_start = time.perf_counter()
-        floor = recompute(backend, trajectory, backend.floor_kernel)
-        seconds["floor"] = time.perf_counter() - floor_start
     n = trajectory.batch_size
-    result = BatchResult(
-        batch=0,
-        sample_indices=tuple(range(n)),
-        rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
-        trainer_log_probs=trainer,
-        floor_log_probs=floor,
-        timesteps=trajectory.timesteps.detach().cpu().numpy().copy(),
-        window_starts=tuple(w.start for w in trajectory.windows),
-        prompt_groups=tuple(trajectory.prompt_groups),
-        seeds=tuple(trajectory.seeds),
-        seconds=seconds,
+    # The rollout side is a file: no second process to audit for precision settings.
+    result = dataclasses.replace(
+        score_trajectory(backend, trajectory, batch=0, sample_indices=tuple(range(n))), precision=None
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
     metrics, tolerance = _judge(config, [result], problems, notes)
@@ -186,7 +172,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         metrics=metrics,
         samples=samples,
         config=config.to_dict(),
-        precision=None,  # the rollout side is a file: there is no second process to audit
+        precision=None,
         notes=tuple(notes),
         run=_run_info(config, "in-process", 1, timings, [result], start),
     )
