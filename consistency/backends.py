@@ -17,6 +17,7 @@ code. Nothing here reads the environment or a global RNG: every draw comes from 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,29 +27,6 @@ import numpy as np
 
 from .config import CheckConfig, ConfigError
 from .plan import BatchSpec
-
-#: Settings each `--inject` name needs for its pitfall to show (DESIGN.md §1, adapters.pitfalls).
-INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
-    # The stock cast rounds prev_sample to the model dtype: a no-op with float32 weights. Its bias (the
-    # trainer scores a point ~ulp/sqrt(12) further from the mean) outgrows the zero-mean part of the
-    # difference only with many latent dims or a small SDE std; on the tiny model that takes a 256 px image,
-    # noise_level 0.1 and a window on the late steps, where DESIGN.md's signature (ratio_mean < 1, all
-    # clipping on the lower side) shows as it does on full-size latents.
-    "bf16-latents": {
-        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16",
-        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
-    },
-    # The step-wise path only, with low-precision weights (same visibility settings as above).
-    "stepwise-bf16": {
-        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16", "step_execution": True,
-        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
-    },
-    # mask.sum() differs from the padded width only when embeddings are padded past the longest prompt, and
-    # the wrong RoPE only matters when padded text keys reach attention (no key-padding mask).
-    "mask-sum-rope": {"pad_prompts_to_max_length": True, "mask_text_padding": False},
-    # Structural: the windows differ within a prompt group; no setting needed.
-    "per-request-window": {},
-}
 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
 
@@ -184,9 +162,14 @@ def _clip_t5_kit(name: str) -> FamilyKit:
         # SD3's guidance_scale is CFG; FLUX's guidance_scale is the embedded guidance, its CFG is true_cfg_scale.
         return config.guidance_scale if name == "sd3" else config.true_cfg_scale
 
+    @functools.cache
+    def tiny_encoder_of_length(max_length: int) -> Any:
+        # Seeded weights, fixed length: built once per worker (not per batch) for the config's max_sequence_length.
+        return tiny_encoder(seed=0, max_length=max_length)
+
     def encoder(path, transformer, device):
         if path is None:
-            return None  # built per call: its fixed length is the config's max_sequence_length
+            return None  # `conditioning` takes the tiny encoder of the config's max_sequence_length
         from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
         pipeline = StableDiffusion3Pipeline if name == "sd3" else FluxPipeline
@@ -195,7 +178,7 @@ def _clip_t5_kit(name: str) -> FamilyKit:
     def conditioning(enc, prompts, config):
         negatives = [""] * len(prompts) if cfg_scale(config) > 1 else None
         if enc is None:
-            return tiny_encoder(seed=0, max_length=config.max_sequence_length).conditioning(list(prompts), negatives)
+            return tiny_encoder_of_length(config.max_sequence_length).conditioning(list(prompts), negatives)
         out = {}
         for prefix, texts in (("", prompts), ("negative_", negatives)):
             if texts is None:

@@ -25,13 +25,13 @@ import functools
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .backends import INJECTION_SETTINGS, BackendError, BatchResult, build_backend, run_batch, score_trajectory
-from .config import CheckConfig, ConfigError
+from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
+from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .plan import make_plan, window_problems
@@ -208,7 +208,10 @@ def _judge(
         if any(t is None for t in floor_tables):
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
         else:
-            floor = compute_metrics(trainer, _stack(floor_tables, "floor log-probs"), **settings).overall
+            try:
+                floor = compute_metrics(trainer, _stack(floor_tables, "floor log-probs"), **settings).overall
+            except MetricsInputError as error:
+                problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
     try:
         tolerance = resolve_tolerance(profile, config.thresholds, floor=floor, multiple=config.calibration_multiple)
     except ToleranceError as error:
@@ -260,7 +263,11 @@ def _progress_bar(config: CheckConfig, total: int) -> Any:
     return tqdm(total=total, desc="step-1 check", unit="sample", disable=disable, leave=False, file=sys.stderr)
 
 
-def _run_info(config, mode, workers, timings, results, start) -> dict[str, Any]:
+def _run_info(
+    config: CheckConfig, mode: str, workers: int, timings: Mapping[str, float], results: Sequence[BatchResult],
+    start: float,
+) -> dict[str, Any]:
+    """`report.run`: execution mode, workers, forwards and seconds by stage (summed over batches), environment."""
     import diffusers
     import torch
 

@@ -21,6 +21,7 @@ from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
 from consistency.config import (
+    DEVICES,
     DTYPES,
     INJECTIONS,
     MODEL_FAMILIES,
@@ -437,7 +438,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "trainer_backend": TRAINER_BACKENDS,
     "rollout_dtype": DTYPES,
     "trainer_dtype": DTYPES,
-    "device": ("cpu", "cuda", "auto"),
+    "device": DEVICES,
     "sde_type": SDE_TYPES,
     "sde_window_kind": WINDOW_KINDS,
     "profile": PROFILES,

@@ -37,8 +37,33 @@ TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 SDE_TYPES: tuple[str, ...] = ("sde", "cps", "dance_sde")  # schedulers.SDE_TYPES, without importing torch
 WINDOW_KINDS: tuple[str, ...] = ("fixed", "random", "progressive")  # schedulers.sde_window.WINDOW_KINDS
-#: Stock behaviours the check can switch on to show a failing run (adapters' pitfalls module).
-INJECTIONS: tuple[str, ...] = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window")
+DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
+
+#: Stock behaviours the check can switch on to show a failing run (`adapters.pitfalls.INJECTION_NAMES`), each
+#: with the settings (by `CheckConfig` field name) its pitfall needs to show (DESIGN.md §1). A run with these
+#: settings and no injection is the pitfall's *fixed* path.
+INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    # The stock cast rounds prev_sample to the model dtype: a no-op with float32 weights. Its bias (the
+    # trainer scores a point ~ulp/sqrt(12) further from the mean) outgrows the zero-mean part of the
+    # difference only with many latent dims or a small SDE std; on the tiny model that takes a 256 px image,
+    # noise_level 0.1 and a window on the late steps, where DESIGN.md's signature (ratio_mean < 1, all
+    # clipping on the lower side) shows as it does on full-size latents.
+    "bf16-latents": {
+        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16",
+        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
+    },
+    # The step-wise path only, with low-precision weights (same visibility settings as above).
+    "stepwise-bf16": {
+        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16", "step_execution": True,
+        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
+    },
+    # mask.sum() differs from the padded width only when embeddings are padded past the longest prompt, and
+    # the wrong RoPE only matters when padded text keys reach attention (no key-padding mask).
+    "mask-sum-rope": {"pad_prompts_to_max_length": True, "mask_text_padding": False},
+    # Structural: the windows differ within a prompt group; no setting needed.
+    "per-request-window": {},
+}
+INJECTIONS: tuple[str, ...] = tuple(INJECTION_SETTINGS)
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
     "a red cube on a table",
@@ -389,7 +414,7 @@ def _validate(config: CheckConfig) -> None:
     _choice("trainer_dtype", config.trainer_dtype, DTYPES)
     _choice("sde_type", config.sde_type, SDE_TYPES)
     _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
-    _choice("device", config.device, ("cpu", "cuda", "auto"))
+    _choice("device", config.device, DEVICES)
     if config.profile is not None:
         _choice("profile", config.profile, PROFILES)
     if config.inject is not None:

@@ -88,18 +88,6 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
-    """`items` cut into at most `parts` contiguous, non-empty chunks whose sizes differ by at most one."""
-    parts = max(1, min(parts, len(items)))
-    base, extra = divmod(len(items), parts)
-    chunks, start = [], 0
-    for index in range(parts):
-        stop = start + base + (1 if index < extra else 0)
-        chunks.append(list(items[start:stop]))
-        start = stop
-    return [c for c in chunks if c]
-
-
 def run_sharded(
     work: Callable[[S, T], R],
     shards: Sequence[T],

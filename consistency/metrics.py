@@ -292,8 +292,8 @@ def compute_metrics(
     mbs = batch if micro_batch_size is None else micro_batch_size
     micro = sample_idx // max(mbs, 1)
 
-    overall = _aggregate(entries, cell=(micro, position), group=np.zeros_like(position))[0]
-    overall = overall if overall is not None else _empty_values()
+    _, overall_values = _aggregate_groups(entries, cell=(micro, position), group=np.zeros_like(position))
+    overall = overall_values[0] if overall_values else _empty_values()
 
     by_position = []
     for pos, values in zip(*_aggregate_groups(entries, cell=(micro, position), group=position)):
@@ -338,11 +338,16 @@ def compute_metrics(
 _ALLOWED_DTYPES = ("float32", "float64")
 
 
+def _to_numpy(value: Any) -> Any:
+    """A torch tensor as a NumPy array (without importing torch here); anything else unchanged."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
+
+
 def _as_float64(value: Any, name: str, expect: tuple[int, ...] | None = None) -> np.ndarray:
     if value is None:
         raise MetricsInputError(f"`{name}` is required.")
-    try:  # torch tensors without importing torch here
-        value = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+    try:
+        value = _to_numpy(value)
     except TypeError as error:  # bf16 tensors refuse .numpy()
         raise MetricsInputError(
             f"`{name}` is {getattr(value, 'dtype', '?')}; log-probs must be stored and compared in float32. "
@@ -364,8 +369,7 @@ def _as_float64(value: Any, name: str, expect: tuple[int, ...] | None = None) ->
 def _as_mask(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     if value is None:
         return np.ones(shape, dtype=bool)
-    value = value.detach().cpu().numpy() if hasattr(value, "detach") else value
-    array = np.asarray(value)
+    array = np.asarray(_to_numpy(value))
     if array.shape != shape:
         raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {shape} (one flag per step).")
     if array.dtype != bool and not np.isin(array, (0, 1)).all():
@@ -458,10 +462,3 @@ def _aggregate_groups(
         for g in range(n_groups)
     ]
     return [int(label) for label in first_of_group], values
-
-
-def _aggregate(
-    entries: dict[str, np.ndarray], *, cell: tuple[np.ndarray, ...], group: np.ndarray
-) -> list[MetricValues | None]:
-    _, values = _aggregate_groups(entries, cell=cell, group=group)
-    return values if values else [None]

@@ -68,6 +68,7 @@ __all__ = [
     "CaptureDirectoryError",
     "ReplayResult",
     "grads_are_finite",
+    "bitwise_equal",
     "load_capture",
     "replay",
     "nan_capture_callback",
@@ -126,7 +127,7 @@ def grads_are_finite(tensors: Sequence[torch.Tensor]) -> bool:
     groups = _by_device(tensors)
     if all(bool(torch.stack(torch._foreach_norm(group, 2.0)).isfinite().all()) for group in groups):
         return True
-    return all(_exactly_finite(group) for group in groups)
+    return all(_exactly_finite(group) for group in groups)  # a non-finite norm may be overflow: confirm
 
 
 def _by_device(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -151,7 +152,7 @@ def _grads_are_finite_inf_norm(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 def _grads_are_finite_stacked(tensors: Sequence[torch.Tensor]) -> bool:
-    """Alternative kept for the benchmark: exact, per-tensor isfinite().all() stacked."""
+    """Exact, per-tensor isfinite().all() stacked: confirms a non-finite norm (also benchmarked)."""
     return all(_exactly_finite(group) for group in _by_device(tensors))
 
 
@@ -232,7 +233,7 @@ class NanCapture:
         if grad_norm is None:
             finite = grads_are_finite(grads)
         else:
-            finite = math.isfinite(float(grad_norm)) or all(_exactly_finite(group) for group in _by_device(grads))
+            finite = math.isfinite(float(grad_norm)) or _grads_are_finite_stacked(grads)
         if finite:
             return True
         if self.captured_path is not None:
@@ -467,7 +468,7 @@ def replay(
             for name in set(recomputed) | set(record.grads)
             if name not in recomputed
             or name not in record.grads
-            or not _bitwise_equal(recomputed[name], record.grads[name])
+            or not bitwise_equal(recomputed[name], record.grads[name])
         )
     )
     nonfinite = tuple(name for name, grad in recomputed.items() if not grads_are_finite([grad]))
@@ -480,7 +481,8 @@ def replay(
     )
 
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bit pattern (NaN payloads and the sign of zero included); any devices."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     if a.is_sparse or b.is_sparse:

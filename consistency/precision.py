@@ -45,6 +45,9 @@ __all__ = [
 
 JSONValue = Union[None, bool, int, float, str, dict[str, int]]
 SEVERITIES = ("error", "warning", "info")
+_SEVERITY_ORDER = {severity: index for index, severity in enumerate(SEVERITIES)}
+#: Fixed keys of one `PrecisionDiff.to_dict()` difference entry; the two sides' values sit beside them.
+_DIFF_ENTRY_KEYS = ("key", "severity", "why", "fix")
 DETECT = "detect"
 _HALF = ("float16", "bfloat16")
 _CUBLAS_DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")
@@ -150,6 +153,16 @@ class PrecisionDiff:
 
     labels: tuple[str, str]
     differences: tuple[SettingDifference, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # `to_dict` keys each side's value by its label, next to the fixed entry keys: a label equal to
+        # the other or to one of those keys would overwrite a value (e.g. drop `severity`).
+        a, b = self.labels
+        if a == b or {a, b} & set(_DIFF_ENTRY_KEYS):
+            raise ValueError(
+                f"precision diff labels {self.labels!r} must differ from each other and from "
+                f"{', '.join(_DIFF_ENTRY_KEYS)}; pass other labels (e.g. labels=('rollout', 'trainer'))"
+            )
 
     @property
     def consistent(self) -> bool:
@@ -511,8 +524,7 @@ def precision_findings(settings: Mapping[str, JSONValue]) -> tuple[PrecisionFind
                 "for bit-exact replay or comparison call torch.use_deterministic_algorithms(True) with "
                 "CUBLAS_WORKSPACE_CONFIG=:4096:8 (and cudnn.benchmark=False)",
             )
-    order = {severity: index for index, severity in enumerate(SEVERITIES)}
-    return tuple(sorted(found, key=lambda f: order[f.severity]))
+    return tuple(sorted(found, key=lambda f: _SEVERITY_ORDER[f.severity]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -671,7 +683,9 @@ def diff_precision_reports(
 
     Args:
         a, b: the two sides, typically rollout and trainer.
-        labels: names of the sides; default: the reports' labels, else `("a", "b")`.
+        labels: names of the sides, distinct and none of `key`, `severity`, `why`, `fix` (the keys of a
+            `to_dict()` entry). Default: the reports' labels, else `("a", "b")`; suffixed `" (1)"`/`" (2)"`
+            when they coincide or clash with those keys.
 
     Returns:
         PrecisionDiff, most severe difference first. A setting recorded on one side only (e.g. the
@@ -681,7 +695,7 @@ def diff_precision_reports(
     b = b if isinstance(b, PrecisionReport) else PrecisionReport.from_dict(b)
     if labels is None:
         labels = (a.label or "a", b.label or "b")
-        if labels[0] == labels[1]:
+        if labels[0] == labels[1] or set(labels) & set(_DIFF_ENTRY_KEYS):
             labels = (f"{labels[0]} (1)", f"{labels[1]} (2)")
     differences = []
     for key in sorted(set(a.settings) | set(b.settings)):
@@ -698,9 +712,8 @@ def diff_precision_reports(
             severity, why = "info", f"recorded on the {labels[0] if in_a else labels[1]} side only"
             fix = "audit the same objects (model, optimizer, scaler) on both sides to compare this setting"
         differences.append(SettingDifference(key, value_a, value_b, severity, why, fix))
-    order = {severity: index for index, severity in enumerate(SEVERITIES)}
     return PrecisionDiff(
-        labels=labels, differences=tuple(sorted(differences, key=lambda d: (order[d.severity], d.key)))
+        labels=labels, differences=tuple(sorted(differences, key=lambda d: (_SEVERITY_ORDER[d.severity], d.key)))
     )
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from consistency.checkpointing import checkpoint as safe_checkpoint
+from consistency.nan_capture import bitwise_equal
 from consistency.rng_state import isolated_rng
 
 __all__ = ["GradientDiff", "RecomputeReport", "check_recompute_consistency"]
@@ -258,28 +259,30 @@ def check_recompute_consistency(
             crash = error
             loss_ckpt, grads_ckpt = torch.tensor(math.nan), dict.fromkeys(grads_ref)
 
+    checkpoint_name = _describe(checkpoint_fn)
     tolerance = _Tolerance(rtol=rtol, atol=atol)
     diffs = _compare_all(grads_ref, grads_ckpt, tolerance)
     baseline_diffs = None if baseline_grads is None else _compare_all(grads_ref, baseline_grads, tolerance)
 
-    reasons = _reasons(
-        loss_ref=float(loss_ref),
-        loss_ckpt=float(loss_ckpt),
-        diffs=diffs,
-        tolerance=tolerance,
-        calls=calls[0],
-        baseline_diffs=baseline_diffs,
-        checkpoint_name=_describe(checkpoint_fn),
-    )
     if crash is not None:
         reasons = [
             f"the checkpointed run raised {type(crash).__name__}: {crash} (torch raises CheckpointError when the "
             "recomputed forward differs in shapes or dtypes from the original)"
         ]
+    else:
+        reasons = _reasons(
+            loss_ref=float(loss_ref),
+            loss_ckpt=float(loss_ckpt),
+            diffs=diffs,
+            tolerance=tolerance,
+            calls=calls[0],
+            baseline_diffs=baseline_diffs,
+            checkpoint_name=checkpoint_name,
+        )
     return RecomputeReport(
         passed=not reasons,
         reasons=tuple(reasons),
-        checkpoint_fn=_describe(checkpoint_fn),
+        checkpoint_fn=checkpoint_name,
         mode=mode,
         segments=segment_names,
         checkpoint_calls=calls[0],
@@ -541,11 +544,6 @@ class _Tolerance:
         return diff <= self.atol + self.rtol * scale
 
 
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    int_type = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.contiguous().view(int_type)
-
-
 def _compare_all(
     reference: dict[str, torch.Tensor | None], other: dict[str, torch.Tensor | None], tolerance: _Tolerance
 ) -> list[GradientDiff]:
@@ -573,11 +571,7 @@ def _compare(
         )
     if reference.is_sparse:
         reference, other = reference.to_dense(), other.to_dense()
-    bitwise = (
-        reference.dtype == other.dtype
-        and reference.shape == other.shape
-        and torch.equal(_bits(reference), _bits(other))
-    )
+    bitwise = bitwise_equal(reference, other)
     ref64, other64 = reference.detach().double(), other.detach().double()
     same = (ref64 == other64) | (ref64.isnan() & other64.isnan())
     diff = torch.where(same, torch.zeros_like(ref64), (ref64 - other64).abs()).nan_to_num(nan=math.inf)

@@ -164,10 +164,14 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _write_text(path: str | os.PathLike[str], text: str) -> None:
+def _make_parent_directory(path: str | os.PathLike[str]) -> None:
     directory = os.path.dirname(os.fspath(path))
     if directory:
         os.makedirs(directory, exist_ok=True)
+
+
+def _write_text(path: str | os.PathLike[str], text: str) -> None:
+    _make_parent_directory(path)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
 
@@ -190,8 +194,6 @@ _SHORT = {
 def _fmt(value: float | None, metric: str | None = None) -> str:
     if value is None:
         return "-"
-    if isinstance(value, str):
-        return value
     if math.isnan(value):
         return "nan"
     if metric == "ratio_mean" and math.isfinite(value):
@@ -386,8 +388,6 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
         else:
             ax_ratio.set_xlabel("window position")
     fig.tight_layout()
-    directory = os.path.dirname(os.fspath(path))
-    if directory:
-        os.makedirs(directory, exist_ok=True)
+    _make_parent_directory(path)
     fig.savefig(path, format="png")
 

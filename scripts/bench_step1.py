@@ -106,7 +106,6 @@ def best_of(fn, repeats: int) -> float:
     return min(fn() for _ in range(repeats))
 
 
-
 def bench_overhead(sizes: Sequence[int], repeats: int) -> None:
     print("== the check against its bare transformer forwards, and against the same adapter calls (in-process, warm) ==")
     print(f"{'image':>7} {'samples':>7} {'forwards':>8} {'bare s':>8} {'adapters s':>10} {'check s':>8} "

@@ -199,12 +199,12 @@ def test_trajectory_mode_passes_a_clean_dump_and_names_a_corrupted_step(tmp_path
     assert report.metrics.by_sample[0].values.max_abs_dlogp == 0
 
 
-
 def test_trajectory_mode_of_a_vllm_omni_dump_needs_no_engine_and_keeps_the_kernel_profile(tmp_path):
     """A dump is re-scored by the trainer alone: naming the vLLM-omni rollout must not start (or require) it."""
     _, path = _save_trajectory(tmp_path)
     report = run_step1_check(trajectory=str(path), rollout_backend="vllm-omni", progress=False)
     assert report.passed and report.to_dict()["config"]["profile"] == "kernel"
+
 
 def test_trajectory_mode_fails_split_group_windows(tmp_path):
     from schedulers import SDEWindow
@@ -251,6 +251,19 @@ def test_missing_window_step_on_the_trainer_side_fails(monkeypatch):
     monkeypatch.setattr(check_module, "run_batch", truncated)
     report = run_step1_check(**QUICK)
     assert not report.passed and "shapes" in failed(report) and report.metrics is None
+
+
+def test_a_calibration_floor_of_another_shape_fails(monkeypatch):
+    real = check_module.run_batch
+
+    def short_floor(backend, batch):
+        result = real(backend, batch)
+        return dataclasses.replace(result, floor_log_probs=result.floor_log_probs[:1].copy())
+
+    monkeypatch.setattr(check_module, "run_batch", short_floor)
+    report = run_step1_check(profile="calibrated", **QUICK)
+    assert not report.passed and "calibration" in failed(report)
+    assert "floor cannot be compared" in " ".join(report.reasons)
 
 
 # ---------------------------------------------------------------------------------------------- Ray

@@ -105,3 +105,14 @@ def test_replace_validates_and_to_dict_is_json_able():
     with pytest.raises(ConfigError, match="Did you mean 'seed'"):
         config.replace(sed=1)
     assert CheckConfig.from_mapping(config.to_dict()) == config
+
+
+def test_name_lists_agree_with_the_modules_they_mirror():
+    """config keeps torch-free copies of these names; they must not drift from the modules that define them."""
+    from adapters.pitfalls import INJECTION_NAMES
+    from consistency.config import INJECTIONS, SDE_TYPES, WINDOW_KINDS
+    from schedulers import SDE_TYPES as SCHEDULER_SDE_TYPES
+    from schedulers.sde_window import WINDOW_KINDS as SCHEDULER_WINDOW_KINDS
+
+    assert INJECTIONS == INJECTION_NAMES
+    assert SDE_TYPES == SCHEDULER_SDE_TYPES and WINDOW_KINDS == SCHEDULER_WINDOW_KINDS

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from consistency.distributed import DistributedError, run_sharded, split_evenly
+from consistency.distributed import DistributedError, run_sharded
 
 
 def _setup():
@@ -48,12 +48,6 @@ def _pickle_this_module_by_value():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-def test_split_evenly_is_contiguous_and_balanced():
-    assert split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert split_evenly([1, 2], 5) == [[1], [2]]
-    assert split_evenly([], 2) == []
 
 
 def test_in_process_runs_every_shard_in_order():

@@ -221,3 +221,14 @@ def test_bad_autocast_dtype_argument() -> None:
         audit_precision(autocast_dtype=torch.float64)
     with pytest.raises(ValueError, match="autocast_dtype"):
         audit_precision(autocast_dtype="bf16")
+
+
+def test_diff_labels_never_overwrite_entry_keys() -> None:
+    # Each to_dict() entry keys the sides' values by their labels next to key/severity/why/fix: a side
+    # labelled "severity" must not overwrite the severity (nor lose its own value).
+    a = audit_precision(model=nn.Linear(2, 2).to(torch.bfloat16), autocast_dtype=None, label="severity")
+    b = audit_precision(model=nn.Linear(2, 2), autocast_dtype=None, label="trainer")
+    entry = diff_precision_reports(a, b).to_dict()["differences"][0]
+    assert entry["severity"] == "warning" and entry["severity (1)"] == {"bfloat16": 6}
+    with pytest.raises(ValueError, match="must differ from each other and from key, severity"):
+        diff_precision_reports(a, b, labels=("rollout", "fix"))
