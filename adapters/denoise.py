@@ -38,6 +38,7 @@ row takes a matrix-vector kernel, and some batches of 3 round differently for SD
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,8 +55,11 @@ from .trajectory import Trajectory
 
 __all__ = [
     "ModelFamily",
-    "concat_fixed_width_conditioning",
     "VelocityFn",
+    "check_float32_inputs",
+    "check_pooled_text",
+    "common_conditioning_keys",
+    "concat_fixed_width_conditioning",
     "get_family",
     "make_generators",
     "model_dtype",
@@ -116,8 +120,6 @@ _FAMILY_MODULES = {"qwen-image": "adapters.qwen_image", "sd3": "adapters.sd3", "
 
 def get_family(name: str) -> ModelFamily:
     """The [`ModelFamily`] of a trajectory's `model_family` string (each family module exports `FAMILY`)."""
-    import importlib
-
     if name not in _FAMILY_MODULES:
         raise ValueError(f"Unknown model family {name!r}; known: {', '.join(sorted(_FAMILY_MODULES))}.")
     module = importlib.import_module(_FAMILY_MODULES[name])
@@ -143,6 +145,7 @@ def model_dtype(transformer: nn.Module) -> torch.dtype:
 
 
 def model_device(transformer: nn.Module) -> torch.device:
+    """Device of the transformer's first parameter (where its inputs must live); CPU for a parameterless one."""
     for parameter in transformer.parameters():
         return parameter.device
     return torch.device("cpu")
@@ -167,6 +170,73 @@ def resolve_windows(window: SDEWindow | Sequence[SDEWindow], batch_size: int, nu
     return windows
 
 
+def check_float32_inputs(latents: torch.Tensor, timesteps: torch.Tensor) -> None:
+    """TypeError unless a velocity function's `latents` and `timesteps` are float32 (see the module docstring)."""
+    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
+        raise TypeError(
+            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters "
+            f"keep them float32 and cast to the transformer's dtype only here, for the forward."
+        )
+
+
+def common_conditioning_keys(conditionings: Sequence[Mapping[str, torch.Tensor]]) -> set[str]:
+    """The conditioning keys every request shares; ValueError for no requests or requests with different keys
+    (they cannot share a forward)."""
+    if not conditionings:
+        raise ValueError("collate_conditioning needs at least one request.")
+    keys = set(conditionings[0])
+    for cond in conditionings[1:]:
+        if set(cond) != keys:
+            raise ValueError(
+                f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}."
+            )
+    return keys
+
+
+def check_pooled_text(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    embeds_key: str,
+    pooled_key: str,
+    batch: int,
+    *,
+    family_label: str,
+) -> None:
+    """Check one text of a CLIP + T5 family (SD3, FLUX): `embeds_key` `(B, L, joint_attention_dim)` and
+    `pooled_key` `(B, pooled_projection_dim)`, both float32 with `batch` rows.
+
+    Raises:
+        ValueError: a missing tensor, or a wrong rank, row count or width. TypeError: not float32.
+    """
+    config = transformer.config
+    for key, expected, layout in (
+        (embeds_key, int(config.joint_attention_dim), "(B, L, joint_attention_dim)"),
+        (pooled_key, int(config.pooled_projection_dim), "(B, pooled_projection_dim)"),
+    ):
+        tensor = conditioning.get(key)
+        if tensor is None:
+            raise ValueError(
+                f"{family_label} conditioning has no {key!r} {layout}; pass both outputs of encode_prompt for this "
+                f"text ({embeds_key!r} and {pooled_key!r})."
+            )
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != layout.count(",") + 1:
+            raise ValueError(
+                f"{family_label} {key} must be a {layout} tensor, got {getattr(tensor, 'shape', tensor)!r}."
+            )
+        if tensor.dtype != torch.float32:
+            raise TypeError(
+                f"{family_label} {key} is {tensor.dtype}; pass float32 embeddings (they are stored as given)."
+            )
+        if tensor.shape[0] != batch:
+            raise ValueError(
+                f"{family_label} {key} has {tensor.shape[0]} rows for {batch} samples (seeds); pass one row per sample."
+            )
+        if tensor.shape[-1] != expected:
+            raise ValueError(
+                f"{family_label} {key} has width {tensor.shape[-1]} but this transformer takes {expected} {layout}."
+            )
+
+
 def concat_fixed_width_conditioning(
     conditionings: Sequence[Mapping[str, torch.Tensor]],
     width: int | None,
@@ -183,14 +253,7 @@ def concat_fixed_width_conditioning(
     Raises:
         ValueError: no requests, different keys, different text widths, or a `width` that needs padding.
     """
-    if not conditionings:
-        raise ValueError("collate_conditioning needs at least one request.")
-    keys = set(conditionings[0])
-    for cond in conditionings[1:]:
-        if set(cond) != keys:
-            raise ValueError(
-                f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}."
-            )
+    keys = common_conditioning_keys(conditionings)
     for embeds_key in text_keys:
         if embeds_key not in keys:
             continue
@@ -302,43 +365,33 @@ def rollout(
             # Rows are stepped in (at most) two groups, SDE and ODE; the step's maths is per element and its
             # log-prob per row, so a row's result does not depend on how rows are grouped.
             new_latents = latents if len(sde_rows) in (0, batch) else torch.empty_like(latents)
-            if sde_rows:
-                whole = len(sde_rows) == batch
-                rows = None if whole else torch.tensor(sde_rows, device=device)
+            for rows, in_window in ((sde_rows, True), (ode_rows, False)):
+                if not rows:
+                    continue
+                whole = len(rows) == batch
+                picked = None if whole else torch.tensor(rows, device=device)
+                sample = latents if whole else latents[picked]
                 out = scheduler.sample_previous_step(
-                    velocity if whole else velocity[rows], t, latents if whole else latents[rows],
-                    noise_level=noise_level, sde_type=sde_type, generator=[generators[b] for b in sde_rows],
+                    velocity if whole else velocity[picked], t, sample,
+                    noise_level=noise_level if in_window else 0.0, sde_type=sde_type,
+                    generator=[generators[b] for b in rows] if in_window else None,
                     include_normalizer=include_normalizer,
                 )
                 prev = out.prev_sample
                 if round_latents:
                     prev = pitfalls.stock_round_to_model_dtype(prev, dtype)
-                positions = [step - windows[b].start for b in sde_rows]
-                index = (torch.tensor(sde_rows, device=device), torch.tensor(positions, device=device))
-                stored[index] = latents if whole else latents[rows]
-                log_probs[index] = out.log_prob
-                timesteps[index[0].cpu(), index[1].cpu()] = t
-                last = [i for i, k in enumerate(positions) if k == window_size - 1]
-                if last:
-                    stored[[sde_rows[i] for i in last], window_size] = prev[last]
+                if in_window:
+                    positions = [step - windows[b].start for b in rows]
+                    stored[rows, positions] = sample
+                    log_probs[rows, positions] = out.log_prob
+                    timesteps[rows, positions] = t
+                    last = [i for i, k in enumerate(positions) if k == window_size - 1]
+                    if last:
+                        stored[[rows[i] for i in last], window_size] = prev[last]
                 if whole:
                     new_latents = prev
                 else:
-                    new_latents[rows] = prev
-            if ode_rows:
-                whole = len(ode_rows) == batch
-                rows = None if whole else torch.tensor(ode_rows, device=device)
-                out = scheduler.sample_previous_step(
-                    velocity if whole else velocity[rows], t, latents if whole else latents[rows],
-                    noise_level=0.0, sde_type=sde_type,
-                )
-                prev = out.prev_sample
-                if round_latents:
-                    prev = pitfalls.stock_round_to_model_dtype(prev, dtype)
-                if whole:
-                    new_latents = prev
-                else:
-                    new_latents[rows] = prev
+                    new_latents[picked] = prev
             latents = new_latents
 
     provenance = {"path": "request-level"}

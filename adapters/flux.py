@@ -40,9 +40,9 @@ from torch import nn
 from schedulers import SDEWindow
 
 from . import denoise
-from .denoise import ModelFamily, model_dtype
+from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
 from .pitfalls import Injection
-from .qwen_image import pack_latents, unpack_latents
+from .qwen_image import pack_latents, packed_latent_grid, unpack_latents
 from .schedule import SchedulerSetup
 from .trajectory import Trajectory
 
@@ -95,14 +95,8 @@ def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
             such a size with a warning; a silently resized rollout would not match its trainer, so it is refused.)
     """
     opts = _options(options)
-    scale = int(opts["vae_scale_factor"])
-    height, width = int(opts["height"]), int(opts["width"])
-    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
-        raise ValueError(
-            f"FLUX image size {height}x{width} must be positive multiples of 2*vae_scale_factor = {2 * scale} (the "
-            f"latents are packed 2x2)."
-        )
-    return height // scale, width // scale
+    return packed_latent_grid(int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]),
+                              family_label="FLUX")
 
 
 def latent_image_ids(h: int, w: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -133,31 +127,6 @@ def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.
     return SchedulerSetup.for_pipeline(config, num_steps, _latent_shape(transformer, options)[0])
 
 
-def _check_text(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], embeds_key: str, pooled_key: str,
-                batch: int) -> None:
-    config = transformer.config
-    for key, expected, layout in (
-        (embeds_key, int(config.joint_attention_dim), "(B, L, joint_attention_dim)"),
-        (pooled_key, int(config.pooled_projection_dim), "(B, pooled_projection_dim)"),
-    ):
-        tensor = conditioning.get(key)
-        if tensor is None:
-            raise ValueError(
-                f"FLUX conditioning has no {key!r} {layout}; pass both outputs of encode_prompt for this text "
-                f"({embeds_key!r} and {pooled_key!r})."
-            )
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != layout.count(",") + 1:
-            raise ValueError(f"FLUX {key} must be a {layout} tensor, got {getattr(tensor, 'shape', tensor)!r}.")
-        if tensor.dtype != torch.float32:
-            raise TypeError(f"FLUX {key} is {tensor.dtype}; pass float32 embeddings (they are stored as given).")
-        if tensor.shape[0] != batch:
-            raise ValueError(f"FLUX {key} has {tensor.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
-        if tensor.shape[-1] != expected:
-            raise ValueError(
-                f"FLUX {key} has width {tensor.shape[-1]} but this transformer takes {expected} {layout}."
-            )
-
-
 def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
                         guidance_scale: float, options: Mapping[str, Any]) -> None:
     opts = _options(options)
@@ -174,7 +143,7 @@ def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch
             f"Unknown FLUX conditioning keys {sorted(unknown)}; expected {sorted(known)} (FLUX takes no text mask: "
             f"T5 pads to a fixed length and the transformer attends to every token)."
         )
-    _check_text(transformer, conditioning, *TEXT_KEYS[0], batch)
+    check_pooled_text(transformer, conditioning, *TEXT_KEYS[0], batch, family_label="FLUX")
     true_cfg_scale = float(opts["true_cfg_scale"])
     if true_cfg_scale > 1:
         if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
@@ -183,7 +152,7 @@ def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch
                 f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds', or set true_cfg_scale <= 1 (the "
                 f"embedded guidance_scale of guidance-distilled FLUX needs no negative prompt)."
             )
-        _check_text(transformer, conditioning, *TEXT_KEYS[1], batch)
+        check_pooled_text(transformer, conditioning, *TEXT_KEYS[1], batch, family_label="FLUX")
 
 
 def velocity(
@@ -216,11 +185,7 @@ def velocity(
             "The mask-sum-rope reproduction is Qwen-Image's (txt_seq_lens); FLUX's text positions are zeros."
         )
     opts = _options(options)
-    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
-        raise TypeError(
-            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
-            f"them float32 and cast to the transformer's dtype only here, for the forward."
-        )
+    check_float32_inputs(latents, timesteps)
     h, w = latent_grid(opts)
     batch = latents.shape[0]
     expected = _latent_shape(transformer, opts)

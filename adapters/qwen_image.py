@@ -32,7 +32,7 @@ from torch import nn
 from schedulers import SDEWindow
 
 from . import denoise
-from .denoise import ModelFamily, model_dtype
+from .denoise import ModelFamily, check_float32_inputs, common_conditioning_keys, model_dtype
 from .pitfalls import Injection
 from .rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens, takes_txt_seq_lens
 from .schedule import SchedulerSetup
@@ -45,6 +45,7 @@ __all__ = [
     "collate_conditioning",
     "latent_grid",
     "pack_latents",
+    "packed_latent_grid",
     "pad_text_conditioning",
     "recompute_log_probs",
     "rollout",
@@ -65,17 +66,24 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def packed_latent_grid(height: int, width: int, vae_scale_factor: int, *, family_label: str) -> tuple[int, int]:
+    """Unpacked latent height and width `(h, w)` (both even) of a `height x width`-pixel image, for a family whose
+    latents are packed 2x2 (Qwen-Image, FLUX). ValueError unless both are positive multiples of
+    `2 * vae_scale_factor`."""
+    scale = int(vae_scale_factor)
+    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
+        raise ValueError(
+            f"{family_label} image size {height}x{width} must be positive multiples of 2*vae_scale_factor = "
+            f"{2 * scale} (the latents are packed 2x2)."
+        )
+    return height // scale, width // scale
+
+
 def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
     """Unpacked latent height and width `(h, w)` for an image of `height x width` pixels (both even)."""
     opts = _options(options)
-    scale = int(opts["vae_scale_factor"])
-    height, width = int(opts["height"]), int(opts["width"])
-    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
-        raise ValueError(
-            f"Image size {height}x{width} must be positive multiples of 2*vae_scale_factor = {2 * scale} (the latents "
-            f"are packed 2x2)."
-        )
-    return height // scale, width // scale
+    return packed_latent_grid(int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]),
+                              family_label="Qwen-Image")
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -183,11 +191,7 @@ def velocity(
         `(B, seq, 4C)` float32.
     """
     opts = _options(options)
-    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
-        raise TypeError(
-            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
-            f"them float32 and cast to the transformer's dtype only here, for the forward."
-        )
+    check_float32_inputs(latents, timesteps)
     h, w = latent_grid(opts)
     batch = latents.shape[0]
     expected = _latent_shape(transformer, opts)
@@ -266,18 +270,14 @@ def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], wi
     Each text (positive, negative) is zero-padded to `width`, or to the widest of the requests when `width` is
     None, then concatenated. Masks are created (all ones) for requests that had none.
     """
-    if not conditionings:
-        raise ValueError("collate_conditioning needs at least one request.")
-    keys = set(conditionings[0])
-    for cond in conditionings[1:]:
-        if set(cond) != keys:
-            raise ValueError(f"Requests with different conditioning keys cannot share a forward: {sorted(keys)} vs {sorted(cond)}.")
+    keys = common_conditioning_keys(conditionings)
     out: dict[str, torch.Tensor] = {}
     for embeds_key, mask_key in TEXT_KEYS:
         if embeds_key not in keys:
             continue
         target = width if width is not None else max(c[embeds_key].shape[1] for c in conditionings)
-        padded = [pad_text_conditioning({embeds_key: c[embeds_key], **({mask_key: c[mask_key]} if mask_key in c else {})}, target)
+        # One text at a time: the positive and negative texts each pad to their own target.
+        padded = [pad_text_conditioning({k: c[k] for k in (embeds_key, mask_key) if k in c}, target)
                   for c in conditionings]
         out[embeds_key] = torch.cat([p[embeds_key] for p in padded])
         out[mask_key] = torch.cat([p[mask_key] for p in padded])

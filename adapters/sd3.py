@@ -36,7 +36,7 @@ from torch import nn
 from schedulers import SDEWindow
 
 from . import denoise
-from .denoise import ModelFamily, model_dtype
+from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
 from .pitfalls import Injection
 from .schedule import SchedulerSetup, image_seq_len_shift
 from .trajectory import Trajectory
@@ -121,31 +121,6 @@ def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.
     return SchedulerSetup(config=config, num_inference_steps=num_steps, mu=mu)
 
 
-def _check_text(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], embeds_key: str, pooled_key: str,
-                batch: int) -> None:
-    config = transformer.config
-    for key, expected, layout in (
-        (embeds_key, int(config.joint_attention_dim), "(B, L, joint_attention_dim)"),
-        (pooled_key, int(config.pooled_projection_dim), "(B, pooled_projection_dim)"),
-    ):
-        tensor = conditioning.get(key)
-        if tensor is None:
-            raise ValueError(
-                f"SD3 conditioning has no {key!r} {layout}; pass both outputs of encode_prompt for this text "
-                f"({embeds_key!r} and {pooled_key!r})."
-            )
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != layout.count(",") + 1:
-            raise ValueError(f"SD3 {key} must be a {layout} tensor, got {getattr(tensor, 'shape', tensor)!r}.")
-        if tensor.dtype != torch.float32:
-            raise TypeError(f"SD3 {key} is {tensor.dtype}; pass float32 embeddings (they are stored as given).")
-        if tensor.shape[0] != batch:
-            raise ValueError(f"SD3 {key} has {tensor.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
-        if tensor.shape[-1] != expected:
-            raise ValueError(
-                f"SD3 {key} has width {tensor.shape[-1]} but this transformer takes {expected} {layout}."
-            )
-
-
 def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
                         guidance_scale: float, options: Mapping[str, Any]) -> None:
     latent_grid(transformer, options)
@@ -156,7 +131,7 @@ def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch
             f"Unknown SD3 conditioning keys {sorted(unknown)}; expected {sorted(known)} (SD3 takes no text mask: "
             f"its encoders pad to a fixed length and the transformer attends to every token)."
         )
-    _check_text(transformer, conditioning, *TEXT_KEYS[0], batch)
+    check_pooled_text(transformer, conditioning, *TEXT_KEYS[0], batch, family_label="SD3")
     if guidance_scale > 1:
         if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
             raise ValueError(
@@ -164,7 +139,7 @@ def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch
                 f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds' (encode_prompt of the negative "
                 f"prompt; an empty string is the pipeline's default), or set guidance_scale <= 1."
             )
-        _check_text(transformer, conditioning, *TEXT_KEYS[1], batch)
+        check_pooled_text(transformer, conditioning, *TEXT_KEYS[1], batch, family_label="SD3")
 
 
 def velocity(
@@ -193,11 +168,7 @@ def velocity(
     """
     if injection is not None and injection.mask_sum_rope:
         raise ValueError("The mask-sum-rope reproduction is Qwen-Image's (text RoPE); SD3 has no text RoPE.")
-    if latents.dtype != torch.float32 or timesteps.dtype != torch.float32:
-        raise TypeError(
-            f"velocity() takes float32 latents and timesteps (got {latents.dtype}, {timesteps.dtype}); the adapters keep "
-            f"them float32 and cast to the transformer's dtype only here, for the forward."
-        )
+    check_float32_inputs(latents, timesteps)
     expected = _latent_shape(transformer, options)
     if latents.dim() != 4 or tuple(latents.shape[1:]) != expected:
         raise ValueError(

@@ -11,13 +11,15 @@ the consistency fixes of DESIGN.md §1:
 * prompt embeddings of different lengths are zero-padded to one shared width for the batched forward and
   the text RoPE lengths come from that padded width (`adapters.rope.padded_txt_seq_lens`, applied by the
   family's velocity function);
-* each request owns its scheduler, its generator (seeded with its own seed: initial noise first, then one
-  SDE draw per window step, as `adapters.denoise` documents) and its SDE window.
+* each request owns its step index, its generator (seeded with its own seed: initial noise first, then one
+  SDE draw per window step, as `adapters.denoise` documents) and its SDE window; the scheduler step is
+  stateless (timesteps are looked up by value), so requests of one schedule share one scheduler.
 
 For the same seeds, windows and conditioning a request's trajectory equals the request-level rollout's bit
 for bit whenever every batched forward it took part in is the same computation for its row: the same text
-width (pass `text_width` to fix it, or pad prompts to one width) and at least 2 rows per forward (this CPU
-build takes a different kernel for a single row). Otherwise the difference is rounding-level (tested).
+width (pass `text_width` to fix it, or pad prompts to one width) and a batch size that takes the same kernels
+(on this CPU build a single row takes a matrix-vector kernel, and some 3-row SD3 batches round differently).
+Otherwise the difference is rounding-level (tested).
 
 Layout: the per-request pieces are plain functions over plain dataclasses ([`RequestState`],
 [`WindowRecord`]) so a vLLM-omni pipeline (`adapters.vllm_omni`) can call them with its own state objects:
@@ -29,7 +31,6 @@ Layout: the per-request pieces are plain functions over plain dataclasses ([`Req
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -293,9 +294,7 @@ def init_request(
     options: Mapping[str, Any],
     injection: Injection | None = None,
 ) -> RequestState:
-    """`prepare_encode`: the request's generator, its float32 initial latents and its own scheduler."""
-    (generator,) = make_generators([request.seed])
-    latents = family.initial_latents(transformer, [generator], options).to(model_device(transformer), torch.float32)
+    """`prepare_encode`: the request's generator, its float32 initial latents and the schedule's scheduler."""
     window = request.window
     if window.num_steps != scheduler_setup.num_inference_steps:
         raise ValueError(
@@ -304,9 +303,12 @@ def init_request(
         )
     if injection is not None and injection.per_request_window:
         window = pitfalls.stock_per_request_window(request.request_id, num_steps=window.num_steps, window_size=window.size)
-    # Its own scheduler: a copy of the setup's built one (the same sigmas; copying costs ~70 us, building ~250 us).
+    (generator,) = make_generators([request.seed])
+    latents = family.initial_latents(transformer, [generator], options).to(model_device(transformer), torch.float32)
+    # Requests share the setup's cached scheduler: a request's step is the stateless `sample_previous_step`
+    # (timesteps looked up by value), and its progress is `RequestState.step_index`, not scheduler state.
     return RequestState(
-        request=request, latents=latents, generator=generator, scheduler=copy.deepcopy(scheduler_setup.scheduler()),
+        request=request, latents=latents, generator=generator, scheduler=scheduler_setup.scheduler(),
         record=init_window_record(window),
     )
 
@@ -357,7 +359,7 @@ def run_stepwise(
     """Continuous-batching rollout of `requests`; returns one trajectory, rows in the order of `requests`.
 
     Each engine step admits waiting requests whose `arrival` has come (up to `max_num_seqs` running), runs one
-    batched forward ([`denoise_step`]), steps each request's own scheduler, and retires finished requests. The
+    batched forward ([`denoise_step`]), takes one scheduler step per request, and retires finished requests. The
     text of each forward is padded to `text_width` (fixed) or to the widest running prompt (`None`, as
     vLLM-omni does). Requests run the whole schedule (their final latents are stored).
 
