@@ -7,6 +7,11 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run and machine: a red CI is reproducible, never luck.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
 
 # `pytester` runs inner pytest sessions (tests of the pytest plugin, tests/test_pytest_plugin.py).
 pytest_plugins = ("pytester",)
