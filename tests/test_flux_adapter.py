@@ -1,22 +1,21 @@
-"""FLUX rollout and training adapters: bit-exact rollout → recompute, diffusers parity, bf16 pitfall, bad inputs."""
+"""FLUX-only adapter tests: 2x2 packing and image ids, embedded guidance and true CFG, latent and image-size
+checks. What FLUX shares with SD3 (pipeline parity, bit-exact recompute, the bf16 pitfall, bad conditioning,
+the tiny models) is tested for both in tests/test_sd3_flux_adapters.py."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+from diffusers import FluxPipeline
 
-from adapters import Injection, Trajectory, flux, recompute_step_log_prob
-from adapters.tiny_sd3_flux import TINY_FLUX_CONFIG, load_flux, tiny_flux_prompt_encoder
-from adapters.stepwise import StepwiseRequest, run_stepwise
-from consistency.metrics import compute_metrics
-from consistency.tolerances import exact_tolerance
-from consistency.verdict import decide
-from schedulers import SDEWindow
+from adapters import flux
+from adapters.tiny_sd3_flux import TINY_FLUX_CONFIG, load_flux
+from sd3_flux_cases import FLUX, PROMPTS, SIZE, recompute, rollout
 
-PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
-SEEDS = [1, 2, 3, 4]
-SIZE = {"height": 64, "width": 64}
+_rollout = partial(rollout, FLUX)
+_recompute = partial(recompute, FLUX)
 
 
 @pytest.fixture(scope="module")
@@ -25,49 +24,8 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def model_bf16():
-    return load_flux(dtype=torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
 def cond():
-    return tiny_flux_prompt_encoder().conditioning(PROMPTS, [""] * len(PROMPTS))
-
-
-def _rollout(model, cond, **kwargs):
-    args = dict(num_inference_steps=6, seeds=SEEDS, window=SDEWindow(start=1, size=3, num_steps=6),
-                noise_level=0.7, guidance_scale=3.5, true_cfg_scale=2.0, **SIZE)
-    args.update(kwargs)
-    return flux.rollout(model, cond, **args)
-
-
-def _recompute(model, trajectory, **kwargs):
-    with torch.no_grad():
-        return flux.recompute_log_probs(model, trajectory, **kwargs)
-
-
-@pytest.mark.parametrize("true_cfg_scale", [1.0, 2.0])
-def test_ode_steps_match_diffusers_pipeline_bit_for_bit(model, cond, true_cfg_scale):
-    """Outside the window the adapter is diffusers' FluxPipeline (initial noise from per-sample generators,
-    2x2 packing, img_ids/txt_ids, timestep/1000, embedded guidance, true CFG) to the last bit in float32."""
-    num_steps = 5
-    pipe = FluxPipeline(
-        transformer=model, scheduler=FlowMatchEulerDiscreteScheduler(**flux.FLUX_SCHEDULER_CONFIG), vae=None,
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    seen = {}
-
-    def capture(pipeline, i, t, tensors):
-        seen[i] = tensors["latents"].clone()
-        return {}
-
-    pipe(**cond, guidance_scale=3.5, true_cfg_scale=true_cfg_scale, num_inference_steps=num_steps,
-         output_type="latent", generator=[torch.Generator().manual_seed(s) for s in SEEDS],
-         callback_on_step_end=capture, **SIZE)
-    trajectory = _rollout(model, cond, true_cfg_scale=true_cfg_scale, num_inference_steps=num_steps,
-                          window=SDEWindow(start=num_steps - 1, size=1, num_steps=num_steps))
-    assert torch.equal(trajectory.latents[:, 0], seen[num_steps - 2])
+    return FLUX.conditioning(PROMPTS, [""] * len(PROMPTS))
 
 
 def test_packing_and_ids_are_the_pipelines():
@@ -77,102 +35,6 @@ def test_packing_and_ids_are_the_pipelines():
     assert torch.equal(flux.unpack_latents(packed, 8, 12), latents)
     assert torch.equal(FluxPipeline._unpack_latents(packed, 64, 96, 8), latents)
     assert torch.equal(flux.latent_image_ids(8, 12), FluxPipeline._prepare_latent_image_ids(2, 4, 6, "cpu", torch.float32))
-
-
-@pytest.mark.parametrize("sde_type", ["sde", "cps", "dance_sde"])
-@pytest.mark.parametrize("true_cfg_scale", [1.0, 2.0])
-def test_fp32_rollout_then_recompute_is_exact(model, cond, sde_type, true_cfg_scale):
-    trajectory = _rollout(model, cond, sde_type=sde_type, true_cfg_scale=true_cfg_scale)
-    recomputed = _recompute(model, trajectory)
-    assert recomputed.dtype == torch.float32 and recomputed.shape == (4, 3)
-    assert torch.equal(recomputed - trajectory.log_probs, torch.zeros(4, 3))
-
-
-@pytest.mark.parametrize("arrivals", [(0, 0, 0, 0), (0, 0, 2, 2)])
-def test_stepwise_equals_request_level_bit_for_bit(model, cond, arrivals):
-    """The continuous-batching path: requests join mid-flight and run at different steps inside one forward
-    (>= 2 rows per forward, one fixed text width as the pipeline encodes it) — bit-exact."""
-    reference = _rollout(model, cond, prompt_groups=[0, 0, 1, 1])
-    requests = [StepwiseRequest(f"r{i}", seed=seed, conditioning={k: v[i : i + 1] for k, v in cond.items()},
-                                window=reference.windows[i], prompt_group=reference.prompt_groups[i], arrival=arrival)
-                for i, (seed, arrival) in enumerate(zip(SEEDS, arrivals))]
-    stepwise = run_stepwise(flux.FAMILY, model, requests, scheduler_setup=reference.scheduler, noise_level=0.7,
-                            guidance_scale=3.5, options=reference.family_options, max_num_seqs=4)
-    assert stepwise.provenance["path"] == "step-wise"
-    for name in ("latents", "log_probs", "timesteps", "final_latents"):
-        assert torch.equal(getattr(stepwise, name), getattr(reference, name)), name
-    assert torch.equal(_recompute(model, stepwise), stepwise.log_probs)
-
-
-def test_bf16_weights_with_fp32_storage_is_exact(model_bf16, cond):
-    trajectory = _rollout(model_bf16, cond)
-    for tensor in (trajectory.latents, trajectory.log_probs, trajectory.timesteps, trajectory.final_latents,
-                   *trajectory.conditioning.values()):
-        assert tensor.dtype == torch.float32
-    recomputed = _recompute(model_bf16, trajectory)
-    assert torch.equal(recomputed - trajectory.log_probs, torch.zeros(4, 3))
-
-
-def test_stock_bf16_stored_latents_bias_the_log_ratio_down(model_bf16):
-    """DESIGN.md §1 'precision loss in stored latents' through the FLUX adapter, beside its fix.
-
-    Stock: each prev_sample is rounded to the model's bf16 after its log-prob was computed, and stored and fed
-    on rounded. Per latent element the trainer then loses e²/(2σ²) on average (e the rounding error, σ the
-    step's std), so log-ratios lean negative and PPO clips on the lower side. Against it stands a noise term
-    of order e/(σ·sqrt(D)) per sample; D = 16·16·16 here, a 16·128·128 real latent is 64x larger, so a small
-    noise_level puts this tiny run in the real regime.
-    """
-    cond16 = tiny_flux_prompt_encoder().conditioning(PROMPTS * 4)
-    args = dict(num_inference_steps=4, seeds=list(range(16)), window=SDEWindow(start=0, size=4, num_steps=4),
-                noise_level=0.05, height=128, width=128, denoise_to_end=False)
-    stock = flux.rollout(model_bf16, cond16, injection=Injection(bf16_latents=True), **args)
-    stock_recomputed = _recompute(model_bf16, stock)
-    log_ratio = (stock_recomputed - stock.log_probs).double()
-    clip = 1e-4
-    assert (log_ratio < 0).double().mean() > 0.8  # a fair coin would give > 80% of 64 with p < 1e-6
-    assert (log_ratio < -clip).double().mean() > 5 * (log_ratio > clip).double().mean()
-    assert log_ratio.mean() < -1e-5
-
-    verdict = _verdict(stock.log_probs, stock_recomputed, stock)
-    assert not verdict.passed
-    assert {"ratio_mean", "ppo_kl", "pg_clipfrac_lower"} <= {c.name for c in verdict.checks if not c.passed}
-
-    fixed = flux.rollout(model_bf16, cond16, **args)
-    recomputed = _recompute(model_bf16, fixed)
-    assert torch.equal(recomputed - fixed.log_probs, torch.zeros(16, 4))
-    assert _verdict(fixed.log_probs, recomputed, fixed).passed
-
-
-def _verdict(rollout_log_probs, trainer_log_probs, trajectory):
-    metrics = compute_metrics(rollout_log_probs, trainer_log_probs, clip_ratio=1e-4, timesteps=trajectory.timesteps)
-    return decide(metrics, exact_tolerance())
-
-
-def test_trajectory_round_trip_then_recompute_is_exact(model, cond, tmp_path):
-    trajectory = _rollout(model, cond, sde_type="dance_sde")
-    path = trajectory.save(tmp_path / "flux.safetensors")
-    loaded = Trajectory.load(path)
-    assert loaded.model_family == "flux" and loaded.guidance_scale == 3.5
-    assert loaded.family_options["true_cfg_scale"] == 2.0
-    assert torch.equal(loaded.latents, trajectory.latents)
-    assert torch.equal(_recompute(model, loaded) - trajectory.log_probs, torch.zeros(4, 3))
-
-
-def test_recompute_in_micro_batches_of_two_is_exact(model, cond):
-    trajectory = _rollout(model, cond)
-    for rows in ([0, 1], [2, 3], [3, 0]):
-        assert torch.equal(_recompute(model, trajectory.select(rows)), trajectory.log_probs[rows])
-
-
-def test_recompute_step_carries_gradients_to_the_transformer(cond):
-    model = load_flux()
-    trajectory = _rollout(model, cond)
-    log_prob = recompute_step_log_prob(model, trajectory, 2)
-    assert log_prob.requires_grad and torch.equal(log_prob.detach(), trajectory.log_probs[:, 2])
-    log_prob.sum().backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    assert model.time_text_embed.guidance_embedder.linear_1.weight.grad.abs().sum() > 0
 
 
 def test_guidance_settings_reach_the_forward(model, cond):
@@ -195,34 +57,6 @@ def test_guidance_settings_reach_the_forward(model, cond):
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
-def test_true_cfg_without_negative_prompt_is_refused(model, cond):
-    positive = {k: v for k, v in cond.items() if not k.startswith("negative")}
-    with pytest.raises(ValueError, match="no negative prompt"):
-        _rollout(model, positive, true_cfg_scale=2.0)
-    _rollout(model, positive, true_cfg_scale=1.0, guidance_scale=3.5)  # embedded guidance needs no negative
-
-
-def test_missing_pooled_projections_is_refused(model, cond):
-    no_pooled = {k: v for k, v in cond.items() if k != "pooled_prompt_embeds"}
-    with pytest.raises(ValueError, match="pooled_prompt_embeds"):
-        _rollout(model, no_pooled)
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "error", "match"),
-    [
-        ("prompt_embeds", torch.zeros(4, 16, 24), ValueError, "joint_attention_dim"),
-        ("pooled_prompt_embeds", torch.zeros(4, 8), ValueError, "pooled_projection_dim"),
-        ("negative_prompt_embeds", torch.zeros(2, 16, 32), ValueError, "2 rows for 4 samples"),
-        ("pooled_prompt_embeds", torch.zeros(4, 16, dtype=torch.float16), TypeError, "float32"),
-        ("prompt_embeds_mask", torch.ones(4, 16, dtype=torch.int64), ValueError, "no text mask"),
-    ],
-)
-def test_malformed_conditioning_is_refused(model, cond, key, value, error, match):
-    with pytest.raises(error, match=match):
-        _rollout(model, {**cond, key: value})
-
-
 def test_wrong_latent_shape_is_refused(model, cond):
     trajectory = _rollout(model, cond)
     t = trajectory.timesteps[:, 0]
@@ -241,21 +75,3 @@ def test_wrong_latent_shape_is_refused(model, cond):
 def test_image_size_is_checked(model, cond):
     with pytest.raises(ValueError, match="multiples of 2\\*vae_scale_factor"):
         _rollout(model, cond, width=72)
-
-
-def test_collate_refuses_re_padding_text(cond):
-    """FLUX attends to padding (no text mask): requests of different text widths must not be zero-padded."""
-    one = {k: v[:1] for k, v in cond.items()}
-    wider = {k: (torch.cat([v, v.new_zeros(1, 4, v.shape[2])], dim=1) if v.dim() == 3 else v) for k, v in one.items()}
-    assert torch.equal(flux.collate_conditioning([one, one])["prompt_embeds"], cond["prompt_embeds"][[0, 0]])
-    with pytest.raises(ValueError, match="attends to padding"):
-        flux.collate_conditioning([one, wider])
-
-
-def test_tiny_model_is_a_pure_function_of_the_seed():
-    state = torch.random.get_rng_state()
-    first, again, other = load_flux(seed=3), load_flux(seed=3), load_flux(seed=4)
-    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's global RNG is untouched
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
-    assert not torch.equal(first.proj_out.weight, other.proj_out.weight)
-    assert torch.equal(load_flux(seed=3, dtype=torch.bfloat16).proj_out.weight, first.proj_out.weight.bfloat16())
