@@ -67,6 +67,7 @@ TINY_FLUX_CONFIG: Mapping[str, Any] = {
 }
 TINY_TEXT_LENGTH = 16  # the tiny encoders' fixed text length (the pipelines' max_sequence_length)
 
+
 def load_sd3(
     path: str | os.PathLike | None = None,
     *,
