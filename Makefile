@@ -19,9 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 check: venv
-	$(PY) -m consistency check
+	$(PY) -m rollout_consistency check
 
+# Lint and format checks first: a red ruff fails the run before the (longer) tests start.
 test: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 clean:

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 from . import pitfalls
 from .pitfalls import Injection
@@ -115,7 +115,11 @@ class ModelFamily:
 
 # Where each family lives; imported on first use so `import adapters` stays light and a family module that
 # is absent (or has a missing optional dependency) does not break the others.
-_FAMILY_MODULES = {"qwen-image": "adapters.qwen_image", "sd3": "adapters.sd3", "flux": "adapters.flux"}
+_FAMILY_MODULES = {
+    "qwen-image": "rollout_consistency.adapters.qwen_image",
+    "sd3": "rollout_consistency.adapters.sd3",
+    "flux": "rollout_consistency.adapters.flux",
+}
 
 
 def get_family(name: str) -> ModelFamily:
@@ -159,7 +163,9 @@ def resolve_windows(window: SDEWindow | Sequence[SDEWindow], batch_size: int, nu
         raise ValueError(f"{len(windows)} windows for {batch_size} samples: pass one window, or one per sample.")
     for w in windows:
         if not isinstance(w, SDEWindow):
-            raise TypeError(f"Expected SDEWindow, got {w!r}; build one with schedulers.draw_sde_window(...).")
+            raise TypeError(
+                f"Expected SDEWindow, got {w!r}; build one with rollout_consistency.schedulers.draw_sde_window(...)."
+            )
         if w.num_steps != num_steps:
             raise ValueError(
                 f"SDE window {w} is for a {w.num_steps}-step schedule but the rollout runs {num_steps} steps: the "
@@ -303,7 +309,7 @@ def rollout(
     """Request-level rollout of a batch: denoise with SDE steps inside each sample's window, ODE outside.
 
     Args:
-        family: the model family (e.g. `adapters.qwen_image.FAMILY`).
+        family: the model family (e.g. `rollout_consistency.adapters.qwen_image.FAMILY`).
         transformer: the family's transformer, any dtype; inputs are cast to it for the forward only.
         conditioning: batch-first tensors the velocity function consumes (one row per sample, `B = len(seeds)`).
         scheduler_setup: the schedule (see [`SchedulerSetup`]).
@@ -316,7 +322,7 @@ def rollout(
         global_step: training step (stored).
         denoise_to_end: also run the steps after the last window and store `final_latents` (for the reward);
             `False` stops after the last window step.
-        injection: stock behaviours to reproduce (tests and `--inject` only); see `adapters.pitfalls`.
+        injection: stock behaviours to reproduce (tests and `--inject` only); see `rollout_consistency.adapters.pitfalls`.
 
     Returns:
         A validated float32 [`Trajectory`].
@@ -357,8 +363,13 @@ def rollout(
         for step in range(last_step):
             t = schedule[step]
             velocity = family.velocity(
-                transformer, latents, t.expand(batch).to(device), conditioning, guidance_scale,
-                options=options, injection=injection,
+                transformer,
+                latents,
+                t.expand(batch).to(device),
+                conditioning,
+                guidance_scale,
+                options=options,
+                injection=injection,
             )
             sde_rows = [b for b in range(batch) if step in windows[b]]
             ode_rows = [b for b in range(batch) if step not in windows[b]]
@@ -372,8 +383,11 @@ def rollout(
                 picked = None if whole else torch.tensor(rows, device=device)
                 sample = latents if whole else latents[picked]
                 out = scheduler.sample_previous_step(
-                    velocity if whole else velocity[picked], t, sample,
-                    noise_level=noise_level if in_window else 0.0, sde_type=sde_type,
+                    velocity if whole else velocity[picked],
+                    t,
+                    sample,
+                    noise_level=noise_level if in_window else 0.0,
+                    sde_type=sde_type,
                     generator=[generators[b] for b in rows] if in_window else None,
                     include_normalizer=include_normalizer,
                 )
@@ -439,7 +453,10 @@ def check_trajectory_for_model(family: ModelFamily, transformer: nn.Module, traj
             f"(another model config or image size)."
         )
     family.check_conditioning(
-        transformer, trajectory.conditioning, trajectory.batch_size, trajectory.guidance_scale,
+        transformer,
+        trajectory.conditioning,
+        trajectory.batch_size,
+        trajectory.guidance_scale,
         trajectory.family_options,
     )
 
@@ -481,13 +498,21 @@ def recompute_step_log_prob(
     conditioning = {name: t.to(device) for name, t in trajectory.conditioning.items()}
     with _autocast(device, autocast_dtype):
         velocity = family.velocity(
-            transformer, sample, timestep, conditioning, trajectory.guidance_scale,
+            transformer,
+            sample,
+            timestep,
+            conditioning,
+            trajectory.guidance_scale,
             options=trajectory.family_options,
         )
     velocity = velocity.float()
     out = scheduler.sample_previous_step(
-        velocity, timestep, sample,
-        noise_level=trajectory.noise_level, sde_type=trajectory.sde_type, prev_sample=prev_sample,
+        velocity,
+        timestep,
+        sample,
+        noise_level=trajectory.noise_level,
+        sde_type=trajectory.sde_type,
+        prev_sample=prev_sample,
         include_normalizer=trajectory.include_normalizer,
     )
     return out.log_prob

@@ -37,7 +37,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 from . import denoise
 from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
@@ -95,8 +95,9 @@ def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
             such a size with a warning; a silently resized rollout would not match its trainer, so it is refused.)
     """
     opts = _options(options)
-    return packed_latent_grid(int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]),
-                              family_label="FLUX")
+    return packed_latent_grid(
+        int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]), family_label="FLUX"
+    )
 
 
 def latent_image_ids(h: int, w: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -112,23 +113,33 @@ def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[i
     return ((h // 2) * (w // 2), int(transformer.config.in_channels))
 
 
-def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+def _initial_latents(
+    transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]
+) -> torch.Tensor:
     """Each sample's noise from its own CPU generator in the unpacked `(1, C, h, w)` shape that
     `FluxPipeline.prepare_latents` draws, then packed."""
     h, w = latent_grid(options)
     channels = int(transformer.config.in_channels) // 4
-    noise = randn_tensor((len(generators), channels, h, w), generator=list(generators), device=torch.device("cpu"),
-                         dtype=torch.float32)
+    noise = randn_tensor(
+        (len(generators), channels, h, w), generator=list(generators), device=torch.device("cpu"), dtype=torch.float32
+    )
     return pack_latents(noise)
 
 
-def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+def _scheduler_setup(
+    config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]
+) -> SchedulerSetup:
     """`FluxPipeline`'s schedule: sigmas `linspace(1, 1/N, N)`, `mu` from the packed sequence length."""
     return SchedulerSetup.for_pipeline(config, num_steps, _latent_shape(transformer, options)[0])
 
 
-def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
-                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+def _check_conditioning(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    batch: int,
+    guidance_scale: float,
+    options: Mapping[str, Any],
+) -> None:
     opts = _options(options)
     latent_grid(opts)
     if int(transformer.config.patch_size) != 1:
@@ -190,7 +201,11 @@ def velocity(
     batch = latents.shape[0]
     expected = _latent_shape(transformer, opts)
     if latents.dim() != 3 or tuple(latents.shape[1:]) != expected:
-        hint = " (unpacked latents? pack them with adapters.flux.pack_latents)" if latents.dim() == 4 else ""
+        hint = (
+            " (unpacked latents? pack them with rollout_consistency.adapters.flux.pack_latents)"
+            if latents.dim() == 4
+            else ""
+        )
         raise ValueError(
             f"Latents of shape {tuple(latents.shape)} do not fit this FLUX transformer at {opts['height']}x"
             f"{opts['width']} px: expected (B, {expected[0]}, {expected[1]}) (packed (h/2)(w/2) tokens x "
@@ -226,11 +241,13 @@ def velocity(
     return neg + true_cfg_scale * (cond - neg)
 
 
-def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+def collate_conditioning(
+    conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None
+) -> dict[str, torch.Tensor]:
     """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding.
 
     FLUX has no text mask, so requests must share one text width; see
-    `adapters.denoise.concat_fixed_width_conditioning`.
+    `rollout_consistency.adapters.denoise.concat_fixed_width_conditioning`.
     """
     return denoise.concat_fixed_width_conditioning(
         conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="FluxPipeline"
@@ -269,22 +286,37 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """FLUX rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+    """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
 
     `guidance_scale` is the embedded guidance (default 3.5, `FluxPipeline`'s); `true_cfg_scale > 1` turns on
     true CFG and needs the negative conditioning. `scheduler_config` defaults to FLUX.1's released config
     ([`FLUX_SCHEDULER_CONFIG`]); the schedule is the pipeline's (`linspace(1, 1/N, N)` sigmas, `mu` from the
     image sequence length).
     """
-    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor),
-               "true_cfg_scale": float(true_cfg_scale)}
+    options = {
+        "height": int(height),
+        "width": int(width),
+        "vae_scale_factor": int(vae_scale_factor),
+        "true_cfg_scale": float(true_cfg_scale),
+    }
     config = FLUX_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
     setup = _scheduler_setup(config, num_inference_steps, transformer, options)
     return denoise.rollout(
-        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
-        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
-        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
-        denoise_to_end=denoise_to_end, injection=injection,
+        FAMILY,
+        transformer,
+        conditioning,
+        scheduler_setup=setup,
+        seeds=seeds,
+        window=window,
+        noise_level=noise_level,
+        sde_type=sde_type,
+        guidance_scale=guidance_scale,
+        options=options,
+        prompt_groups=prompt_groups,
+        global_step=global_step,
+        include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end,
+        injection=injection,
     )
 
 
@@ -300,4 +332,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_flux(dtype=...)`), or
     keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)
+    return denoise.recompute_log_probs(
+        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
+    )

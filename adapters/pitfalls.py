@@ -23,7 +23,7 @@ When each one shows (so a check that injects it sees a signature):
   no-op. Signature: log-ratio < 0 on average, clipping on the lower side only.
 * `stepwise-bf16`: the step-wise path only, with a low-precision transformer. Same signature; plus
   [`MixedDtypeBatchError`] when a float32 request joins running low-precision ones.
-* `mask-sum-rope`: a transformer that takes `txt_seq_lens` (`adapters.rope.QwenImageTransformerTxtSeqLens`,
+* `mask-sum-rope`: a transformer that takes `txt_seq_lens` (`rollout_consistency.adapters.rope.QwenImageTransformerTxtSeqLens`,
   which `load_qwen_image` builds), prompt embeddings padded past the longest prompt of the forward (e.g.
   `pad_text_conditioning(cond, width)` or the step-wise shared width), and padded text keys reaching
   attention (`mask_text_padding=False`: attention without a key-padding mask). Under an exact key-padding
@@ -42,14 +42,14 @@ from dataclasses import dataclass
 
 import torch
 
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 __all__ = [
     "INJECTION_NAMES",
     "Injection",
     "MixedDtypeBatchError",
-    "stock_round_to_model_dtype",
     "stock_per_request_window",
+    "stock_round_to_model_dtype",
 ]
 
 INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window")
@@ -112,7 +112,7 @@ def stock_per_request_window(
     The stock code mixed a hash of the request id into a generator that no launcher seed reached, so two
     rollouts of one prompt got windows at different timesteps. `rng` defaults to an OS-entropy-seeded
     `random.Random()` exactly for that reason; tests pass their own to be deterministic. The fix is
-    `schedulers.draw_sde_window(seed=..., global_step=..., prompt_group=...)`.
+    `rollout_consistency.schedulers.draw_sde_window(seed=..., global_step=..., prompt_group=...)`.
     """
     low, high = (0, num_steps) if window_range is None else window_range
     rng = rng if rng is not None else random.Random()  # unseeded on purpose: this is the bug

@@ -17,7 +17,7 @@ Family options (`Trajectory.family_options`, JSON):
     mask_text_padding (default True: pass the prompt mask to attention, as diffusers does; False: padded
     text keys are attended, as an attention kernel without a key-padding mask does).
 
-Text RoPE: transformers that take `txt_seq_lens` get `padded_txt_seq_lens(prompt_embeds)` (adapters.rope).
+Text RoPE: transformers that take `txt_seq_lens` get `padded_txt_seq_lens(prompt_embeds)` (rollout_consistency.adapters.rope).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 from . import denoise
 from .denoise import ModelFamily, check_float32_inputs, common_conditioning_keys, model_dtype
@@ -82,8 +82,9 @@ def packed_latent_grid(height: int, width: int, vae_scale_factor: int, *, family
 def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
     """Unpacked latent height and width `(h, w)` for an image of `height x width` pixels (both even)."""
     opts = _options(options)
-    return packed_latent_grid(int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]),
-                              family_label="Qwen-Image")
+    return packed_latent_grid(
+        int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]), family_label="Qwen-Image"
+    )
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,9 @@ def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[i
     return ((h // 2) * (w // 2), int(transformer.config.in_channels))
 
 
-def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+def _initial_latents(
+    transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]
+) -> torch.Tensor:
     """Each sample's noise from its own CPU generator, in the unpacked `(1, 1, C, h, w)` shape that
     diffusers' `QwenImagePipeline.prepare_latents` draws, then packed."""
     h, w = latent_grid(options)
@@ -117,7 +120,9 @@ def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generato
     return pack_latents(torch.cat(rows)[:, 0])
 
 
-def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+def _scheduler_setup(
+    config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]
+) -> SchedulerSetup:
     image_seq_len = _latent_shape(transformer, options)[0]
     return SchedulerSetup.for_pipeline(config, num_steps, image_seq_len)
 
@@ -129,7 +134,9 @@ def _check_text(transformer, conditioning, embeds_key, mask_key, batch) -> None:
     if embeds.dtype != torch.float32:
         raise TypeError(f"{embeds_key} is {embeds.dtype}; pass float32 embeddings (they are stored as given).")
     if embeds.shape[0] != batch:
-        raise ValueError(f"{embeds_key} has {embeds.shape[0]} rows for {batch} samples (seeds); pass one row per sample.")
+        raise ValueError(
+            f"{embeds_key} has {embeds.shape[0]} rows for {batch} samples (seeds); pass one row per sample."
+        )
     width = int(transformer.config.joint_attention_dim)
     if embeds.shape[2] != width:
         raise ValueError(f"{embeds_key} has D={embeds.shape[2]} but the transformer's joint_attention_dim is {width}.")
@@ -145,8 +152,13 @@ def _check_text(transformer, conditioning, embeds_key, mask_key, batch) -> None:
         )
 
 
-def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
-                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+def _check_conditioning(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    batch: int,
+    guidance_scale: float,
+    options: Mapping[str, Any],
+) -> None:
     latent_grid(options)
     if "prompt_embeds" not in conditioning:
         raise ValueError("Qwen-Image conditioning needs 'prompt_embeds' (B, L, D) float32 (and 'prompt_embeds_mask').")
@@ -185,7 +197,7 @@ def velocity(
         timesteps (`torch.Tensor` `(B,)`, float32): schedule values (0..1000).
         conditioning: see the module docstring. guidance_scale: true-CFG scale (CFG when > 1).
         options: family options (height, width, vae_scale_factor, mask_text_padding).
-        injection: `mask_sum_rope` takes `txt_seq_lens` from `mask.sum()` (reproduction, adapters.pitfalls).
+        injection: `mask_sum_rope` takes `txt_seq_lens` from `mask.sum()` (reproduction, rollout_consistency.adapters.pitfalls).
 
     Returns:
         `(B, seq, 4C)` float32.
@@ -208,7 +220,7 @@ def velocity(
     if stock_rope and not passes_lengths:
         raise ValueError(
             "The mask-sum-rope reproduction needs a transformer that takes `txt_seq_lens` (load it with "
-            "adapters.load_qwen_image, or vLLM-omni's); diffusers' own class always uses the padded width."
+            "rollout_consistency.adapters.load_qwen_image, or vLLM-omni's); diffusers' own class always uses the padded width."
         )
 
     def predict(embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -264,7 +276,9 @@ def pad_text_conditioning(conditioning: Mapping[str, torch.Tensor], width: int) 
     return out
 
 
-def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+def collate_conditioning(
+    conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None
+) -> dict[str, torch.Tensor]:
     """Batch per-request Qwen-Image conditionings for one forward (the step-wise path).
 
     Each text (positive, negative) is zero-padded to `width`, or to the widest of the requests when `width` is
@@ -277,8 +291,9 @@ def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], wi
             continue
         target = width if width is not None else max(c[embeds_key].shape[1] for c in conditionings)
         # One text at a time: the positive and negative texts each pad to their own target.
-        padded = [pad_text_conditioning({k: c[k] for k in (embeds_key, mask_key) if k in c}, target)
-                  for c in conditionings]
+        padded = [
+            pad_text_conditioning({k: c[k] for k in (embeds_key, mask_key) if k in c}, target) for c in conditionings
+        ]
         out[embeds_key] = torch.cat([p[embeds_key] for p in padded])
         out[mask_key] = torch.cat([p[mask_key] for p in padded])
     return out
@@ -316,19 +331,34 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """Qwen-Image rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+    """Qwen-Image rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
 
     `scheduler_config` defaults to Qwen-Image's released config; the schedule is the pipeline's
     (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
     """
-    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor),
-               "mask_text_padding": bool(mask_text_padding)}
+    options = {
+        "height": int(height),
+        "width": int(width),
+        "vae_scale_factor": int(vae_scale_factor),
+        "mask_text_padding": bool(mask_text_padding),
+    }
     setup = _scheduler_setup(scheduler_config or QWEN_IMAGE_SCHEDULER_CONFIG, num_inference_steps, transformer, options)
     return denoise.rollout(
-        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
-        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
-        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
-        denoise_to_end=denoise_to_end, injection=injection,
+        FAMILY,
+        transformer,
+        conditioning,
+        scheduler_setup=setup,
+        seeds=seeds,
+        window=window,
+        noise_level=noise_level,
+        sde_type=sde_type,
+        guidance_scale=guidance_scale,
+        options=options,
+        prompt_groups=prompt_groups,
+        global_step=global_step,
+        include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end,
+        injection=injection,
     )
 
 
@@ -344,4 +374,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_qwen_image(dtype=...)`),
     or keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)
+    return denoise.recompute_log_probs(
+        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
+    )

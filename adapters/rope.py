@@ -63,7 +63,7 @@ def stock_mask_sum_txt_seq_lens(prompt_embeds_mask: torch.Tensor) -> list[int]:
     return [int(n) for n in prompt_embeds_mask.to(torch.int64).sum(dim=1).tolist()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_takes_txt_seq_lens(cls: type) -> bool:
     return "txt_seq_lens" in inspect.signature(cls.forward).parameters
 
@@ -85,15 +85,11 @@ class _RopeFromTxtSeqLens(QwenEmbedRope):
         width = int(max_txt_seq_len)
         table_len = max(self.txt_seq_lens)
         if table_len > width:
-            raise ValueError(
-                f"txt_seq_lens asks for {table_len} text positions but the embeddings are {width} wide."
-            )
+            raise ValueError(f"txt_seq_lens asks for {table_len} text positions but the embeddings are {width} wide.")
         if table_len == width:
             return vid_freqs, txt_freqs
         # The table stops at max(txt_seq_lens): the padded positions past it are not rotated.
-        unrotated = torch.ones(
-            (width - table_len, txt_freqs.shape[1]), dtype=txt_freqs.dtype, device=txt_freqs.device
-        )
+        unrotated = torch.ones((width - table_len, txt_freqs.shape[1]), dtype=txt_freqs.dtype, device=txt_freqs.device)
         return vid_freqs, torch.cat([txt_freqs[:table_len], unrotated], dim=0)
 
 
@@ -112,7 +108,9 @@ class QwenImageTransformerTxtSeqLens(QwenImageTransformer2DModel):
         super().__init__(*args, **kwargs)
         if not self.config.use_layer3d_rope:
             rope = self.pos_embed
-            self.pos_embed = _RopeFromTxtSeqLens(theta=rope.theta, axes_dim=list(rope.axes_dim), scale_rope=rope.scale_rope)
+            self.pos_embed = _RopeFromTxtSeqLens(
+                theta=rope.theta, axes_dim=list(rope.axes_dim), scale_rope=rope.scale_rope
+            )
 
     def forward(self, *args, txt_seq_lens: Sequence[int] | None = None, **kwargs):
         if txt_seq_lens is None:

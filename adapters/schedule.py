@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from schedulers import FlowMatchSDEDiscreteScheduler
+from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler
 
 __all__ = ["SchedulerSetup", "image_seq_len_shift"]
 
@@ -64,9 +64,7 @@ class SchedulerSetup:
         if self.sigmas is not None:
             sigmas = tuple(float(s) for s in self.sigmas)
             if len(sigmas) != self.num_inference_steps:
-                raise ValueError(
-                    f"{len(sigmas)} sigmas for {self.num_inference_steps} steps: pass one sigma per step."
-                )
+                raise ValueError(f"{len(sigmas)} sigmas for {self.num_inference_steps} steps: pass one sigma per step.")
             object.__setattr__(self, "sigmas", sigmas)
         if self.mu is not None:
             if not math.isfinite(float(self.mu)):
@@ -76,9 +74,7 @@ class SchedulerSetup:
             raise ValueError("The scheduler config uses dynamic shifting: pass `mu` (see `image_seq_len_shift`).")
 
     @classmethod
-    def for_pipeline(
-        cls, config: Mapping[str, Any], num_inference_steps: int, image_seq_len: int
-    ) -> SchedulerSetup:
+    def for_pipeline(cls, config: Mapping[str, Any], num_inference_steps: int, image_seq_len: int) -> SchedulerSetup:
         """The schedule the diffusers Qwen-Image / FLUX pipelines use: sigmas `linspace(1, 1/N, N)`, and
         `mu` from the image sequence length when the config shifts dynamically."""
         sigmas = tuple(np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps).tolist())

@@ -33,7 +33,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 from . import denoise
 from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
@@ -84,8 +84,7 @@ def latent_grid(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int
     multiple = scale * patch
     if height % multiple or width % multiple or height <= 0 or width <= 0:
         raise ValueError(
-            f"SD3 image size {height}x{width} must be positive multiples of vae_scale_factor * patch_size = "
-            f"{multiple}."
+            f"SD3 image size {height}x{width} must be positive multiples of vae_scale_factor * patch_size = {multiple}."
         )
     h, w = height // scale, width // scale
     max_patches = transformer.config.pos_embed_max_size
@@ -102,15 +101,20 @@ def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[i
     return (int(transformer.config.in_channels), h, w)
 
 
-def _initial_latents(transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]) -> torch.Tensor:
+def _initial_latents(
+    transformer: nn.Module, generators: Sequence[torch.Generator], options: Mapping[str, Any]
+) -> torch.Tensor:
     """Each sample's noise from its own CPU generator, `(1, C, h, w)` float32, as
     `StableDiffusion3Pipeline.prepare_latents` draws it with a list of generators."""
     shape = _latent_shape(transformer, options)
-    return randn_tensor((len(generators), *shape), generator=list(generators), device=torch.device("cpu"),
-                        dtype=torch.float32)
+    return randn_tensor(
+        (len(generators), *shape), generator=list(generators), device=torch.device("cpu"), dtype=torch.float32
+    )
 
 
-def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]) -> SchedulerSetup:
+def _scheduler_setup(
+    config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]
+) -> SchedulerSetup:
     """`StableDiffusion3Pipeline`'s schedule: the scheduler's own sigmas for `num_steps`, plus `mu` from the
     image sequence length `(h/p)(w/p)` for a config with `use_dynamic_shifting` (SD3/SD3.5 use static shift)."""
     mu = None
@@ -121,8 +125,13 @@ def _scheduler_setup(config: Mapping[str, Any], num_steps: int, transformer: nn.
     return SchedulerSetup(config=config, num_inference_steps=num_steps, mu=mu)
 
 
-def _check_conditioning(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], batch: int,
-                        guidance_scale: float, options: Mapping[str, Any]) -> None:
+def _check_conditioning(
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    batch: int,
+    guidance_scale: float,
+    options: Mapping[str, Any],
+) -> None:
     latent_grid(transformer, options)
     known = {key for pair in TEXT_KEYS for key in pair}
     unknown = set(conditioning) - known
@@ -197,11 +206,13 @@ def velocity(
     return uncond + guidance_scale * (cond - uncond)
 
 
-def collate_conditioning(conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+def collate_conditioning(
+    conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None
+) -> dict[str, torch.Tensor]:
     """Batch per-request SD3 conditionings for one forward (the step-wise path): concatenation, no padding.
 
     SD3 has no text mask, so requests must share one text width; see
-    `adapters.denoise.concat_fixed_width_conditioning`.
+    `rollout_consistency.adapters.denoise.concat_fixed_width_conditioning`.
     """
     return denoise.concat_fixed_width_conditioning(
         conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="StableDiffusion3Pipeline"
@@ -239,7 +250,7 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """SD3 rollout adapter (request-level). See `adapters.denoise.rollout` for the arguments.
+    """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
 
     `guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
     `scheduler_config` defaults to SD3's released config ([`SD3_SCHEDULER_CONFIG`]); the schedule is the
@@ -249,10 +260,21 @@ def rollout(
     config = SD3_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
     setup = _scheduler_setup(config, num_inference_steps, transformer, options)
     return denoise.rollout(
-        FAMILY, transformer, conditioning, scheduler_setup=setup, seeds=seeds, window=window,
-        noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale, options=options,
-        prompt_groups=prompt_groups, global_step=global_step, include_normalizer=include_normalizer,
-        denoise_to_end=denoise_to_end, injection=injection,
+        FAMILY,
+        transformer,
+        conditioning,
+        scheduler_setup=setup,
+        seeds=seeds,
+        window=window,
+        noise_level=noise_level,
+        sde_type=sde_type,
+        guidance_scale=guidance_scale,
+        options=options,
+        prompt_groups=prompt_groups,
+        global_step=global_step,
+        include_normalizer=include_normalizer,
+        denoise_to_end=denoise_to_end,
+        injection=injection,
     )
 
 
@@ -268,4 +290,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_sd3(dtype=...)`), or
     keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype)
+    return denoise.recompute_log_probs(
+        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
+    )

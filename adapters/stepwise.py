@@ -9,10 +9,10 @@ the consistency fixes of DESIGN.md §1:
 * per-request latents are float32 from the initial draw to the stored trajectory (cast to the
   transformer's dtype only inside the forward);
 * prompt embeddings of different lengths are zero-padded to one shared width for the batched forward and
-  the text RoPE lengths come from that padded width (`adapters.rope.padded_txt_seq_lens`, applied by the
+  the text RoPE lengths come from that padded width (`rollout_consistency.adapters.rope.padded_txt_seq_lens`, applied by the
   family's velocity function);
 * each request owns its step index, its generator (seeded with its own seed: initial noise first, then one
-  SDE draw per window step, as `adapters.denoise` documents) and its SDE window; the scheduler step is
+  SDE draw per window step, as `rollout_consistency.adapters.denoise` documents) and its SDE window; the scheduler step is
   stateless (timesteps are looked up by value), so requests of one schedule share one scheduler.
 
 For the same seeds, windows and conditioning a request's trajectory equals the request-level rollout's bit
@@ -22,7 +22,7 @@ width (pass `text_width` to fix it, or pad prompts to one width) and a batch siz
 Otherwise the difference is rounding-level (tested).
 
 Layout: the per-request pieces are plain functions over plain dataclasses ([`RequestState`],
-[`WindowRecord`]) so a vLLM-omni pipeline (`adapters.vllm_omni`) can call them with its own state objects:
+[`WindowRecord`]) so a vLLM-omni pipeline (`rollout_consistency.adapters.vllm_omni`) can call them with its own state objects:
 [`init_window_record`] / [`record_window_step`] / [`window_trajectory`] (trajectory assembly),
 [`gather_latents`] (with vLLM-omni's mixed-dtype check), [`scheduler_step`] (one request, one step),
 [`shared_text_width`] and the family's `collate_conditioning` (padding). Only [`denoise_step`] and
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from schedulers import FlowMatchSDEDiscreteScheduler, SDEWindow
+from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, SDEWindow
 
 from . import pitfalls
 from .denoise import ModelFamily, make_generators, model_device, model_dtype
@@ -73,7 +73,7 @@ class StepwiseRequest:
     Args:
         request_id: unique id. seed: the request's seed (initial + SDE noise).
         conditioning: batch-first tensors with one row (e.g. `prompt_embeds` (1, L, D), its own L).
-        window: the request's SDE window (share one per prompt group: `schedulers.draw_sde_window`).
+        window: the request's SDE window (share one per prompt group: `rollout_consistency.schedulers.draw_sde_window`).
         prompt_group: its prompt-group id. arrival: engine step at which it may join (default 0).
     """
 
@@ -176,7 +176,7 @@ def window_trajectory(
     if not record.complete:
         raise ValueError(f"The request's window {record.window} is not complete ({len(record.inputs)} steps recorded).")
     return Trajectory(
-        latents=torch.stack(record.inputs + [record.last_output], dim=1),
+        latents=torch.stack([*record.inputs, record.last_output], dim=1),
         log_probs=torch.cat(record.log_probs).reshape(1, -1),
         timesteps=torch.cat(record.timesteps).reshape(1, -1).to(record.inputs[0].device),
         windows=(record.window,),
@@ -242,8 +242,13 @@ def scheduler_step(
 ):
     """One request's scheduler step in float32 (SDE inside its window, ODE outside): the scheduler output."""
     return scheduler.sample_previous_step(
-        noise_pred.float(), timestep, latents, noise_level=noise_level if in_window else 0.0, sde_type=sde_type,
-        generator=[generator] if in_window else None, include_normalizer=include_normalizer,
+        noise_pred.float(),
+        timestep,
+        latents,
+        noise_level=noise_level if in_window else 0.0,
+        sde_type=sde_type,
+        generator=[generator] if in_window else None,
+        include_normalizer=include_normalizer,
     )
 
 
@@ -266,8 +271,15 @@ def advance_request(
     in_window = step in state.record.window
     sample = state.latents.to(torch.float32)
     out = scheduler_step(
-        state.scheduler, noise_pred, state.current_timestep, sample, in_window=in_window, generator=state.generator,
-        noise_level=noise_level, sde_type=sde_type, include_normalizer=include_normalizer,
+        state.scheduler,
+        noise_pred,
+        state.current_timestep,
+        sample,
+        in_window=in_window,
+        generator=state.generator,
+        noise_level=noise_level,
+        sde_type=sde_type,
+        include_normalizer=include_normalizer,
     )
     prev = out.prev_sample if store_dtype is None else out.prev_sample.to(store_dtype)
     if in_window:
@@ -302,13 +314,18 @@ def init_request(
             f"schedule."
         )
     if injection is not None and injection.per_request_window:
-        window = pitfalls.stock_per_request_window(request.request_id, num_steps=window.num_steps, window_size=window.size)
+        window = pitfalls.stock_per_request_window(
+            request.request_id, num_steps=window.num_steps, window_size=window.size
+        )
     (generator,) = make_generators([request.seed])
     latents = family.initial_latents(transformer, [generator], options).to(model_device(transformer), torch.float32)
     # Requests share the setup's cached scheduler: a request's step is the stateless `sample_previous_step`
     # (timesteps looked up by value), and its progress is `RequestState.step_index`, not scheduler state.
     return RequestState(
-        request=request, latents=latents, generator=generator, scheduler=scheduler_setup.scheduler(),
+        request=request,
+        latents=latents,
+        generator=generator,
+        scheduler=scheduler_setup.scheduler(),
         record=init_window_record(window),
     )
 
@@ -337,7 +354,9 @@ def denoise_step(
     conditioning = family.collate_conditioning(conditionings, width)
     conditioning = {k: v.to(latents.device) for k, v in conditioning.items()}
     timesteps = torch.stack([s.current_timestep for s in states]).to(latents.device)
-    return family.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options, injection=injection)
+    return family.velocity(
+        transformer, latents, timesteps, conditioning, guidance_scale, options=options, injection=injection
+    )
 
 
 def run_stepwise(
@@ -390,19 +409,36 @@ def run_stepwise(
         while waiting or running:
             while waiting and len(running) < max_num_seqs and requests[waiting[0]].arrival <= engine_step:
                 index = waiting.popleft()
-                state = init_request(family, transformer, requests[index], scheduler_setup=scheduler_setup,
-                                     options=options, injection=injection)
+                state = init_request(
+                    family,
+                    transformer,
+                    requests[index],
+                    scheduler_setup=scheduler_setup,
+                    options=options,
+                    injection=injection,
+                )
                 running.append((index, state))
             if not running:
                 engine_step += 1
                 continue
             states = [s for _, s in running]
-            noise_pred = denoise_step(family, transformer, states, guidance_scale=guidance_scale, options=options,
-                                      text_width=text_width, injection=injection)
+            noise_pred = denoise_step(
+                family,
+                transformer,
+                states,
+                guidance_scale=guidance_scale,
+                options=options,
+                text_width=text_width,
+                injection=injection,
+            )
             for row, state in enumerate(states):
                 advance_request(
-                    state, noise_pred[row : row + 1], noise_level=noise_level, sde_type=sde_type,
-                    include_normalizer=include_normalizer, store_dtype=dtype if keep_model_dtype else None,
+                    state,
+                    noise_pred[row : row + 1],
+                    noise_level=noise_level,
+                    sde_type=sde_type,
+                    include_normalizer=include_normalizer,
+                    store_dtype=dtype if keep_model_dtype else None,
                 )
             still_running = []
             for index, state in running:
@@ -418,11 +454,20 @@ def run_stepwise(
         provenance["injection"] = ",".join(injection.names)
     trajectories = [
         window_trajectory(
-            finished[i][0].record, seed=r.seed, prompt_group=r.prompt_group,
+            finished[i][0].record,
+            seed=r.seed,
+            prompt_group=r.prompt_group,
             conditioning=stored_conditioning(family, r.conditioning, text_width),
-            model_family=family.name, scheduler_setup=scheduler_setup, noise_level=noise_level, sde_type=sde_type,
-            guidance_scale=guidance_scale, global_step=global_step, family_options=options,
-            include_normalizer=include_normalizer, final_latents=finished[i][1], provenance=provenance,
+            model_family=family.name,
+            scheduler_setup=scheduler_setup,
+            noise_level=noise_level,
+            sde_type=sde_type,
+            guidance_scale=guidance_scale,
+            global_step=global_step,
+            family_options=options,
+            include_normalizer=include_normalizer,
+            final_latents=finished[i][1],
+            provenance=provenance,
         )
         for i, r in enumerate(requests)
     ]

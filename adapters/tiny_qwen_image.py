@@ -124,10 +124,17 @@ def load_qwen_image(
 
     Returns:
         The model in eval mode. It is a `QwenImageTransformer2DModel` whose forward also accepts
-        `txt_seq_lens` (see `adapters.rope`).
+        `txt_seq_lens` (see `rollout_consistency.adapters.rope`).
     """
-    return load_transformer(QwenImageTransformerTxtSeqLens, TINY_QWEN_IMAGE_CONFIG, path, dtype=dtype, device=device,
-                            seed=seed, config=config)
+    return load_transformer(
+        QwenImageTransformerTxtSeqLens,
+        TINY_QWEN_IMAGE_CONFIG,
+        path,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+        config=config,
+    )
 
 
 def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -143,16 +150,129 @@ def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> d
 
 
 # A small fixed vocabulary; words outside it share [UNK]. Word count, not vocabulary, sets the length.
-_VOCAB_WORDS = (
-    "a an the of in on at with and or to from by for under over near behind above "
-    "cat dog bird fish horse cow fox owl bear lion tiger robot person child woman man car boat train plane "
-    "house tree flower mountain river lake sea sky sun moon star cloud city street forest garden field "
-    "red orange yellow green blue purple pink black white gray brown golden silver bright dark "
-    "small large tiny huge old new young happy sad quiet loud soft hard warm cold wet dry "
-    "photo painting drawing sketch render portrait landscape closeup watercolor oil digital "
-    "sitting standing running flying swimming sleeping reading walking jumping playing "
-    "morning evening night winter summer spring autumn rain snow fog light shadow"
-).split()
+_VOCAB_WORDS = [
+    "a",
+    "an",
+    "the",
+    "of",
+    "in",
+    "on",
+    "at",
+    "with",
+    "and",
+    "or",
+    "to",
+    "from",
+    "by",
+    "for",
+    "under",
+    "over",
+    "near",
+    "behind",
+    "above",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "horse",
+    "cow",
+    "fox",
+    "owl",
+    "bear",
+    "lion",
+    "tiger",
+    "robot",
+    "person",
+    "child",
+    "woman",
+    "man",
+    "car",
+    "boat",
+    "train",
+    "plane",
+    "house",
+    "tree",
+    "flower",
+    "mountain",
+    "river",
+    "lake",
+    "sea",
+    "sky",
+    "sun",
+    "moon",
+    "star",
+    "cloud",
+    "city",
+    "street",
+    "forest",
+    "garden",
+    "field",
+    "red",
+    "orange",
+    "yellow",
+    "green",
+    "blue",
+    "purple",
+    "pink",
+    "black",
+    "white",
+    "gray",
+    "brown",
+    "golden",
+    "silver",
+    "bright",
+    "dark",
+    "small",
+    "large",
+    "tiny",
+    "huge",
+    "old",
+    "new",
+    "young",
+    "happy",
+    "sad",
+    "quiet",
+    "loud",
+    "soft",
+    "hard",
+    "warm",
+    "cold",
+    "wet",
+    "dry",
+    "photo",
+    "painting",
+    "drawing",
+    "sketch",
+    "render",
+    "portrait",
+    "landscape",
+    "closeup",
+    "watercolor",
+    "oil",
+    "digital",
+    "sitting",
+    "standing",
+    "running",
+    "flying",
+    "swimming",
+    "sleeping",
+    "reading",
+    "walking",
+    "jumping",
+    "playing",
+    "morning",
+    "evening",
+    "night",
+    "winter",
+    "summer",
+    "spring",
+    "autumn",
+    "rain",
+    "snow",
+    "fog",
+    "light",
+    "shadow",
+]
 
 
 class TinyPromptEncoder(nn.Module):
@@ -163,8 +283,14 @@ class TinyPromptEncoder(nn.Module):
     returns them. `L` of a prompt is its word count (at least 1).
     """
 
-    def __init__(self, embedding_dim: int = 32, *, seed: int = 0, tokenizer: Tokenizer | None = None,
-                 embedding: torch.Tensor | None = None):
+    def __init__(
+        self,
+        embedding_dim: int = 32,
+        *,
+        seed: int = 0,
+        tokenizer: Tokenizer | None = None,
+        embedding: torch.Tensor | None = None,
+    ):
         super().__init__()
         if tokenizer is None:
             vocab = {"[PAD]": 0, "[UNK]": 1}
@@ -205,8 +331,9 @@ class TinyPromptEncoder(nn.Module):
             mask[row, : len(token_ids)] = 1
         return embeds, mask
 
-    def conditioning(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-                     *, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    def conditioning(
+        self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None, *, pad_to: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """Qwen-Image conditioning dict: `prompt_embeds`, `prompt_embeds_mask` (+ `negative_*` when given)."""
         embeds, mask = self.encode(prompts, pad_to=pad_to)
         out = {"prompt_embeds": embeds, "prompt_embeds_mask": mask}

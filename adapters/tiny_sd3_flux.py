@@ -10,7 +10,7 @@
 * [`TinyClipT5Encoder`]: the two families condition on a fixed-length sequence of T5 token embeddings
   (`prompt_embeds`) and a pooled CLIP vector (`pooled_prompt_embeds`), with no text mask. The stand-in
   builds the sequence from the project's word-level `TinyPromptEncoder` (in-memory `tokenizers` tokenizer
-  + seeded embedding, `adapters.tiny_qwen_image`) padded to a fixed `max_length`, as the pipelines pad to
+  + seeded embedding, `rollout_consistency.adapters.tiny_qwen_image`) padded to a fixed `max_length`, as the pipelines pad to
   `max_sequence_length`; the pooled vector is `tanh(mean of the prompt's token embeddings @ P)` with a
   seeded projection `P`. Everything is a pure function of the prompts and the seed.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,7 +88,9 @@ def load_sd3(
     Returns:
         The model in eval mode.
     """
-    return load_transformer(SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config)
+    return load_transformer(
+        SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config
+    )
 
 
 def load_flux(
@@ -105,7 +106,9 @@ def load_flux(
     Arguments as [`load_sd3`]; `config={**TINY_FLUX_CONFIG, "guidance_embeds": False}` gives a schnell-like
     tiny model without the guidance embedding.
     """
-    return load_transformer(FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config)
+    return load_transformer(
+        FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config
+    )
 
 
 class TinyClipT5Encoder:
@@ -137,7 +140,9 @@ class TinyClipT5Encoder:
         mean = embeds.sum(dim=1) / mask.sum(dim=1, keepdim=True)
         return embeds, torch.tanh(mean @ self.projection)
 
-    def conditioning(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    def conditioning(
+        self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """SD3 / FLUX conditioning: `prompt_embeds`, `pooled_prompt_embeds` (+ `negative_*` when given)."""
         embeds, pooled = self.encode(prompts)
         out = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
@@ -150,11 +155,19 @@ class TinyClipT5Encoder:
 
 def tiny_sd3_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
     """Encoder for the tiny SD3 model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
-    return TinyClipT5Encoder(TINY_SD3_CONFIG["joint_attention_dim"], TINY_SD3_CONFIG["pooled_projection_dim"],
-                             max_length=max_length, seed=seed)
+    return TinyClipT5Encoder(
+        TINY_SD3_CONFIG["joint_attention_dim"],
+        TINY_SD3_CONFIG["pooled_projection_dim"],
+        max_length=max_length,
+        seed=seed,
+    )
 
 
 def tiny_flux_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
     """Encoder for the tiny FLUX model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
-    return TinyClipT5Encoder(TINY_FLUX_CONFIG["joint_attention_dim"], TINY_FLUX_CONFIG["pooled_projection_dim"],
-                             max_length=max_length, seed=seed)
+    return TinyClipT5Encoder(
+        TINY_FLUX_CONFIG["joint_attention_dim"],
+        TINY_FLUX_CONFIG["pooled_projection_dim"],
+        max_length=max_length,
+        seed=seed,
+    )

@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from schedulers import SDE_TYPES, SDEWindow
+from rollout_consistency.schedulers import SDE_TYPES, SDEWindow
 
 from .schedule import SchedulerSetup
 
@@ -75,7 +75,7 @@ class Trajectory:
         noise_level (`float`): SDE noise level (> 0). sde_type (`str`): `"sde"`, `"cps"` or `"dance_sde"`.
         guidance_scale (`float`): true-CFG scale used by the forward (CFG on when > 1).
         seeds (`tuple[int, ...]`): per-sample seed of the initial noise and the SDE noise (see
-            `adapters.denoise` for how a seed maps to draws).
+            `rollout_consistency.adapters.denoise` for how a seed maps to draws).
         prompt_groups (`tuple[int, ...]`): per-sample prompt-group id. global_step (`int`): training step.
         conditioning (`Mapping[str, torch.Tensor]`): what the trainer feeds the model, batch-first: float32
             embeddings (e.g. `prompt_embeds` `(B, L, D)`) and int64 masks (names ending in `_mask`, `(B, L)`).
@@ -178,7 +178,9 @@ class Trajectory:
         for name in ("windows", "seeds", "prompt_groups"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or len(value) != batch:
-                raise ValueError(f"Trajectory.{name} must be a tuple of {batch} entries (one per sample), got {value!r}.")
+                raise ValueError(
+                    f"Trajectory.{name} must be a tuple of {batch} entries (one per sample), got {value!r}."
+                )
         for window in self.windows:
             if not isinstance(window, SDEWindow):
                 raise TypeError(f"Trajectory.windows must hold SDEWindow objects, got {window!r}.")
@@ -197,7 +199,9 @@ class Trajectory:
         if self.sde_type not in SDE_TYPES:
             raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
         if not (math.isfinite(self.noise_level) and self.noise_level > 0):
-            raise ValueError(f"noise_level must be finite and > 0 for a trajectory with log-probs, got {self.noise_level!r}.")
+            raise ValueError(
+                f"noise_level must be finite and > 0 for a trajectory with log-probs, got {self.noise_level!r}."
+            )
         if not math.isfinite(self.guidance_scale):
             raise ValueError(f"guidance_scale must be finite, got {self.guidance_scale!r}.")
         if not isinstance(self.model_family, str) or not self.model_family:
@@ -270,7 +274,9 @@ class Trajectory:
             seeds=tuple(self.seeds[i] for i in picked),
             prompt_groups=tuple(self.prompt_groups[i] for i in picked),
             conditioning={k: v[index.to(v.device)] for k, v in self.conditioning.items()},
-            final_latents=None if self.final_latents is None else self.final_latents[index.to(self.final_latents.device)],
+            final_latents=None
+            if self.final_latents is None
+            else self.final_latents[index.to(self.final_latents.device)],
         )
 
     def stored_bytes(self) -> int:
@@ -339,7 +345,7 @@ class Trajectory:
                 prompt_groups=tuple(fields_["prompt_groups"]),
                 global_step=fields_["global_step"],
                 conditioning={
-                    k[len(_COND_PREFIX):]: v for k, v in sorted(tensors.items()) if k.startswith(_COND_PREFIX)
+                    k[len(_COND_PREFIX) :]: v for k, v in sorted(tensors.items()) if k.startswith(_COND_PREFIX)
                 },
                 model_family=fields_["model_family"],
                 scheduler=SchedulerSetup.from_json_dict(fields_["scheduler"]),
@@ -404,8 +410,11 @@ class Trajectory:
         return trajectory.to(device) if str(device) != "cpu" else trajectory
 
 
-_FIELDS = tuple(f.name for f in fields(Trajectory) if f.name not in (
-    "latents", "log_probs", "timesteps", "conditioning", "final_latents"))
+_FIELDS = tuple(
+    f.name
+    for f in fields(Trajectory)
+    if f.name not in ("latents", "log_probs", "timesteps", "conditioning", "final_latents")
+)
 
 
 def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -431,7 +440,9 @@ def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
     try:
         header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TrajectoryFormatError(f"{path}: the safetensors header is not valid JSON ({error}); the file is corrupted.") from error
+        raise TrajectoryFormatError(
+            f"{path}: the safetensors header is not valid JSON ({error}); the file is corrupted."
+        ) from error
     if not isinstance(header, dict):
         raise TrajectoryFormatError(f"{path}: the safetensors header is not a JSON object; the file is corrupted.")
     metadata = header.get("__metadata__") or {}
@@ -463,25 +474,31 @@ def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
     different widths. Raises ValueError if the settings differ.
     """
     from .denoise import get_family  # the family registry imports this module
+
     if not trajectories:
         raise ValueError("stack_trajectories needs at least one trajectory.")
     first = trajectories[0]
     for other in trajectories[1:]:
-        for name in ("noise_level", "sde_type", "guidance_scale", "global_step", "model_family",
-                     "include_normalizer"):
+        for name in ("noise_level", "sde_type", "guidance_scale", "global_step", "model_family", "include_normalizer"):
             if getattr(other, name) != getattr(first, name):
-                raise ValueError(f"Cannot stack trajectories with different {name}: {getattr(first, name)!r} vs "
-                                 f"{getattr(other, name)!r}.")
+                raise ValueError(
+                    f"Cannot stack trajectories with different {name}: {getattr(first, name)!r} vs "
+                    f"{getattr(other, name)!r}."
+                )
         if other.scheduler.to_json_dict() != first.scheduler.to_json_dict():
             raise ValueError("Cannot stack trajectories with different scheduler setups.")
         if dict(other.family_options) != dict(first.family_options):
             raise ValueError("Cannot stack trajectories with different family_options.")
         if set(other.conditioning) != set(first.conditioning):
-            raise ValueError(f"Cannot stack trajectories with different conditioning keys: "
-                             f"{sorted(first.conditioning)} vs {sorted(other.conditioning)}.")
+            raise ValueError(
+                f"Cannot stack trajectories with different conditioning keys: "
+                f"{sorted(first.conditioning)} vs {sorted(other.conditioning)}."
+            )
         if other.latents.shape[1:] != first.latents.shape[1:]:
-            raise ValueError(f"Cannot stack trajectories with latents {tuple(first.latents.shape[1:])} and "
-                             f"{tuple(other.latents.shape[1:])} per sample.")
+            raise ValueError(
+                f"Cannot stack trajectories with latents {tuple(first.latents.shape[1:])} and "
+                f"{tuple(other.latents.shape[1:])} per sample."
+            )
     conditioning = get_family(first.model_family).collate_conditioning([t.conditioning for t in trajectories], None)
     optional_final = [t.final_latents for t in trajectories]
     return replace(

@@ -4,12 +4,12 @@
 Written against vLLM-omni 0.30.0 (`VLLM_OMNI_VERSION`). This module never imports vllm or vllm_omni at
 import time; only [`VllmOmniRollout`] does, when it starts an engine, and without the package it raises
 [`VllmOmniUnavailableError`] naming the extra to install. The pipeline class that vLLM-omni's worker
-loads lives in `adapters.vllm_omni_pipeline` (the only module that imports vLLM at its top); it is a thin
+loads lives in `rollout_consistency.adapters.vllm_omni_pipeline` (the only module that imports vLLM at its top); it is a thin
 shell over the plain functions here, which are tested on the CPU with the diffusers transformer.
 
 Data flow (docs/vllm-omni.md)::
 
-    client (this process)                          vLLM-omni worker (adapters.vllm_omni_pipeline)
+    client (this process)                          vLLM-omni worker (rollout_consistency.adapters.vllm_omni_pipeline)
     build_requests(...)  ── prompt dicts ──────▶   decode_request(prompt, sampling.extra_args)
       per request: prompt["additional_information"]    start_request  (prepare_encode / forward)
         ["rollout_consistency"]["request"]             batch_noise_pred (denoise_step, one forward)
@@ -22,13 +22,13 @@ Guarantees (what the plain functions do; the vLLM shell only calls them):
     * Per-request latents are float32 from the initial draw to the stored trajectory; the transformer sees
       them cast to its dtype inside the forward only, and its output is cast to float32 before the strict
       scheduler entry point (`sample_previous_step`), which refuses anything else.
-    * Noise follows `adapters.denoise`'s contract: one CPU generator per request seeded with its `seed`,
+    * Noise follows `rollout_consistency.adapters.denoise`'s contract: one CPU generator per request seeded with its `seed`,
       initial noise first, then one draw per window step. A request's trajectory is therefore comparable
       draw for draw with the PyTorch rollout of the same seed, whatever its batch-mates.
     * The SDE window comes from the request's settings: explicit, and/or re-derived from (launcher seed,
       global step, prompt group) with the batch's `SDEWindowSchedule`; when both are sent they must agree.
     * Text is padded per forward to one shared width (`text_width`, or the widest running request) and
-      the text RoPE length is that padded width (`adapters.rope.padded_txt_seq_lens`, applied by the
+      the text RoPE length is that padded width (`rollout_consistency.adapters.rope.padded_txt_seq_lens`, applied by the
       family's velocity function). With a fixed `text_width` (the default when embeddings are sent) the
       stored conditioning has the width every forward used, so the trainer repeats the same computation.
     * Missing or malformed settings fail closed (ValueError naming the fix); only vLLM-omni's own warm-up
@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from schedulers import SDE_TYPES, SDEWindow, SDEWindowSchedule
+from rollout_consistency.schedulers import SDE_TYPES, SDEWindow, SDEWindowSchedule
 
 from . import stepwise
 from .denoise import ModelFamily, get_family, make_generators, resolve_windows
@@ -102,7 +102,7 @@ PAYLOAD_VERSION = 1
 #: `format` of the trajectory payload in the output envelope (and in its metadata group "trajectory").
 ENVELOPE_FORMAT = "rollout-consistency/vllm-omni-trajectory"
 #: `custom_pipeline_args["pipeline_class"]`: a qualified name, re-imported inside vLLM-omni's worker.
-PIPELINE_CLASS = "adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"
+PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"
 VLLM_OMNI_VERSION = "0.30.0"
 INSTALL_HINT = (
     "pip install 'rollout-consistency[vllm]' (vllm-omni==0.30.0 with vllm==0.30.0) on a machine with an NVIDIA "
@@ -168,7 +168,7 @@ def _exact_keys(name: str, data: Mapping[str, Any], required: Iterable[str], opt
     if missing or unknown:
         parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
         raise ValueError(
-            f"rollout settings {name!r}: {', '.join(parts)}. Build them with adapters.vllm_omni.build_requests "
+            f"rollout settings {name!r}: {', '.join(parts)}. Build them with rollout_consistency.adapters.vllm_omni.build_requests "
             f"(payload version {PAYLOAD_VERSION}) so the client and the engine agree."
         )
 
@@ -193,9 +193,12 @@ def _schedule_from_payload(data: Any) -> SDEWindowSchedule:
             raise ValueError(f"window_schedule.window_range must be [low, high] or null, got {window_range!r}.")
         window_range = (_int("window_range[0]", window_range[0]), _int("window_range[1]", window_range[1]))
     return SDEWindowSchedule(
-        kind=data["kind"], num_steps=_int("num_steps", data["num_steps"], 1),
-        window_size=_int("window_size", data["window_size"], 1), window_range=window_range,
-        stride=_int("stride", data["stride"], 1), every=_int("every", data["every"], 1),
+        kind=data["kind"],
+        num_steps=_int("num_steps", data["num_steps"], 1),
+        window_size=_int("window_size", data["window_size"], 1),
+        window_range=window_range,
+        stride=_int("stride", data["stride"], 1),
+        every=_int("every", data["every"], 1),
     )
 
 
@@ -271,17 +274,34 @@ class BatchSettings:
     @classmethod
     def from_payload(cls, data: Any) -> BatchSettings:
         data = _mapping("batch", data)
-        _exact_keys("batch", data, ("model_family", "scheduler", "noise_level", "sde_type", "guidance_scale", "options",
-                                    "include_normalizer", "text_width", "window_schedule"))
+        _exact_keys(
+            "batch",
+            data,
+            (
+                "model_family",
+                "scheduler",
+                "noise_level",
+                "sde_type",
+                "guidance_scale",
+                "options",
+                "include_normalizer",
+                "text_width",
+                "window_schedule",
+            ),
+        )
         try:
             scheduler = SchedulerSetup.from_json_dict(_mapping("scheduler", data["scheduler"]))
         except (KeyError, TypeError) as error:
             raise ValueError(f"rollout setting 'scheduler' is malformed: {error}") from error
         schedule = data["window_schedule"]
         return cls(
-            scheduler=scheduler, noise_level=data["noise_level"], sde_type=data["sde_type"],
-            guidance_scale=data["guidance_scale"], options=data["options"],
-            include_normalizer=data["include_normalizer"], text_width=data["text_width"],
+            scheduler=scheduler,
+            noise_level=data["noise_level"],
+            sde_type=data["sde_type"],
+            guidance_scale=data["guidance_scale"],
+            options=data["options"],
+            include_normalizer=data["include_normalizer"],
+            text_width=data["text_width"],
             window_schedule=None if schedule is None else _schedule_from_payload(schedule),
             model_family=data["model_family"],
         )
@@ -293,7 +313,7 @@ class RequestSettings:
 
     Args:
         sample_index: the request's position in the client's list (maps completion order back).
-        seed: the sample's seed (initial noise, then its SDE noise; `adapters.denoise`'s contract).
+        seed: the sample's seed (initial noise, then its SDE noise; `rollout_consistency.adapters.denoise`'s contract).
         prompt_group: its prompt group (rollouts of a group share a window).
         global_step: the training step.
         window: the explicit SDE window, or `None` to derive it from the batch's window schedule.
@@ -337,8 +357,12 @@ class RequestSettings:
                 raise ValueError(f"rollout setting 'window' must be [start, size, num_steps] or null, got {window!r}.")
             window = SDEWindow(*(_int("window", v) for v in window))
         return cls(
-            sample_index=data["sample_index"], seed=data["seed"], prompt_group=data["prompt_group"],
-            global_step=data["global_step"], window=window, launcher_seed=data["launcher_seed"],
+            sample_index=data["sample_index"],
+            seed=data["seed"],
+            prompt_group=data["prompt_group"],
+            global_step=data["global_step"],
+            window=window,
+            launcher_seed=data["launcher_seed"],
         )
 
 
@@ -436,7 +460,9 @@ def _conditioning_from_prompt(prompt: Mapping[str, Any]) -> dict[str, torch.Tens
         if value.dim() == per_prompt_dims:
             value = value.unsqueeze(0)
         if value.dim() != per_prompt_dims + 1 or value.shape[0] != 1:
-            raise ValueError(f"prompt[{name!r}] has shape {tuple(value.shape)}; send one prompt's tensor (L, D) / (L,).")
+            raise ValueError(
+                f"prompt[{name!r}] has shape {tuple(value.shape)}; send one prompt's tensor (L, D) / (L,)."
+            )
         out[name] = value
     return out
 
@@ -486,7 +512,7 @@ def decode_request(
         raise ValueError(
             f"The request carries no {PAYLOAD_KEY!r} settings (in prompt['additional_information'] or "
             f"sampling_params.extra_args): this pipeline samples only rollouts it can record. Build requests with "
-            f"adapters.vllm_omni.build_requests (docs/vllm-omni.md)."
+            f"rollout_consistency.adapters.vllm_omni.build_requests (docs/vllm-omni.md)."
         )
     parts = {}
     for part in ("batch", "request"):
@@ -502,8 +528,12 @@ def decode_request(
     if isinstance(prompt, str):
         text = prompt
     return RolloutRequest(
-        batch=batch, request=request, window=resolve_window(batch, request),
-        conditioning=_conditioning_from_prompt(prompt_map), text=text or None, negative_text=negative,
+        batch=batch,
+        request=request,
+        window=resolve_window(batch, request),
+        conditioning=_conditioning_from_prompt(prompt_map),
+        text=text or None,
+        negative_text=negative,
     )
 
 
@@ -533,7 +563,7 @@ def build_requests(
             each request gets its row, so the engine runs the trainer's exact embeddings. `None`: send
             `prompts` (and `negative_prompts` for CFG) and let the engine's text encoder embed them (the
             trajectory then stores the engine's embeddings).
-        seeds, window, prompt_groups, global_step: per sample, as for `adapters.rollout`; `window=None` sends no
+        seeds, window, prompt_groups, global_step: per sample, as for `rollout_consistency.adapters.rollout`; `window=None` sends no
             explicit window: the engine derives each from (launcher_seed, global_step, prompt group) with
             `window_schedule` (both then required).
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
@@ -553,7 +583,9 @@ def build_requests(
         raise ValueError(f"{len(groups)} prompt groups for {count} seeds: pass one per sample.")
     if window is None:
         if window_schedule is None or launcher_seed is None:
-            raise ValueError("window=None needs window_schedule and launcher_seed: the engine derives each window from them.")
+            raise ValueError(
+                "window=None needs window_schedule and launcher_seed: the engine derives each window from them."
+            )
         windows: Sequence[SDEWindow | None] = [None] * count
     else:
         windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
@@ -571,14 +603,24 @@ def build_requests(
         if text_width is None:
             text_width = stepwise.shared_text_width(rows)
     batch = BatchSettings(
-        scheduler=scheduler_setup, noise_level=noise_level, sde_type=sde_type, guidance_scale=guidance_scale,
-        options=options, include_normalizer=include_normalizer, text_width=text_width, window_schedule=window_schedule,
+        scheduler=scheduler_setup,
+        noise_level=noise_level,
+        sde_type=sde_type,
+        guidance_scale=guidance_scale,
+        options=options,
+        include_normalizer=include_normalizer,
+        text_width=text_width,
+        window_schedule=window_schedule,
     )
     request_prompts = []
     for index in range(count):
         request = RequestSettings(
-            sample_index=index, seed=seeds[index], prompt_group=groups[index], global_step=global_step,
-            window=windows[index], launcher_seed=launcher_seed,
+            sample_index=index,
+            seed=seeds[index],
+            prompt_group=groups[index],
+            global_step=global_step,
+            window=windows[index],
+            launcher_seed=launcher_seed,
         )
         resolve_window(batch, request)  # fail here, on the client, rather than in the engine
         prompt: dict[str, Any] = {
@@ -613,8 +655,10 @@ def check_engine_settings(
     trainer's), and the plain Qwen-Image transformer (no guidance-distilled or editing variant).
     """
     sizes = {
-        "cfg_parallel_size": cfg_parallel_size, "sequence_parallel_size": sequence_parallel_size or 1,
-        "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
+        "cfg_parallel_size": cfg_parallel_size,
+        "sequence_parallel_size": sequence_parallel_size or 1,
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
     }
     wrong = {name: size for name, size in sizes.items() if size != 1}
     if wrong:
@@ -654,7 +698,9 @@ def check_sampling_params(
     batch = request.batch
     steps = batch.scheduler.num_inference_steps
     if num_inference_steps is not None and num_inference_steps != steps:
-        raise ValueError(f"sampling_params.num_inference_steps={num_inference_steps} but the request's schedule has {steps}.")
+        raise ValueError(
+            f"sampling_params.num_inference_steps={num_inference_steps} but the request's schedule has {steps}."
+        )
     for name, value in (("height", height), ("width", width)):
         if value is not None and value != batch.options[name]:
             raise ValueError(f"sampling_params.{name}={value} but the request's settings say {batch.options[name]}.")
@@ -664,7 +710,9 @@ def check_sampling_params(
             f"not several outputs per prompt."
         )
     if has_latents:
-        raise ValueError("sampling_params.latents is set: the pipeline draws the initial noise from the request's seed.")
+        raise ValueError(
+            "sampling_params.latents is set: the pipeline draws the initial noise from the request's seed."
+        )
     if has_custom_schedule:
         raise ValueError("sampling_params.sigmas/timesteps are set: the schedule comes from the request's settings.")
     if int(batch.options.get("vae_scale_factor", 8)) != int(vae_scale_factor):
@@ -686,7 +734,7 @@ class TransformerView:
     `.parameters()` and a call taking `txt_seq_lens`.
 
     vLLM-omni's `QwenImageTransformer2DModel` has no diffusers `.config`; this view lends it one (the module
-    itself is not modified) so `adapters.qwen_image`'s velocity, initial-noise and conditioning checks run on
+    itself is not modified) so `rollout_consistency.adapters.qwen_image`'s velocity, initial-noise and conditioning checks run on
     it unchanged. Calls go straight to the module; `txt_seq_lens` is passed on only if the module takes it.
     """
 
@@ -713,7 +761,7 @@ class TransformerView:
 class RolloutState:
     """The engine's state of one request (kept in vLLM-omni's `StepRequestState.extra[PAYLOAD_KEY]`).
 
-    `state` is `adapters.stepwise.RequestState` — the PyTorch step-wise path's own per-request state — so
+    `state` is `rollout_consistency.adapters.stepwise.RequestState` — the PyTorch step-wise path's own per-request state — so
     both engines step, record and assemble trajectories with the same functions.
     """
 
@@ -761,7 +809,10 @@ def start_request(
         prompt_group=request.request.prompt_group,
     )
     state = stepwise.RequestState(
-        request=step_request, latents=latents, generator=generator, scheduler=scheduler,
+        request=step_request,
+        latents=latents,
+        generator=generator,
+        scheduler=scheduler,
         record=stepwise.init_window_record(request.window),
     )
     return RolloutState(request=request, state=state, provenance=dict(provenance or {}))
@@ -777,7 +828,7 @@ def batch_noise_pred(transformer: TransformerView | nn.Module, states: Sequence[
 
     Raises:
         ValueError: the requests need different forwards (CFG scale, image size, text width).
-        adapters.pitfalls.MixedDtypeBatchError: a request's latents are not float32.
+        rollout_consistency.adapters.pitfalls.MixedDtypeBatchError: a request's latents are not float32.
     """
     if not states:
         raise ValueError("batch_noise_pred needs at least one running request.")
@@ -788,8 +839,12 @@ def batch_noise_pred(transformer: TransformerView | nn.Module, states: Sequence[
             "them in separate generate calls (vLLM-omni does not key step batches on extra_args)."
         )
     return stepwise.denoise_step(
-        _family(batch), transformer, [s.state for s in states],
-        guidance_scale=batch.guidance_scale, options=batch.options, text_width=batch.text_width,
+        _family(batch),
+        transformer,
+        [s.state for s in states],
+        guidance_scale=batch.guidance_scale,
+        options=batch.options,
+        text_width=batch.text_width,
     )
 
 
@@ -808,7 +863,10 @@ def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
             f"{noise_pred.dtype} {tuple(noise_pred.shape)}: cast the transformer output with .float() before the scheduler."
         )
     stepwise.advance_request(
-        state, noise_pred, noise_level=batch.noise_level, sde_type=batch.sde_type,
+        state,
+        noise_pred,
+        noise_level=batch.noise_level,
+        sde_type=batch.sde_type,
         include_normalizer=batch.include_normalizer,
     )
 
@@ -824,10 +882,19 @@ def finish_request(rollout: RolloutState) -> Trajectory:
         raise ValueError(f"{state.request.request_id} stopped at step {state.step_index} of {state.num_steps}.")
     conditioning = stepwise.stored_conditioning(_family(batch), state.request.conditioning, batch.text_width)
     return stepwise.window_trajectory(
-        state.record, seed=request.request.seed, prompt_group=request.request.prompt_group, conditioning=conditioning,
-        model_family=batch.model_family, scheduler_setup=batch.scheduler, noise_level=batch.noise_level,
-        sde_type=batch.sde_type, guidance_scale=batch.guidance_scale, global_step=request.request.global_step,
-        family_options=batch.options, include_normalizer=batch.include_normalizer, final_latents=state.latents,
+        state.record,
+        seed=request.request.seed,
+        prompt_group=request.request.prompt_group,
+        conditioning=conditioning,
+        model_family=batch.model_family,
+        scheduler_setup=batch.scheduler,
+        noise_level=batch.noise_level,
+        sde_type=batch.sde_type,
+        guidance_scale=batch.guidance_scale,
+        global_step=request.request.global_step,
+        family_options=batch.options,
+        include_normalizer=batch.include_normalizer,
+        final_latents=state.latents,
         provenance={"path": "vllm-omni", **rollout.provenance},
     )
 
@@ -907,7 +974,9 @@ def order_by_sample_index(items: Sequence[tuple[str, Mapping[str, Any]]], count:
         try:
             index = payload["request"]["sample_index"]
         except (KeyError, TypeError) as error:
-            raise ValueError(f"Output {request_id!r} has no echoed sample_index: not a rollout-consistency payload.") from error
+            raise ValueError(
+                f"Output {request_id!r} has no echoed sample_index: not a rollout-consistency payload."
+            ) from error
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
             raise ValueError(f"Output {request_id!r} echoes sample_index {index!r}, outside 0..{count - 1}.")
         prefix = str(request_id).split("_", 1)[0]
@@ -1011,8 +1080,12 @@ class VllmOmniRollout:
         engine_options: Mapping[str, Any] | None = None,
     ):
         kwargs = engine_kwargs(
-            dtype=dtype, step_execution=step_execution, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-            attention_backend=attention_backend, request_batch_max_wait_ms=request_batch_max_wait_ms,
+            dtype=dtype,
+            step_execution=step_execution,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            attention_backend=attention_backend,
+            request_batch_max_wait_ms=request_batch_max_wait_ms,
             engine_options=engine_options,
         )
         path = Path(model_path)
@@ -1035,19 +1108,25 @@ class VllmOmniRollout:
 
     @classmethod
     def from_check_config(cls, config: Any) -> VllmOmniRollout:
-        """The engine a step-1 check (`consistency.CheckConfig`, read by attribute) asks for."""
+        """The engine a step-1 check (`rollout_consistency.CheckConfig`, read by attribute) asks for."""
         if config.model_path is None:
             raise ValueError(
                 "rollout_backend 'vllm-omni' loads a model directory: set model_path to a local diffusers Qwen-Image "
                 "directory (the built-in tiny model is a transformer only, with no text encoder or VAE to serve)."
             )
         schedule = SDEWindowSchedule(
-            kind=config.sde_window_kind, num_steps=config.num_inference_steps, window_size=config.sde_window_size,
+            kind=config.sde_window_kind,
+            num_steps=config.num_inference_steps,
+            window_size=config.sde_window_size,
             window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
         )
         return cls(
-            config.model_path, dtype=config.rollout_dtype, step_execution=config.step_execution,
-            max_num_seqs=config.max_num_seqs, launcher_seed=config.seed, window_schedule=schedule,
+            config.model_path,
+            dtype=config.rollout_dtype,
+            step_execution=config.step_execution,
+            max_num_seqs=config.max_num_seqs,
+            launcher_seed=config.seed,
+            window_schedule=schedule,
         )
 
     def __enter__(self) -> VllmOmniRollout:
@@ -1083,7 +1162,7 @@ class VllmOmniRollout:
         prompts: Sequence[str] | None = None,
         negative_prompts: Sequence[str] | None = None,
     ) -> Trajectory:
-        """Sample a batch on the engine: the same arguments as `adapters.rollout`, the same float32 [`Trajectory`].
+        """Sample a batch on the engine: the same arguments as `rollout_consistency.adapters.rollout`, the same float32 [`Trajectory`].
 
         Rows are in the order of `seeds` (completion order is mapped back). `transformer` is accepted for
         signature compatibility and unused: the engine holds its own copy of the weights from `model_path`.
@@ -1100,16 +1179,31 @@ class VllmOmniRollout:
                 "engine. Run the injection with rollout_backend 'torch'."
             )
         if family is not None and family.name not in SUPPORTED_FAMILIES:
-            raise ValueError(f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(SUPPORTED_FAMILIES)}).")
-        for name, asked, running in (("max_num_seqs", max_num_seqs, self.max_num_seqs),
-                                     ("step_execution", step_execution, self.step_execution)):
+            raise ValueError(
+                f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(SUPPORTED_FAMILIES)})."
+            )
+        for name, asked, running in (
+            ("max_num_seqs", max_num_seqs, self.max_num_seqs),
+            ("step_execution", step_execution, self.step_execution),
+        ):
             if asked is not None and asked != running:
                 raise ValueError(f"The engine was started with {name}={running!r}; this call asks for {asked!r}.")
         request_prompts, extra_args = build_requests(
-            conditioning, scheduler_setup=scheduler_setup, seeds=seeds, window=window, noise_level=noise_level,
-            sde_type=sde_type, guidance_scale=guidance_scale, options=options, prompt_groups=prompt_groups,
-            global_step=global_step, include_normalizer=include_normalizer, text_width=text_width,
-            launcher_seed=self.launcher_seed, window_schedule=self.window_schedule, prompts=prompts,
+            conditioning,
+            scheduler_setup=scheduler_setup,
+            seeds=seeds,
+            window=window,
+            noise_level=noise_level,
+            sde_type=sde_type,
+            guidance_scale=guidance_scale,
+            options=options,
+            prompt_groups=prompt_groups,
+            global_step=global_step,
+            include_normalizer=include_normalizer,
+            text_width=text_width,
+            launcher_seed=self.launcher_seed,
+            window_schedule=self.window_schedule,
+            prompts=prompts,
             negative_prompts=negative_prompts,
         )
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
@@ -1170,6 +1264,6 @@ def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **k
     """
     require_vllm_omni()
     raise ValueError(
-        "adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
+        "rollout_consistency.adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
         "(the checker builds it with VllmOmniRollout.from_check_config(config))."
     )

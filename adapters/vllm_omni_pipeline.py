@@ -4,13 +4,13 @@
 The only module of this project that imports `vllm` / `vllm_omni` at import time. Nothing imports it but
 vLLM-omni itself, through the qualified name in `custom_pipeline_args`::
 
-    Omni(model=path, custom_pipeline_args={"pipeline_class": "adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"},
+    Omni(model=path, custom_pipeline_args={"pipeline_class": "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"},
          enforce_eager=True, step_execution=..., max_num_seqs=...)
 
-(`adapters.vllm_omni.VllmOmniRollout` does exactly that.) The worker re-imports the class, so this package
+(`rollout_consistency.adapters.vllm_omni.VllmOmniRollout` does exactly that.) The worker re-imports the class, so this package
 must be installed in the engine's environment.
 
-The class is a thin shell: every computation is a plain function of `adapters.vllm_omni`, shared with the
+The class is a thin shell: every computation is a plain function of `rollout_consistency.adapters.vllm_omni`, shared with the
 PyTorch step-wise path and tested on the CPU there. It implements both of vLLM-omni's execution modes with
 one code path:
 
@@ -123,7 +123,10 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
         if conditioning is None:
             conditioning = self._encode_text(request, sampling)
         return rc.start_request(
-            request, conditioning, self._view, device=self.device,
+            request,
+            conditioning,
+            self._view,
+            device=self.device,
             provenance={"execution": execution, "vllm_omni": str(vllm_omni.__version__)},
         )
 
@@ -168,7 +171,9 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
         if all(r is None for r in rollouts):
             return super().denoise_step(input_batch, **kwargs)
         if any(r is None for r in rollouts):
-            raise ValueError("A step batch mixes rollout-consistency requests with plain ones; this pipeline serves rollouts only.")
+            raise ValueError(
+                "A step batch mixes rollout-consistency requests with plain ones; this pipeline serves rollouts only."
+            )
         return rc.batch_noise_pred(self._view, rollouts)
 
     def step_scheduler(self, state: StepRequestState, noise_pred: torch.Tensor, **kwargs: Any) -> None:
@@ -191,7 +196,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
     # ------------------------------------------------------------------------------- request mode
     def forward(self, req: DiffusionRequestBatch) -> list[DiffusionOutput]:
         """A wave of requests, stepped together through the same functions as step mode (one output each)."""
-        decoded: list[rc.RolloutRequest | None | Exception] = []
+        decoded: list[rc.RolloutRequest | Exception | None] = []
         for request in req.requests:
             try:
                 decoded.append(self._decode(request.request_id, request.prompt, request.sampling_params))
@@ -201,7 +206,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
             return super().forward(req)
         outputs: list[DiffusionOutput | None] = [None] * req.num_reqs
         running: list[tuple[int, rc.RolloutState]] = []
-        for index, (request, item) in enumerate(zip(req.requests, decoded)):
+        for index, (request, item) in enumerate(zip(req.requests, decoded, strict=False)):
             try:
                 if isinstance(item, Exception):
                     raise item

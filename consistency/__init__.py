@@ -3,7 +3,7 @@
 
 Step-1 check (docs/checker.md)::
 
-    from consistency import CheckConfig, run_step1_check
+    from rollout_consistency import CheckConfig, run_step1_check
 
     report = run_step1_check(CheckConfig(model_family="qwen-image", profile="exact"))
     print(report.format_table())
@@ -36,15 +36,15 @@ from .verdict import CheckResult, Problem, Verdict, decide
 
 # name -> module of the training tools, loaded lazily (torch-heavy).
 _LAZY = {
-    "check_recompute_consistency": "consistency.recompute",
-    "RecomputeReport": "consistency.recompute",
-    "checkpoint": "consistency.checkpointing",
-    "NanCapture": "consistency.nan_capture",
-    "replay": "consistency.nan_capture",
-    "load_capture": "consistency.nan_capture",
-    "audit_precision": "consistency.precision",
-    "diff_precision_reports": "consistency.precision",
-    "PrecisionReport": "consistency.precision",
+    "check_recompute_consistency": "rollout_consistency.recompute",
+    "RecomputeReport": "rollout_consistency.recompute",
+    "checkpoint": "rollout_consistency.checkpointing",
+    "NanCapture": "rollout_consistency.nan_capture",
+    "replay": "rollout_consistency.nan_capture",
+    "load_capture": "rollout_consistency.nan_capture",
+    "audit_precision": "rollout_consistency.precision",
+    "diff_precision_reports": "rollout_consistency.precision",
+    "PrecisionReport": "rollout_consistency.precision",
 }
 
 __all__ = [

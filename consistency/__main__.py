@@ -1,6 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`python -m consistency` runs the command line (see consistency/cli.py)."""
+"""`python -m rollout_consistency` runs the command line (see consistency/cli.py)."""
 
-from consistency.cli import main
+from rollout_consistency.cli import main
 
 raise SystemExit(main())

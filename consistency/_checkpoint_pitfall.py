@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from consistency.rng_state import isolated_rng
+from rollout_consistency.rng_state import isolated_rng
 
-__all__ = ["rng_unsafe_checkpoint", "ToyDenoiser", "toy_flow_matching_batch", "toy_case"]
+__all__ = ["ToyDenoiser", "rng_unsafe_checkpoint", "toy_case", "toy_flow_matching_batch"]
 
 
 class _RngUnsafeCheckpoint(torch.autograd.Function):
@@ -49,11 +49,9 @@ class _RngUnsafeCheckpoint(torch.autograd.Function):
             outputs = ctx.run_function(*inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        pairs = [(out, grad) for out, grad in zip(outputs, grad_outputs) if out.requires_grad]
+        pairs = [(out, grad) for out, grad in zip(outputs, grad_outputs, strict=False) if out.requires_grad]
         torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
-        input_grads = tuple(
-            inp.grad if isinstance(inp, torch.Tensor) and inp.requires_grad else None for inp in inputs
-        )
+        input_grads = tuple(inp.grad if isinstance(inp, torch.Tensor) and inp.requires_grad else None for inp in inputs)
         return (None, *input_grads)
 
 

@@ -5,9 +5,9 @@
 tiny model, or the same checkpoint — and [`run_batch`] (a worker's work) does one rollout batch:
 
 1. the rollout backend samples the batch (``torch``: the diffusers adapters, request-level or step-wise;
-   ``vllm-omni``: `adapters.vllm_omni`) into a float32 trajectory;
+   ``vllm-omni``: `rollout_consistency.adapters.vllm_omni`) into a float32 trajectory;
 2. the trainer recomputes every stored window step, micro-batch by micro-batch, with its own attention
-   kernel and dtype (the PyTorch training adapter, `adapters.denoise.recompute_log_probs`);
+   kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.denoise.recompute_log_probs`);
 3. for the ``calibrated`` profile it recomputes once more with the other attention kernel (the floor).
 
 Both are plain functions of picklable arguments, so the in-process path and a Ray actor run the very same
@@ -70,8 +70,16 @@ def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchR
     """A batch whose rollout could not run: no entries, the reason recorded (the check then FAILs)."""
     empty = np.zeros((0, config.sde_window_size), dtype=np.float32)
     return BatchResult(
-        batch=batch.index, sample_indices=(), rollout_log_probs=empty, trainer_log_probs=empty, floor_log_probs=None,
-        timesteps=empty, window_starts=(), prompt_groups=(), seeds=(), problems=(problem,),
+        batch=batch.index,
+        sample_indices=(),
+        rollout_log_probs=empty,
+        trainer_log_probs=empty,
+        floor_log_probs=None,
+        timesteps=empty,
+        window_starts=(),
+        prompt_groups=(),
+        seeds=(),
+        problems=(problem,),
     )
 
 
@@ -79,7 +87,7 @@ def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchR
 # Model families: how the check builds a family's model, schedule and conditioning.
 @dataclass(frozen=True)
 class FamilyKit:
-    """Per-family construction the checker needs on top of `adapters.denoise.ModelFamily`.
+    """Per-family construction the checker needs on top of `rollout_consistency.adapters.denoise.ModelFamily`.
 
     Attributes:
         name: the family id.
@@ -103,7 +111,7 @@ class FamilyKit:
 
 
 def _qwen_image_kit() -> FamilyKit:
-    import adapters
+    from rollout_consistency import adapters
 
     def load(path, dtype, device):
         return adapters.load_qwen_image(path, dtype=dtype, device=device, seed=0)
@@ -150,8 +158,8 @@ def _qwen_image_kit() -> FamilyKit:
 
 def _clip_t5_kit(name: str) -> FamilyKit:
     """SD3 and FLUX: fixed-length T5 sequence + pooled CLIP vector, no text mask."""
-    import adapters
-    from adapters import tiny_sd3_flux
+    from rollout_consistency import adapters
+    from rollout_consistency.adapters import tiny_sd3_flux
 
     module = adapters.sd3 if name == "sd3" else adapters.flux
     loader = tiny_sd3_flux.load_sd3 if name == "sd3" else tiny_sd3_flux.load_flux
@@ -185,7 +193,11 @@ def _clip_t5_kit(name: str) -> FamilyKit:
                 continue
             if name == "sd3":
                 embeds, _, pooled, _ = enc.encode_prompt(
-                    list(texts), None, None, do_classifier_free_guidance=False, max_sequence_length=config.max_sequence_length
+                    list(texts),
+                    None,
+                    None,
+                    do_classifier_free_guidance=False,
+                    max_sequence_length=config.max_sequence_length,
                 )
             else:
                 embeds, pooled, _ = enc.encode_prompt(list(texts), None, max_sequence_length=config.max_sequence_length)
@@ -202,7 +214,9 @@ def _clip_t5_kit(name: str) -> FamilyKit:
     return FamilyKit(
         name=name,
         load_transformer=lambda path, dtype, device: loader(path, dtype=dtype, device=device, seed=0),
-        scheduler_config=lambda path: dict(default_scheduler) if path is None else adapters.load_qwen_image_scheduler_config(path),
+        scheduler_config=lambda path: (
+            dict(default_scheduler) if path is None else adapters.load_qwen_image_scheduler_config(path)
+        ),
         make_encoder=encoder,
         conditioning=conditioning,
         options=options,
@@ -308,7 +322,7 @@ def load_rollout_engine(config: CheckConfig) -> Any:
     """
     if config.rollout_backend != "vllm-omni":
         return None
-    from adapters import vllm_omni  # imports no vLLM: only the engine does, when it starts
+    from rollout_consistency.adapters import vllm_omni  # imports no vLLM: only the engine does, when it starts
 
     try:
         vllm_omni.require_vllm_omni()
@@ -326,8 +340,8 @@ def build_backend(config: CheckConfig) -> Backend:
     With the ``torch`` rollout both sides load the same seeded tiny model (or the same `model_path`) and, when
     their dtypes agree, share one module. With ``vllm-omni`` the engine holds its own copy of `model_path`.
     """
-    import adapters
-    from adapters.pitfalls import Injection
+    from rollout_consistency import adapters
+    from rollout_consistency.adapters.pitfalls import Injection
 
     engine = load_rollout_engine(config)  # first: a missing package is the first thing to fix
     device = resolve_device(config.device)
@@ -380,8 +394,8 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """Roll out one batch and recompute it on the trainer side (a worker's work; see the module docstring)."""
     import torch
 
-    from adapters.pitfalls import MixedDtypeBatchError
-    from schedulers import SDEWindow
+    from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
+    from rollout_consistency.schedulers import SDEWindow
 
     config = backend.config
     samples = batch.samples
@@ -407,7 +421,11 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     forwards["rollout"] = last * cfg_passes
 
     return score_trajectory(
-        backend, trajectory, batch=batch.index, sample_indices=batch.sample_indices, seconds=seconds,
+        backend,
+        trajectory,
+        batch=batch.index,
+        sample_indices=batch.sample_indices,
+        seconds=seconds,
         forwards=forwards,
     )
 
@@ -460,7 +478,7 @@ def score_trajectory(
 
 
 def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
-    import adapters
+    from rollout_consistency import adapters
 
     config = backend.config
     common = dict(
@@ -478,8 +496,12 @@ def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
     if backend.rollout_engine is not None:
         # The engine encodes nothing itself here: it gets the conditioning the trainer will re-score.
         return backend.rollout_engine.rollout(
-            backend.family, None, conditioning, max_num_seqs=config.max_num_seqs,
-            step_execution=config.step_execution, **common,
+            backend.family,
+            None,
+            conditioning,
+            max_num_seqs=config.max_num_seqs,
+            step_execution=config.step_execution,
+            **common,
         )
     if config.step_execution:
         return _rollout_stepwise(backend, conditioning, seeds, groups, windows, guidance)
@@ -493,7 +515,7 @@ def _rollout_stepwise(backend: Backend, conditioning, seeds, groups, windows, gu
     conditioning then has the width the rollout's forwards had, so the trainer recomputes the same
     computation (a forward padded to another width differs in the last bits).
     """
-    from adapters import stepwise
+    from rollout_consistency.adapters import stepwise
 
     config = backend.config
     rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(len(seeds))]
@@ -501,10 +523,14 @@ def _rollout_stepwise(backend: Backend, conditioning, seeds, groups, windows, gu
     # every forward at >= 2 rows: this CPU build takes another kernel for a single row).
     requests = [
         stepwise.StepwiseRequest(
-            request_id=f"sample-{index}", seed=seed, conditioning=row, window=window, prompt_group=group,
+            request_id=f"sample-{index}",
+            seed=seed,
+            conditioning=row,
+            window=window,
+            prompt_group=group,
             arrival=index // 2 if config.stagger_arrivals else 0,
         )
-        for index, (seed, row, window, group) in enumerate(zip(seeds, rows, windows, groups))
+        for index, (seed, row, window, group) in enumerate(zip(seeds, rows, windows, groups, strict=False))
     ]
     return stepwise.run_stepwise(
         backend.family,
@@ -526,7 +552,7 @@ def recompute(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
     """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
     import torch
 
-    import adapters
+    from rollout_consistency import adapters
 
     micro = backend.config.resolved_micro_batch_size
     parts = []

@@ -10,7 +10,7 @@ Two modes:
 * **sampling** (default): the rollout backend samples ``num_prompts × num_images_per_prompt`` rollouts in
   batches of ``rollout_batch_size``; each batch is one unit of work for a worker (in this process, or a Ray
   actor with ``workers > 1`` / ``ray_address``), so the report does not depend on the number of workers;
-* **trajectory** (``config.trajectory``): a saved `adapters.Trajectory` file — any trainer's dump of its
+* **trajectory** (``config.trajectory``): a saved `rollout_consistency.adapters.Trajectory` file — any trainer's dump of its
   step-1 rollout — is re-scored by the trainer backend.
 
 Fails closed: a shape mismatch, NaN/Inf, a missing step, an empty batch, a dead worker, split windows
@@ -73,7 +73,8 @@ def run_step1_check(config: CheckConfig | None = None, **overrides: Any) -> Repo
         if changed:
             config = config.replace(**changed)
             notes.append(
-                f"--inject {config.inject}: set " + ", ".join(f"{k}={v}" for k, v in changed.items())
+                f"--inject {config.inject}: set "
+                + ", ".join(f"{k}={v}" for k, v in changed.items())
                 + " so that the pitfall can show"
             )
     if config.trajectory is not None:
@@ -115,7 +116,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     metrics, tolerance = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
-        for s, start_ in zip(returned, starts)
+        for s, start_ in zip(returned, starts, strict=False)
     )
     run = _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start)
     precision = _first_precision(results)
@@ -133,7 +134,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
 
 
 def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:
-    from adapters import Trajectory, TrajectoryFormatError
+    from rollout_consistency.adapters import Trajectory, TrajectoryFormatError
 
     try:
         trajectory = Trajectory.load(config.trajectory)
@@ -144,7 +145,9 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     # Only the trainer side is built: the rollout side is the file.
     # The profile stays the one the named rollout backend implies (a vLLM-omni dump is gated at `kernel`).
     config = config.replace(
-        model_family=trajectory.model_family, rollout_dtype=config.trainer_dtype, rollout_backend="torch",
+        model_family=trajectory.model_family,
+        rollout_dtype=config.trainer_dtype,
+        rollout_backend="torch",
         profile=config.resolved_profile,
     )
     if config.workers > 1 or config.ray_address is not None:
@@ -264,7 +267,11 @@ def _progress_bar(config: CheckConfig, total: int) -> Any:
 
 
 def _run_info(
-    config: CheckConfig, mode: str, workers: int, timings: Mapping[str, float], results: Sequence[BatchResult],
+    config: CheckConfig,
+    mode: str,
+    workers: int,
+    timings: Mapping[str, float],
+    results: Sequence[BatchResult],
     start: float,
 ) -> dict[str, Any]:
     """`report.run`: execution mode, workers, forwards and seconds by stage (summed over batches), environment."""

@@ -1,5 +1,5 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Command line: `rollout-consistency <command>` (also `python -m consistency <command>`).
+"""Command line: `rollout-consistency <command>` (also `python -m rollout_consistency <command>`).
 
 Exit codes for every command: 0 pass, 1 fail, 2 usage error (bad arguments, unloadable spec or file).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
-from consistency.config import (
+from rollout_consistency.config import (
     DEVICES,
     DTYPES,
     INJECTIONS,
@@ -33,9 +33,9 @@ from consistency.config import (
     ConfigError,
     load_config,
 )
-from consistency.tolerances import METRIC_NAMES, PROFILES
+from rollout_consistency.tolerances import METRIC_NAMES, PROFILES
 
-__all__ = ["main", "UsageError"]
+__all__ = ["UsageError", "main"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -103,7 +103,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _load_spec(spec: str) -> Any:
-    from consistency.object_spec import SpecError, load_object
+    from rollout_consistency.object_spec import SpecError, load_object
 
     try:
         return load_object(spec)
@@ -112,7 +112,7 @@ def _load_spec(spec: str) -> Any:
 
 
 def _call_factory(factory: Any, spec: str, optional: dict[str, Any], required: dict[str, Any]) -> Any:
-    from consistency.object_spec import SpecError, call_with_supported_kwargs
+    from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs
 
     if not callable(factory):
         return factory  # the spec named the object itself
@@ -157,7 +157,7 @@ def _read_json(path: str) -> Any:
 
 
 _CHECKPOINT_CHOICES = {
-    "consistency": "consistency.checkpointing.checkpoint (torch non-reentrant, RNG preserved) [default]",
+    "consistency": "rollout_consistency.checkpointing.checkpoint (torch non-reentrant, RNG preserved) [default]",
     "torch": "torch.utils.checkpoint.checkpoint(use_reentrant=False)",
     "torch-reentrant": "torch.utils.checkpoint.checkpoint(use_reentrant=True)",
 }
@@ -176,7 +176,7 @@ def _add_recompute_parser(subparsers: Any) -> None:
             "'segments' (submodule names/patterns to checkpoint) and 'set_checkpointing' (fn(module, "
             "checkpoint_fn or None)); a (module, inputs) or (module, inputs, loss_fn) tuple also works."
         ),
-        epilog="Example: rollout-consistency recompute consistency._checkpoint_pitfall:toy_case --arg dropout=0.3",
+        epilog="Example: rollout-consistency recompute rollout_consistency._checkpoint_pitfall:toy_case --arg dropout=0.3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", metavar="SPEC", help="factory spec, 'package.module:factory' or 'file.py:factory'")
@@ -210,7 +210,7 @@ def _resolve_checkpoint(name: str) -> Callable[..., Any]:
 
     import torch.utils.checkpoint
 
-    from consistency.checkpointing import checkpoint
+    from rollout_consistency.checkpointing import checkpoint
 
     if name == "consistency":
         return checkpoint
@@ -233,7 +233,7 @@ def _recompute_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[
 
     case = _call_factory(_load_spec(spec), spec, optional={"seed": seed}, required=factory_args)
     if isinstance(case, tuple) and len(case) in (2, 3):
-        case = dict(zip(("module", "inputs", "loss_fn"), case))
+        case = dict(zip(("module", "inputs", "loss_fn"), case, strict=False))
     if not isinstance(case, dict) or "module" not in case or "inputs" not in case:
         raise UsageError(
             f"{spec} must return a mapping with 'module' and 'inputs' (or a (module, inputs[, loss_fn]) tuple), "
@@ -248,7 +248,7 @@ def _recompute_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[
 
 
 def _run_recompute(args: argparse.Namespace) -> int:
-    from consistency.recompute import check_recompute_consistency
+    from rollout_consistency.recompute import check_recompute_consistency
 
     case = _recompute_case(args.spec, args.seed, _parse_factory_args(args.arg))
     checkpoint_fn = _resolve_checkpoint(args.checkpoint)
@@ -315,7 +315,7 @@ def _add_precision_parser(subparsers: Any) -> None:
 
 
 def _run_precision(args: argparse.Namespace) -> int:
-    from consistency.precision import PrecisionReport, audit_precision, diff_precision_reports
+    from rollout_consistency.precision import PrecisionReport, audit_precision, diff_precision_reports
 
     if args.diff:
         if args.spec:
@@ -376,7 +376,7 @@ def _add_check_parser(subparsers: Any) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from consistency.check import USAGE_ERRORS
+    from rollout_consistency.check import USAGE_ERRORS
 
     try:
         return _run_check_command(args)
@@ -448,11 +448,15 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag (default: not given), plus --config and the output flags."""
-    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of settings (keys as below, with underscores)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML or TOML file of settings (keys as below, with underscores)"
+    )
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
     outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
-    outputs.add_argument("--plot", metavar="PATH", help="write a PNG of per-timestep |dlogp| and ratio with the tolerance band")
+    outputs.add_argument(
+        "--plot", metavar="PATH", help="write a PNG of per-timestep |dlogp| and ratio with the tolerance band"
+    )
     outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
     settings = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")
     defaults = CheckConfig()
@@ -484,7 +488,7 @@ def _show(value: Any) -> str:
 
 
 def _flag_type(name: str, default: Any):
-    if name in ("micro_batch_size",) or isinstance(default, int) and not isinstance(default, bool):
+    if name in ("micro_batch_size",) or (isinstance(default, int) and not isinstance(default, bool)):
         return int
     if name in ("clip_ratio_low", "clip_ratio_high") or isinstance(default, float):
         return float
@@ -503,7 +507,7 @@ def config_from_args(args: argparse.Namespace) -> CheckConfig:
 
 
 def _parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
-    from consistency.tolerances import closest_name
+    from rollout_consistency.tolerances import closest_name
 
     out: dict[str, float | None] = {}
     for pair in pairs:
@@ -529,15 +533,19 @@ def _run_check_command(args: argparse.Namespace) -> int:
     """Run the check for a parsed command line: print the table, write outputs, return the exit code.
 
     Raises:
-        ConfigError (and the other `consistency.check.USAGE_ERRORS`): bad settings — the caller maps them to
+        ConfigError (and the other `rollout_consistency.check.USAGE_ERRORS`): bad settings — the caller maps them to
         exit code 2.
     """
     config = config_from_args(args)
-    from consistency.check import run_step1_check
+    from rollout_consistency.check import run_step1_check
 
     report = run_step1_check(config)
     print(report.format_table(per_sample=args.per_sample))
-    for path, write in ((args.json, report.write_json), (args.junit, report.write_junit), (args.plot, report.write_plot)):
+    for path, write in (
+        (args.json, report.write_json),
+        (args.junit, report.write_junit),
+        (args.plot, report.write_plot),
+    ):
         if path:
             try:
                 write(path)
@@ -545,6 +553,7 @@ def _run_check_command(args: argparse.Namespace) -> int:
                 raise ConfigError(f"cannot write {path}: {error}") from error
             print(f"wrote {path}", file=sys.stderr)
     return EXIT_PASS if report.passed else EXIT_FAIL
+
 
 # Registration order is the order in `--help`; the step-1 `check` command goes first.
 _COMMANDS: list[Callable[[Any], None]] = [_add_check_parser, _add_recompute_parser, _add_precision_parser]

@@ -35,11 +35,19 @@ MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
 ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
 TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-SDE_TYPES: tuple[str, ...] = ("sde", "cps", "dance_sde")  # schedulers.SDE_TYPES, without importing torch
-WINDOW_KINDS: tuple[str, ...] = ("fixed", "random", "progressive")  # schedulers.sde_window.WINDOW_KINDS
+SDE_TYPES: tuple[str, ...] = (
+    "sde",
+    "cps",
+    "dance_sde",
+)  # rollout_consistency.schedulers.SDE_TYPES, without importing torch
+WINDOW_KINDS: tuple[str, ...] = (
+    "fixed",
+    "random",
+    "progressive",
+)  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 
-#: Stock behaviours the check can switch on to show a failing run (`adapters.pitfalls.INJECTION_NAMES`), each
+#: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
 #: with the settings (by `CheckConfig` field name) its pitfall needs to show (DESIGN.md §1). A run with these
 #: settings and no injection is the pitfall's *fixed* path.
 INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
@@ -49,13 +57,24 @@ INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     # noise_level 0.1 and a window on the late steps, where DESIGN.md's signature (ratio_mean < 1, all
     # clipping on the lower side) shows as it does on full-size latents.
     "bf16-latents": {
-        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16",
-        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
+        "rollout_dtype": "bfloat16",
+        "trainer_dtype": "bfloat16",
+        "height": 256,
+        "width": 256,
+        "noise_level": 0.1,
+        "num_inference_steps": 10,
+        "sde_window_range": (5, 10),
     },
     # The step-wise path only, with low-precision weights (same visibility settings as above).
     "stepwise-bf16": {
-        "rollout_dtype": "bfloat16", "trainer_dtype": "bfloat16", "step_execution": True,
-        "height": 256, "width": 256, "noise_level": 0.1, "num_inference_steps": 10, "sde_window_range": (5, 10),
+        "rollout_dtype": "bfloat16",
+        "trainer_dtype": "bfloat16",
+        "step_execution": True,
+        "height": 256,
+        "width": 256,
+        "noise_level": 0.1,
+        "num_inference_steps": 10,
+        "sde_window_range": (5, 10),
     },
     # mask.sum() differs from the padded width only when embeddings are padded past the longest prompt, and
     # the wrong RoPE only matters when padded text keys reach attention (no key-padding mask).
@@ -264,7 +283,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         elif extension == ".toml":
             data = _load_toml(path)
         else:
-            raise ConfigError(f"config file {path!r}: use a .yaml, .yml or .toml file (got {extension or 'no extension'!r}).")
+            raise ConfigError(
+                f"config file {path!r}: use a .yaml, .yml or .toml file (got {extension or 'no extension'!r})."
+            )
     except ConfigError:
         raise
     except Exception as error:  # yaml.YAMLError, tomllib.TOMLDecodeError
@@ -332,16 +353,34 @@ def _reject_unknown(data: Mapping[str, Any], source: str) -> None:
 
 
 _INT_FIELDS = {
-    "max_num_seqs", "num_prompts", "num_images_per_prompt", "height", "width", "num_inference_steps",
-    "max_sequence_length", "sde_window_size", "seed", "global_step", "rollout_batch_size", "workers",
+    "max_num_seqs",
+    "num_prompts",
+    "num_images_per_prompt",
+    "height",
+    "width",
+    "num_inference_steps",
+    "max_sequence_length",
+    "sde_window_size",
+    "seed",
+    "global_step",
+    "rollout_batch_size",
+    "workers",
 }
 _OPTIONAL_INT_FIELDS = {"micro_batch_size"}
 _FLOAT_FIELDS = {"noise_level", "guidance_scale", "true_cfg_scale", "clip_ratio", "calibration_multiple"}
 _OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
 _BOOL_FIELDS = {"step_execution", "stagger_arrivals", "progress", "pad_prompts_to_max_length", "mask_text_padding"}
 _STR_FIELDS = {
-    "model_family", "rollout_backend", "trainer_backend", "rollout_attention", "trainer_attention",
-    "rollout_dtype", "trainer_dtype", "device", "sde_type", "sde_window_kind",
+    "model_family",
+    "rollout_backend",
+    "trainer_backend",
+    "rollout_attention",
+    "trainer_attention",
+    "rollout_dtype",
+    "trainer_dtype",
+    "device",
+    "sde_type",
+    "sde_window_kind",
 }
 _OPTIONAL_STR_FIELDS = {"model_path", "profile", "inject", "trajectory", "ray_address", "calibration_attention"}
 
@@ -375,7 +414,11 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"setting 'prompts' must be a list of non-empty strings, got {value!r}.")
         return tuple(value)
     if name == "sde_window_range":
-        if isinstance(value, str) or len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if (
+            isinstance(value, str)
+            or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             raise ConfigError(f"setting 'sde_window_range' must be two integers [low, high), got {value!r}.")
         return (int(value[0]), int(value[1]))
     if name == "thresholds":
@@ -419,8 +462,18 @@ def _validate(config: CheckConfig) -> None:
         _choice("profile", config.profile, PROFILES)
     if config.inject is not None:
         _choice("inject", config.inject, INJECTIONS)
-    for name in ("max_num_seqs", "num_prompts", "num_images_per_prompt", "height", "width", "num_inference_steps",
-                 "max_sequence_length", "sde_window_size", "rollout_batch_size", "workers"):
+    for name in (
+        "max_num_seqs",
+        "num_prompts",
+        "num_images_per_prompt",
+        "height",
+        "width",
+        "num_inference_steps",
+        "max_sequence_length",
+        "sde_window_size",
+        "rollout_batch_size",
+        "workers",
+    ):
         if getattr(config, name) < 1:
             raise ConfigError(f"setting {name!r} must be >= 1, got {getattr(config, name)}.")
     if config.global_step < 0:

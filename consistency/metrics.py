@@ -268,7 +268,7 @@ def compute_metrics(
     missing = tuple(
         MissingStep(int(b), int(w), side)
         for side, where in (("trainer", r_mask & ~t_mask), ("rollout", t_mask & ~r_mask))
-        for b, w in zip(*np.nonzero(where))
+        for b, w in zip(*np.nonzero(where), strict=False)
     )
     missing = tuple(sorted(missing, key=lambda m: (m.sample, m.position, m.missing_on)))
     valid = r_mask & t_mask
@@ -277,7 +277,7 @@ def compute_metrics(
             (
                 NonFiniteEntry(int(b), int(w), side, _name_nonfinite(table[b, w]))
                 for side, table in (("rollout", rollout), ("trainer", trainer))
-                for b, w in zip(*np.nonzero(valid & ~np.isfinite(table)))
+                for b, w in zip(*np.nonzero(valid & ~np.isfinite(table)), strict=False)
             ),
             key=lambda e: (e.sample, e.position, e.side),
         )
@@ -296,7 +296,7 @@ def compute_metrics(
     overall = overall_values[0] if overall_values else _empty_values()
 
     by_position = []
-    for pos, values in zip(*_aggregate_groups(entries, cell=(micro, position), group=position)):
+    for pos, values in zip(*_aggregate_groups(entries, cell=(micro, position), group=position), strict=False):
         ts = None
         if steps is not None:
             seen = np.unique(steps[sample_idx[position == pos], pos])
@@ -308,14 +308,14 @@ def compute_metrics(
         step_values = steps[sample_idx, position]
         # Group by the exact float64 value (bit pattern of the float32 timestep) — no rounding merges.
         keys, inverse = np.unique(step_values, return_inverse=True)
-        for key_index, values in zip(*_aggregate_groups(entries, cell=(micro, inverse), group=inverse)):
+        for key_index, values in zip(*_aggregate_groups(entries, cell=(micro, inverse), group=inverse), strict=False):
             positions = np.unique(position[inverse == key_index])
             pos = int(positions[0]) if positions.size == 1 else None
             by_timestep.append(StepMetrics(pos, float(keys[key_index]), values))
         # Denoising order: high noise (large t) first.
         by_timestep.sort(key=lambda s: -s.timestep)  # type: ignore[operator]
 
-    per_sample = dict(zip(*_aggregate_groups(entries, cell=(sample_idx,), group=sample_idx)))
+    per_sample = dict(zip(*_aggregate_groups(entries, cell=(sample_idx,), group=sample_idx), strict=False))
     by_sample = [SampleMetrics(b, per_sample.get(b, _empty_values())) for b in range(batch)]
 
     return ConsistencyMetrics(
@@ -447,7 +447,9 @@ def _aggregate_groups(
         for metric, key in _MEAN_OF.items():
             cell_means[metric] = np.bincount(cell_id, weights=entries[key], minlength=n_cells) / counts
         deviation = entries["ratio"] - cell_means["ratio_mean"][cell_id]
-        cell_means["ratio_std"] = np.sqrt(np.bincount(cell_id, weights=deviation * deviation, minlength=n_cells) / counts)
+        cell_means["ratio_std"] = np.sqrt(
+            np.bincount(cell_id, weights=deviation * deviation, minlength=n_cells) / counts
+        )
         for metric, values in cell_means.items():
             figures[metric] = np.bincount(cell_group, weights=values, minlength=n_groups) / cells_per_group
         # np.maximum propagates NaN: a NaN entry makes the max NaN, never hides behind a finite one.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpecError", "load_object", "call_with_supported_kwargs"]
+__all__ = ["SpecError", "call_with_supported_kwargs", "load_object"]
 
 
 class SpecError(ValueError):

@@ -3,7 +3,7 @@
 
 Everything here is a pure function of the [`CheckConfig`]: sample ``i`` renders prompt ``i // n`` (``n`` =
 ``num_images_per_prompt``) in prompt group ``i // n``; its seed is derived from the launcher's ``seed``, the
-``global_step`` and ``i`` only; its window is the group's, drawn by ``schedulers.SDEWindowSchedule`` from
+``global_step`` and ``i`` only; its window is the group's, drawn by ``rollout_consistency.schedulers.SDEWindowSchedule`` from
 (seed, global_step, group). Rollout batches are consecutive runs of ``rollout_batch_size`` samples. A
 batch is the unit of work a worker receives, so the same batches — the same forwards, bit for bit — are
 computed whether one worker or sixteen run the check.
@@ -62,7 +62,7 @@ def sample_seed(seed: int, global_step: int, index: int) -> int:
 
 def make_plan(config: CheckConfig) -> tuple[BatchSpec, ...]:
     """The rollout batches of a check, in global sample order."""
-    from schedulers import SDEWindowSchedule
+    from rollout_consistency.schedulers import SDEWindowSchedule
 
     schedule = SDEWindowSchedule(
         kind=config.sde_window_kind,
@@ -108,7 +108,7 @@ def window_problems(
     """
     problems = []
     by_group: dict[int, set[int]] = {}
-    for start, group in zip(starts, groups):
+    for start, group in zip(starts, groups, strict=False):
         by_group.setdefault(group, set()).add(int(start))
     split = {g: sorted(s) for g, s in by_group.items() if len(s) > 1}
     if split:
@@ -116,10 +116,14 @@ def window_problems(
         problems.append(
             f"{len(split)} prompt group(s) whose rollouts used different SDE windows ({shown}): every rollout of a "
             f"group must share one window, or the group's reward spread measures timestep bias, not the policy. "
-            f"Draw the window per prompt group from the launcher's seed (schedulers.draw_sde_window)."
+            f"Draw the window per prompt group from the launcher's seed (rollout_consistency.schedulers.draw_sde_window)."
         )
     if expected is not None:
-        off = [(s.index, s.window_start, int(start)) for s, start in zip(expected, starts) if s.window_start != int(start)]
+        off = [
+            (s.index, s.window_start, int(start))
+            for s, start in zip(expected, starts, strict=False)
+            if s.window_start != int(start)
+        ]
         if off:
             shown = ", ".join(f"sample {i}: expected start {e}, got {g}" for i, e, g in off[:4])
             problems.append(

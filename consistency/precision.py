@@ -27,23 +27,23 @@ import os
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = [
     "DETECT",
+    "PrecisionDiff",
     "PrecisionFinding",
     "PrecisionReport",
     "SettingDifference",
-    "PrecisionDiff",
     "audit_precision",
-    "precision_findings",
     "diff_precision_reports",
+    "precision_findings",
 ]
 
-JSONValue = Union[None, bool, int, float, str, dict[str, int]]
+JSONValue = None | bool | int | float | str | dict[str, int]
 SEVERITIES = ("error", "warning", "info")
 _SEVERITY_ORDER = {severity: index for index, severity in enumerate(SEVERITIES)}
 #: Fixed keys of one `PrecisionDiff.to_dict()` difference entry; the two sides' values sit beside them.
@@ -207,7 +207,7 @@ def audit_precision(
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,
     *,
-    autocast_dtype: torch.dtype | None | str = DETECT,
+    autocast_dtype: torch.dtype | str | None = DETECT,
     device: str | torch.device | None = None,
     label: str = "",
 ) -> PrecisionReport:
@@ -333,7 +333,7 @@ def _attention_settings() -> dict[str, JSONValue]:
     }
 
 
-def _autocast_settings(device_type: str, autocast_dtype: torch.dtype | None | str) -> dict[str, JSONValue]:
+def _autocast_settings(device_type: str, autocast_dtype: torch.dtype | str | None) -> dict[str, JSONValue]:
     if isinstance(autocast_dtype, str):
         if autocast_dtype != DETECT:
             raise ValueError(f"autocast_dtype must be a torch.dtype, None or DETECT, got {autocast_dtype!r}")
@@ -445,8 +445,7 @@ def precision_findings(settings: Mapping[str, JSONValue]) -> tuple[PrecisionFind
             "error",
             f"bfloat16 on {settings.get('device.name')} (compute capability {settings.get('device.capability')}), "
             "which has no native bfloat16: it is emulated, slowly, or fails in some kernels",
-            "use float16 autocast with a GradScaler on this GPU, or run on compute capability >= 8.0 "
-            "(Ampere or newer)",
+            "use float16 autocast with a GradScaler on this GPU, or run on compute capability >= 8.0 (Ampere or newer)",
         )
     if autocast is not None and half_params:
         add(
@@ -705,9 +704,7 @@ def diff_precision_reports(
         value_a, value_b = a.settings.get(key), b.settings.get(key)
         if in_a and in_b and _same(value_a, value_b):
             continue
-        severity, why, fix = _SETTING_NOTES.get(
-            key, ("warning", "setting differs", "set it identically on both sides")
-        )
+        severity, why, fix = _SETTING_NOTES.get(key, ("warning", "setting differs", "set it identically on both sides"))
         if not (in_a and in_b):
             severity, why = "info", f"recorded on the {labels[0] if in_a else labels[1]} side only"
             fix = "audit the same objects (model, optimizer, scaler) on both sides to compare this setting"

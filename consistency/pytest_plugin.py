@@ -5,7 +5,7 @@ Installed with the package (entry point ``pytest11: rollout_consistency``), so a
 environment with ``rollout-consistency`` installed can use, with no import:
 
 * the ``step1_check`` fixture — a function ``step1_check(config=None, **settings) -> Report`` that runs
-  `consistency.run_step1_check` and **fails the test** (with the table and every reason) unless it passes::
+  `rollout_consistency.run_step1_check` and **fails the test** (with the table and every reason) unless it passes::
 
       def test_rollout_matches_trainer(step1_check):
           step1_check(model_path="checkpoints/step0", rollout_backend="vllm-omni", device="cuda")
@@ -38,8 +38,12 @@ MARKER = "step1_check"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rollout-consistency", "rollout-consistency step-1 check")
-    group.addoption("--step1-config", metavar="FILE", default=None, help="YAML/TOML settings for the step1_check fixture")
-    group.addoption("--step1-report-dir", metavar="DIR", default=None, help="write each step-1 report (JSON, JUnit) here")
+    group.addoption(
+        "--step1-config", metavar="FILE", default=None, help="YAML/TOML settings for the step1_check fixture"
+    )
+    group.addoption(
+        "--step1-report-dir", metavar="DIR", default=None, help="write each step-1 report (JSON, JUnit) here"
+    )
     parser.addini("step1_config", "YAML/TOML settings for the step1_check fixture", default="")
     parser.addini("step1_report_dir", "directory for step-1 reports (JSON, JUnit)", default="")
 
@@ -64,14 +68,14 @@ def step1_check(request: pytest.FixtureRequest):
     Call as ``step1_check(config=None, **settings)``: `config` is a `CheckConfig` (default: the
     ``--step1-config`` file, else the built-in defaults), `settings` override single fields.
     """
-    from consistency.config import load_config
+    from rollout_consistency.config import load_config
 
     base_file = _option(request.config, "step1_config")
     report_dir = _option(request.config, "step1_report_dir")
     calls = []
 
     def run(config: Any = None, **settings: Any):
-        from consistency.check import run_step1_check
+        from rollout_consistency.check import run_step1_check
 
         settings.setdefault("progress", False)
         if config is None:
@@ -85,7 +89,9 @@ def step1_check(request: pytest.FixtureRequest):
             report.write_json(Path(report_dir) / f"{stem}.json")
             report.write_junit(Path(report_dir) / f"{stem}.xml")
         if not report.passed:
-            pytest.fail("rollout-consistency step-1 check FAILED\n" + report.format_table(per_sample=True), pytrace=False)
+            pytest.fail(
+                "rollout-consistency step-1 check FAILED\n" + report.format_table(per_sample=True), pytrace=False
+            )
         return report
 
     return run

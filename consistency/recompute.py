@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from consistency.checkpointing import checkpoint as safe_checkpoint
-from consistency.nan_capture import bitwise_equal
-from consistency.rng_state import isolated_rng
+from rollout_consistency.checkpointing import checkpoint as safe_checkpoint
+from rollout_consistency.nan_capture import bitwise_equal
+from rollout_consistency.rng_state import isolated_rng
 
 __all__ = ["GradientDiff", "RecomputeReport", "check_recompute_consistency"]
 
@@ -187,7 +187,7 @@ def check_recompute_consistency(
         inputs: a Tensor (called as `module(inputs)`), a tuple/list (`module(*inputs)`) or a mapping
             (`module(**inputs)`). Input tensors that require grad are compared like parameters.
         checkpoint_fn: the checkpoint function to check, called as `checkpoint_fn(function, *args)`.
-            Default: `consistency.checkpointing.checkpoint`. For torch's variants pass
+            Default: `rollout_consistency.checkpointing.checkpoint`. For torch's variants pass
             `functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)` (or `True`).
         segments: submodules to checkpoint: module objects, dotted names from `named_modules()`, or
             patterns where `*` matches one name component (`"blocks.*"`, `"transformer_blocks.*"`).
@@ -371,8 +371,7 @@ def _one_step(
         # else: the checkpoint function cut the graph (a reentrant-style helper whose inputs do not
         # require grad); every gradient is missing, which the comparison reports as a failure.
     grads = {
-        name: None if tensor.grad is None else tensor.grad.detach().clone()
-        for name, tensor in [*params, *input_leaves]
+        name: None if tensor.grad is None else tensor.grad.detach().clone() for name, tensor in [*params, *input_leaves]
     }
     return loss.detach().reshape(()).clone(), grads
 
@@ -492,7 +491,7 @@ def _resolve_segments(module: nn.Module, segments: Sequence[str | nn.Module] | N
 def _name_matches(pattern: str, name: str) -> bool:
     pattern_parts, name_parts = pattern.split("."), name.split(".")
     return len(pattern_parts) == len(name_parts) and all(
-        fnmatch.fnmatchcase(part, pat) for part, pat in zip(name_parts, pattern_parts)
+        fnmatch.fnmatchcase(part, pat) for part, pat in zip(name_parts, pattern_parts, strict=False)
     )
 
 
@@ -648,7 +647,7 @@ def _reasons(
         reasons.append(
             f"{len(missing)} gradient(s) missing under checkpointing (e.g. {', '.join(missing[:3])}): a reentrant "
             "checkpoint drops parameter gradients when no input of the segment requires grad; use "
-            "consistency.checkpointing.checkpoint (use_reentrant=False)"
+            "rollout_consistency.checkpointing.checkpoint (use_reentrant=False)"
         )
     wrong = [d for d in diffs if not d.within_tolerance and d.missing_in is None]
     if wrong:
@@ -657,7 +656,7 @@ def _reasons(
             f"{len(wrong)} of {len(diffs)} gradients differ beyond tolerance (worst {worst.name}: relative "
             f"{worst.relative_diff:.3e}); the recompute in backward is not the forward that produced the loss, "
             "typically because the checkpoint helper does not restore the RNG state (dropout draws a new mask) — "
-            "swap in consistency.checkpointing.checkpoint"
+            "swap in rollout_consistency.checkpointing.checkpoint"
         )
     unreproducible = [d for d in baseline_diffs or [] if not d.within_tolerance]
     if unreproducible:

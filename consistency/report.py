@@ -220,8 +220,14 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     shape = f"{m.num_samples} samples x {m.num_positions} window steps" if m is not None else "no comparison"
     cfg = report.config
     micro = "-" if m is None else (m.micro_batch_size or m.num_samples)
-    clip = "-" if m is None else (
-        f"{m.clip_ratio_low:g}" if m.clip_ratio_low == m.clip_ratio_high else f"{m.clip_ratio_low:g}/{m.clip_ratio_high:g}"
+    clip = (
+        "-"
+        if m is None
+        else (
+            f"{m.clip_ratio_low:g}"
+            if m.clip_ratio_low == m.clip_ratio_high
+            else f"{m.clip_ratio_low:g}/{m.clip_ratio_high:g}"
+        )
     )
     lines.append(f"rollout-consistency step-1 check: {report.status}")
     lines.append(
@@ -252,7 +258,9 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     if per_sample and m is not None:
         lines.append("")
         lines.append("  per sample")
-        lines.append(f"  {'idx':>4} {'group':>5} {'seed':>8} {'n':>4}" + "".join(f" {_SHORT[k]:>12}" for k in METRIC_NAMES))
+        lines.append(
+            f"  {'idx':>4} {'group':>5} {'seed':>8} {'n':>4}" + "".join(f" {_SHORT[k]:>12}" for k in METRIC_NAMES)
+        )
         info = {s.index: s for s in report.samples}
         for s in m.by_sample:
             extra = info.get(s.index)
@@ -288,7 +296,9 @@ def junit_xml(report: Report) -> str:
     """
     checks = report.verdict.checks
     failures = sum(1 for c in checks if not c.passed)
-    suites = ET.Element("testsuites", name="rollout-consistency", tests=str(len(checks)), failures=str(failures), errors="0")
+    suites = ET.Element(
+        "testsuites", name="rollout-consistency", tests=str(len(checks)), failures=str(failures), errors="0"
+    )
     timings = report.run.get("timings_s", {}) if isinstance(report.run, Mapping) else {}
     total = timings.get("total", 0.0) if isinstance(timings, Mapping) else 0.0
     suite = ET.SubElement(
@@ -303,8 +313,20 @@ def junit_xml(report: Report) -> str:
     )
     properties = ET.SubElement(suite, "properties")
     props = {"status": report.status, "profile": report.tolerance.profile, "limits_basis": report.tolerance.basis}
-    for key in ("model_family", "rollout_backend", "trainer_backend", "step_execution", "noise_level", "sde_type",
-                "sde_window_size", "clip_ratio", "seed", "global_step", "inject", "trajectory"):
+    for key in (
+        "model_family",
+        "rollout_backend",
+        "trainer_backend",
+        "step_execution",
+        "noise_level",
+        "sde_type",
+        "sde_window_size",
+        "clip_ratio",
+        "seed",
+        "global_step",
+        "inject",
+        "trajectory",
+    ):
         if key in report.config:
             props[key] = report.config[key]
     for key, value in props.items():
@@ -313,7 +335,12 @@ def junit_xml(report: Report) -> str:
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.kind}", name=check.name, time="0")
         if not check.passed:
-            failure = ET.SubElement(case, "failure", message=check.message, type="ThresholdExceeded" if check.kind == "metric" else "GuardFailed")
+            failure = ET.SubElement(
+                case,
+                "failure",
+                message=check.message,
+                type="ThresholdExceeded" if check.kind == "metric" else "GuardFailed",
+            )
             detail = [check.message]
             if check.value is not None:
                 detail.append(f"value={_fmt(check.value)} limit={_fmt(check.limit)} excess={_fmt(check.excess)}")
@@ -367,8 +394,14 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
             ax_dlogp.set_ylim(bottom=0)  # |Δlogp| >= 0: no negative half of the symlog axis
         elif all(math.isfinite(v) for v in mean_abs + max_abs):
             ax_dlogp.set_ylim(-0.05, 1)
-            ax_dlogp.text(0.5, 0.5, "Δlogp = 0 at every step (bit for bit)", ha="center", va="center",
-                          transform=ax_dlogp.transAxes)
+            ax_dlogp.text(
+                0.5,
+                0.5,
+                "Δlogp = 0 at every step (bit for bit)",
+                ha="center",
+                va="center",
+                transform=ax_dlogp.transAxes,
+            )
         ax_dlogp.set_ylabel("|Δlogp| (trainer − rollout)")
         ax_dlogp.legend(fontsize=8)
         ratio = [s.values.ratio_mean for s in steps]
@@ -390,4 +423,3 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
     fig.tight_layout()
     _make_parent_directory(path)
     fig.savefig(path, format="png")
-

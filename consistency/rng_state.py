@@ -28,10 +28,10 @@ import torch
 __all__ = [
     "RngState",
     "capture_rng_state",
-    "restore_rng_state",
-    "rng_state_to_dict",
-    "rng_state_from_dict",
     "isolated_rng",
+    "restore_rng_state",
+    "rng_state_from_dict",
+    "rng_state_to_dict",
     "seed_all",
 ]
 

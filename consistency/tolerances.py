@@ -26,7 +26,7 @@ Profiles (the reasoning is in docs/checker.md):
 
 ``calibrated``
     The floor measured on *this* setup: the trainer is run against itself with the other attention kernel
-    (see ``consistency.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
+    (see ``rollout_consistency.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
     for the quadratic ``approx_kl``). Mean-type limits use the larger of the floor's figure and its
     ``mean_abs_dlogp`` (a signed mean near 0 by chance must not make the gate 0). If the kernels agree bit
     for bit here, every limit is 0 and the profile is ``exact``.
@@ -142,9 +142,7 @@ def exact_tolerance() -> Tolerance:
     )
 
 
-def kernel_tolerance(
-    mean_limit: float = KERNEL_MEAN_LIMIT, max_limit: float = KERNEL_MAX_LIMIT
-) -> Tolerance:
+def kernel_tolerance(mean_limit: float = KERNEL_MEAN_LIMIT, max_limit: float = KERNEL_MAX_LIMIT) -> Tolerance:
     """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring)."""
     return Tolerance(
         "kernel",
@@ -222,7 +220,9 @@ def resolve_tolerance(
             raise ToleranceError("profile 'calibrated' needs the measured floor (run the calibration first).")
         base = calibrated_tolerance(floor, multiple)
     else:
-        raise ToleranceError(f"Unknown profile {profile!r}; expected one of {', '.join(PROFILES)}.{closest_name(profile, PROFILES)}")
+        raise ToleranceError(
+            f"Unknown profile {profile!r}; expected one of {', '.join(PROFILES)}.{closest_name(profile, PROFILES)}"
+        )
     if not overrides:
         return base
     limits = dict(base.limits)
@@ -238,7 +238,9 @@ def resolve_tolerance(
         floor=base.floor,
         multiple=base.multiple,
         overridden=tuple(m for m in METRIC_NAMES if m in overrides),
-        basis=base.basis + "; overridden: " + ", ".join(f"{m}={overrides[m]!r}" for m in METRIC_NAMES if m in overrides),
+        basis=base.basis
+        + "; overridden: "
+        + ", ".join(f"{m}={overrides[m]!r}" for m in METRIC_NAMES if m in overrides),
     )
 
 

@@ -161,8 +161,7 @@ def decide(
             )
 
     checks = [
-        CheckResult(name, "guard", name not in by_check, "; ".join(by_check.get(name, ())))
-        for name in GUARD_CHECKS
+        CheckResult(name, "guard", name not in by_check, "; ".join(by_check.get(name, ()))) for name in GUARD_CHECKS
     ]
     checks += [
         CheckResult(name, "guard", False, "; ".join(messages))

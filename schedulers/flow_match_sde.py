@@ -341,7 +341,7 @@ def _standard_normal(
     if len(generator) != shape[0]:
         raise ValueError(f"{len(generator)} generators for a batch of {shape[0]}: pass one per sample, or one.")
     noise = torch.empty(shape, dtype=torch.float32, device=generator[0].device)
-    for row, row_generator in zip(noise, generator):
+    for row, row_generator in zip(noise, generator, strict=False):
         torch.randn(shape[1:], generator=row_generator, dtype=torch.float32, device=noise.device, out=row)
     return noise.to(device)
 

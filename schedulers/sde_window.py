@@ -69,9 +69,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def _resolve_range(num_steps: int, window_size: int, window_range: tuple[int, int] | None) -> tuple[int, int]:
     low, high = (0, num_steps) if window_range is None else tuple(window_range)
     if not (0 <= low < high <= num_steps):
-        raise ValueError(
-            f"sde_window_range {window_range!r} must satisfy 0 <= low < high <= num_steps ({num_steps})."
-        )
+        raise ValueError(f"sde_window_range {window_range!r} must satisfy 0 <= low < high <= num_steps ({num_steps}).")
     if window_size > high - low:
         raise ValueError(
             f"sde_window_size {window_size} does not fit sde_window_range [{low}, {high}) "

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +33,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from consistency import nan_capture  # noqa: E402
-from consistency.nan_capture import NanCapture, grads_are_finite  # noqa: E402
-from consistency.rng_state import capture_rng_state, isolated_rng  # noqa: E402
+from rollout_consistency import nan_capture
+from rollout_consistency.nan_capture import NanCapture, grads_are_finite
+from rollout_consistency.rng_state import capture_rng_state, isolated_rng
 
 TARGET = 0.02
 PLAIN, CONTROL = "without hook", "without hook (A/A control)"
@@ -115,9 +112,7 @@ def main() -> None:
         capture = NanCapture(model, optimizer, directory)
         with isolated_rng(args.seed):
             for step in range(20):  # warm-up (allocator, kernels)
-                one_step(
-                    model, optimizer, batches[step % 16], step, capture, schedule[step % len(schedule)], args.clip
-                )
+                one_step(model, optimizer, batches[step % 16], step, capture, schedule[step % len(schedule)], args.clip)
             for step in range(len(variants) * args.steps):
                 variant = schedule[step % len(schedule)]
                 total, in_hook = one_step(model, optimizer, batches[step % 16], step, capture, variant, args.clip)

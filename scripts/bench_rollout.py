@@ -22,13 +22,24 @@ from pathlib import Path
 
 import torch
 
-from adapters import (TinyPromptEncoder, Trajectory, load_qwen_image, make_generators, qwen_image,
-                      recompute_log_probs, rollout)
-from adapters.stepwise import StepwiseRequest, run_stepwise
-from schedulers import SDEWindow
+from rollout_consistency.adapters import (
+    TinyPromptEncoder,
+    Trajectory,
+    load_qwen_image,
+    make_generators,
+    qwen_image,
+    recompute_log_probs,
+    rollout,
+)
+from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.schedulers import SDEWindow
 
-PROMPTS = ["a red cat sitting on a small blue house", "a dog in the garden at night", "sky",
-           "photo of an old boat on the quiet lake in winter"]
+PROMPTS = [
+    "a red cat sitting on a small blue house",
+    "a dog in the garden at night",
+    "sky",
+    "photo of an old boat on the quiet lake in winter",
+]
 
 
 def main() -> None:
@@ -51,8 +62,15 @@ def main() -> None:
     width = cond["prompt_embeds"].shape[1]
     window = SDEWindow(start=1, size=args.window, num_steps=args.steps)
     seeds = list(range(args.batch))
-    rollout_kwargs = dict(height=args.size, width=args.size, num_inference_steps=args.steps, seeds=seeds,
-                          window=window, noise_level=0.7, guidance_scale=args.guidance)
+    rollout_kwargs = dict(
+        height=args.size,
+        width=args.size,
+        num_inference_steps=args.steps,
+        seeds=seeds,
+        window=window,
+        noise_level=0.7,
+        guidance_scale=args.guidance,
+    )
     trajectory = qwen_image.rollout(model, cond, **rollout_kwargs)
     passes = 2 if args.guidance > 1 else 1
 
@@ -63,9 +81,16 @@ def main() -> None:
     bare_inputs = []
     for prefix in ("", "negative_")[:passes]:
         mask = cond[prefix + "prompt_embeds_mask"]
-        bare_inputs.append(dict(hidden_states=x, encoder_hidden_states=cond[prefix + "prompt_embeds"],
-                                encoder_hidden_states_mask=None if bool(mask.all()) else mask, timestep=t,
-                                img_shapes=[[(1, h // 2, h // 2)]] * args.batch, return_dict=False))
+        bare_inputs.append(
+            dict(
+                hidden_states=x,
+                encoder_hidden_states=cond[prefix + "prompt_embeds"],
+                encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                timestep=t,
+                img_shapes=[[(1, h // 2, h // 2)]] * args.batch,
+                return_dict=False,
+            )
+        )
 
     # Every timer spans a whole rollout's worth of work (`steps` forwards) and reports per step, so that all
     # configurations are equally exposed to other load on a shared machine.
@@ -78,22 +103,38 @@ def main() -> None:
 
     # The generic entry point with the scheduler setup built once and reused, as a training loop (and the
     # checker) does; `qwen_image.rollout` builds a new setup per call (one scheduler build, ~0.25 ms).
-    generic_kwargs = dict(scheduler_setup=trajectory.scheduler, seeds=seeds, window=window, noise_level=0.7,
-                          guidance_scale=args.guidance, options=trajectory.family_options)
+    generic_kwargs = dict(
+        scheduler_setup=trajectory.scheduler,
+        seeds=seeds,
+        window=window,
+        noise_level=0.7,
+        guidance_scale=args.guidance,
+        options=trajectory.family_options,
+    )
 
     def request_level() -> float:
         start = time.perf_counter()
         rollout(qwen_image.FAMILY, model, cond, **generic_kwargs)
         return (time.perf_counter() - start) / args.steps
 
-    requests = [StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()},
-                                window=window) for i in range(args.batch)]
+    requests = [
+        StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()}, window=window)
+        for i in range(args.batch)
+    ]
 
     def stepwise() -> float:
         start = time.perf_counter()
-        run_stepwise(qwen_image.FAMILY, model, requests, scheduler_setup=trajectory.scheduler, noise_level=0.7,
-                     guidance_scale=args.guidance, options=trajectory.family_options, max_num_seqs=args.batch,
-                     text_width=width)
+        run_stepwise(
+            qwen_image.FAMILY,
+            model,
+            requests,
+            scheduler_setup=trajectory.scheduler,
+            noise_level=0.7,
+            guidance_scale=args.guidance,
+            options=trajectory.family_options,
+            max_num_seqs=args.batch,
+            text_width=width,
+        )
         return (time.perf_counter() - start) / args.steps
 
     def recompute() -> float:
@@ -109,8 +150,9 @@ def main() -> None:
     def scheduler_sde() -> float:
         start = time.perf_counter()
         for _ in range(args.steps):
-            scheduler.sample_previous_step(velocity, trajectory.timesteps[0, 0], x, noise_level=0.7,
-                                           generator=generators)
+            scheduler.sample_previous_step(
+                velocity, trajectory.timesteps[0, 0], x, noise_level=0.7, generator=generators
+            )
         return (time.perf_counter() - start) / args.steps
 
     def scheduler_ode() -> float:
@@ -128,9 +170,15 @@ def main() -> None:
         rollout(no_forward, model, cond, **generic_kwargs)
         return (time.perf_counter() - start) / args.steps
 
-    timers = {"bare forward": bare, "request-level rollout": request_level, "step-wise rollout": stepwise,
-              "trainer recompute": recompute, "scheduler SDE step": scheduler_sde, "scheduler ODE step": scheduler_ode,
-              "loop w/o forward": adapter_alone}
+    timers = {
+        "bare forward": bare,
+        "request-level rollout": request_level,
+        "step-wise rollout": stepwise,
+        "trainer recompute": recompute,
+        "scheduler SDE step": scheduler_sde,
+        "scheduler ODE step": scheduler_ode,
+        "loop w/o forward": adapter_alone,
+    }
     samples = {name: [] for name in timers}
     with torch.no_grad():
         for fn in timers.values():  # warm-up (caches, allocator)
@@ -138,30 +186,37 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, fn in timers.items():
                 samples[name].append(fn())
-    print(f"tiny Qwen-Image, batch {args.batch}, {args.size}x{args.size} px "
-          f"({trajectory.latent_shape[0]} tokens x {trajectory.latent_shape[1]} ch), {args.steps} steps, "
-          f"window {args.window}, CFG passes {passes}, torch threads {torch.get_num_threads()}, "
-          f"{args.repeats} interleaved repeats")
+    print(
+        f"tiny Qwen-Image, batch {args.batch}, {args.size}x{args.size} px "
+        f"({trajectory.latent_shape[0]} tokens x {trajectory.latent_shape[1]} ch), {args.steps} steps, "
+        f"window {args.window}, CFG passes {passes}, torch threads {torch.get_num_threads()}, "
+        f"{args.repeats} interleaved repeats"
+    )
     # min: the contention-free cost (the machine may be shared); median: the typical one.
     print(f"{'per denoising step':<26}{'min ms':>9}{'vs bare':>9}{'median ms':>11}{'vs bare':>9}")
     base_min, base_med = min(samples["bare forward"]), statistics.median(samples["bare forward"])
     for name in timers:
         low, mid = min(samples[name]), statistics.median(samples[name])
         if name.startswith(("scheduler", "loop")):  # a part of a step, shown as a share of the bare forward
-            print(f"{name:<26}{low * 1e3:>9.3f}{low / base_min * 100:>8.1f}%{mid * 1e3:>11.3f}{mid / base_med * 100:>8.1f}%")
+            print(
+                f"{name:<26}{low * 1e3:>9.3f}{low / base_min * 100:>8.1f}%{mid * 1e3:>11.3f}{mid / base_med * 100:>8.1f}%"
+            )
             continue
-        print(f"{name:<26}{low * 1e3:>9.3f}{(low / base_min - 1) * 100:>+8.1f}%"
-              f"{mid * 1e3:>11.3f}{(mid / base_med - 1) * 100:>+8.1f}%")
+        print(
+            f"{name:<26}{low * 1e3:>9.3f}{(low / base_min - 1) * 100:>+8.1f}%"
+            f"{mid * 1e3:>11.3f}{(mid / base_med - 1) * 100:>+8.1f}%"
+        )
     sde, ode = min(samples["scheduler SDE step"]), min(samples["scheduler ODE step"])
     mean_step = (args.window * sde + (args.steps - args.window) * ode) / args.steps
     rest = min(samples["request-level rollout"]) - base_min - mean_step
-    print(f"request-level overhead without the scheduler's own step (min): {rest * 1e3:.3f} ms "
-          f"= {rest / base_min * 100:+.1f}% of the bare forward")
+    print(
+        f"request-level overhead without the scheduler's own step (min): {rest * 1e3:.3f} ms "
+        f"= {rest / base_min * 100:+.1f}% of the bare forward"
+    )
 
     # ---------------------------------------------------------------- bytes per stored step
     for final in (False, True):
-        stored = trajectory if final else qwen_image.rollout(model, cond, denoise_to_end=False,
-                                                             **rollout_kwargs)
+        stored = trajectory if final else qwen_image.rollout(model, cond, denoise_to_end=False, **rollout_kwargs)
         with tempfile.TemporaryDirectory() as tmp:
             file_bytes = Path(stored.save(Path(tmp) / "t.safetensors")).stat().st_size
             assert torch.equal(Trajectory.load(Path(tmp) / "t.safetensors").latents, stored.latents)
@@ -172,12 +227,16 @@ def main() -> None:
             "conditioning": sum(v.numel() * v.element_size() for v in stored.conditioning.values()),
             "final_latents": 0 if stored.final_latents is None else stored.final_latents.numel() * 4,
         }
-        print(f"\nstored bytes per window step ({'with' if final else 'without'} final latents; "
-              f"minimum = one fp32 latent per sample and step = {minimum // args.window:,} B)")
+        print(
+            f"\nstored bytes per window step ({'with' if final else 'without'} final latents; "
+            f"minimum = one fp32 latent per sample and step = {minimum // args.window:,} B)"
+        )
         for name, value in parts.items():
             print(f"  {name:<26}{value / args.window:>12,.0f} B  x{value / minimum:.3f}")
-        print(f"  {'tensor data':<26}{stored.stored_bytes() / args.window:>12,.0f} B  "
-              f"x{stored.stored_bytes() / minimum:.3f}")
+        print(
+            f"  {'tensor data':<26}{stored.stored_bytes() / args.window:>12,.0f} B  "
+            f"x{stored.stored_bytes() / minimum:.3f}"
+        )
         print(f"  {'file on disk':<26}{file_bytes / args.window:>12,.0f} B  x{file_bytes / minimum:.3f}")
 
 

@@ -23,7 +23,7 @@ import time
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from schedulers import FlowMatchSDEDiscreteScheduler
+from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler
 
 LATENT = (16, 128, 128)
 STEP_INDEX = 3
@@ -57,8 +57,12 @@ def paths(batch: int, device: str, sde_type: str = "sde"):
     def sample():
         return ours.sample_previous_step(v, t, x, noise_level=0.7, sde_type=sde_type, generator=generator).log_prob
 
-    return {"stock_step": stock_step, "stock_step_and_noise": stock_step_and_noise, "recompute": recompute,
-            "sample": sample}, x
+    return {
+        "stock_step": stock_step,
+        "stock_step_and_noise": stock_step_and_noise,
+        "recompute": recompute,
+        "sample": sample,
+    }, x
 
 
 def median_ms(fn, repeats: int, device: str) -> float:
@@ -120,7 +124,10 @@ def peak_extra_latents(name: str, batch: int, device: str) -> float:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     child = subprocess.run(
         [sys.executable, __file__, "--measure-memory", name, "--batch", str(batch)],
-        capture_output=True, text=True, check=True, env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     )
     return float(child.stdout.strip())
 

@@ -30,10 +30,9 @@ from collections.abc import Sequence
 
 import torch
 
-import adapters
-from consistency import CheckConfig, run_step1_check
-from consistency.backends import build_backend
-from consistency.plan import make_plan
+from rollout_consistency import CheckConfig, adapters, run_step1_check
+from rollout_consistency.backends import build_backend
+from rollout_consistency.plan import make_plan
 
 
 def bare_forwards(config: CheckConfig) -> float:
@@ -56,7 +55,9 @@ def bare_forwards(config: CheckConfig) -> float:
             rows = slice(start, min(start + micro, n))
             sub = {k: v[rows] for k, v in conditioning.items()}
             m = rows.stop - rows.start
-            calls += [(m, schedule[batch.samples[0].window_start + k].expand(m), sub) for k in range(config.sde_window_size)]
+            calls += [
+                (m, schedule[batch.samples[0].window_start + k].expand(m), sub) for k in range(config.sde_window_size)
+            ]
     inputs = [(torch.randn((n, *latent_shape), generator=generator), t.contiguous(), c) for n, t, c in calls]
     with torch.no_grad():
         start = time.perf_counter()
@@ -71,7 +72,7 @@ def adapter_calls(config: CheckConfig) -> float:
     backend = build_backend(config)
     plan = make_plan(config)
     micro = config.resolved_micro_batch_size
-    from schedulers import SDEWindow
+    from rollout_consistency.schedulers import SDEWindow
 
     start = time.perf_counter()
     with torch.no_grad():
@@ -79,10 +80,18 @@ def adapter_calls(config: CheckConfig) -> float:
             conditioning = backend.kit.conditioning(backend.encoder, [s.prompt for s in batch.samples], config)
             windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples]
             trajectory = adapters.rollout(
-                backend.family, backend.rollout_model, conditioning, scheduler_setup=backend.scheduler_setup,
-                seeds=[s.seed for s in batch.samples], window=windows, noise_level=config.noise_level,
-                sde_type=config.sde_type, guidance_scale=backend.kit.guidance(config), options=backend.options,
-                prompt_groups=[s.prompt_group for s in batch.samples], global_step=config.global_step,
+                backend.family,
+                backend.rollout_model,
+                conditioning,
+                scheduler_setup=backend.scheduler_setup,
+                seeds=[s.seed for s in batch.samples],
+                window=windows,
+                noise_level=config.noise_level,
+                sde_type=config.sde_type,
+                guidance_scale=backend.kit.guidance(config),
+                options=backend.options,
+                prompt_groups=[s.prompt_group for s in batch.samples],
+                global_step=config.global_step,
                 denoise_to_end=False,
             )
             for first in range(0, trajectory.batch_size, micro):
@@ -107,9 +116,13 @@ def best_of(fn, repeats: int) -> float:
 
 
 def bench_overhead(sizes: Sequence[int], repeats: int) -> None:
-    print("== the check against its bare transformer forwards, and against the same adapter calls (in-process, warm) ==")
-    print(f"{'image':>7} {'samples':>7} {'forwards':>8} {'bare s':>8} {'adapters s':>10} {'check s':>8} "
-          f"{'vs bare':>8} {'vs adapters':>11} {'setup s':>8}")
+    print(
+        "== the check against its bare transformer forwards, and against the same adapter calls (in-process, warm) =="
+    )
+    print(
+        f"{'image':>7} {'samples':>7} {'forwards':>8} {'bare s':>8} {'adapters s':>10} {'check s':>8} "
+        f"{'vs bare':>8} {'vs adapters':>11} {'setup s':>8}"
+    )
     for size in sizes:
         config = CheckConfig(height=size, width=size, progress=False)
         check_work(config)  # warm-up (first forwards, lazy imports)
@@ -126,8 +139,10 @@ def bench_overhead(sizes: Sequence[int], repeats: int) -> None:
         work = min(w for w, _ in check_runs)
         setup = min(s for _, s in check_runs)
         total_forwards = sum(forwards.values())
-        print(f"{size:>5}px {config.num_samples:>7} {total_forwards:>8} {bare:>8.4f} {direct:>10.4f} {work:>8.4f} "
-              f"{100 * (work / bare - 1):>7.1f}% {100 * (work / direct - 1):>10.1f}% {setup:>8.4f}")
+        print(
+            f"{size:>5}px {config.num_samples:>7} {total_forwards:>8} {bare:>8.4f} {direct:>10.4f} {work:>8.4f} "
+            f"{100 * (work / bare - 1):>7.1f}% {100 * (work / direct - 1):>10.1f}% {setup:>8.4f}"
+        )
 
 
 def bench_ray(size: int, repeats: int, workers: int) -> None:
@@ -139,8 +154,13 @@ def bench_ray(size: int, repeats: int, workers: int) -> None:
     local = best_of(lambda: check_work(config)[0], repeats)
     temp_dir = tempfile.mkdtemp(prefix="rc-ray-")
     start = time.perf_counter()
-    ray.init(num_cpus=workers, include_dashboard=False, _temp_dir=temp_dir, logging_level=logging.WARNING,
-             log_to_driver=False)
+    ray.init(
+        num_cpus=workers,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
     ray_init = time.perf_counter() - start
     try:
         results = [run_step1_check(config.replace(workers=workers)) for _ in range(repeats)]
@@ -159,7 +179,9 @@ def bench_ray(size: int, repeats: int, workers: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128], help="image sizes (px) for the overhead part")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[32, 128], help="image sizes (px) for the overhead part"
+    )
     parser.add_argument("--repeats", type=int, default=15, help="runs per measurement; the fastest is reported")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-ray", action="store_true")

@@ -7,7 +7,7 @@ Trains the same small flow-matching denoiser with dropout (`ToyDenoiser`, residu
 checkpointed) twice from the same initial weights, the same batches and the same dropout RNG: once
 with `rng_unsafe_checkpoint` (a reproduction of the home-made helper that re-runs the forward in
 backward without restoring the RNG, so dropout draws a new mask) and once with
-`consistency.checkpointing.checkpoint`. Nothing crashes; the broken run just learns worse, because
+`rollout_consistency.checkpointing.checkpoint`. Nothing crashes; the broken run just learns worse, because
 its gradients belong to a different network than its loss. The script writes both training-loss
 curves and both held-out losses to a PNG, prints the final losses, and runs
 `check_recompute_consistency` on each helper, which tells them apart in one step.
@@ -19,21 +19,18 @@ ordinary rounding, and the run is seeded end to end.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rollout_consistency._checkpoint_pitfall import ToyDenoiser, rng_unsafe_checkpoint, toy_flow_matching_batch
+from rollout_consistency.checkpointing import checkpoint
+from rollout_consistency.recompute import check_recompute_consistency
+from rollout_consistency.rng_state import isolated_rng
 
-from consistency._checkpoint_pitfall import ToyDenoiser, rng_unsafe_checkpoint, toy_flow_matching_batch  # noqa: E402
-from consistency.checkpointing import checkpoint  # noqa: E402
-from consistency.recompute import check_recompute_consistency  # noqa: E402
-from consistency.rng_state import isolated_rng  # noqa: E402
-
-HELPERS = {"broken (RNG not restored)": rng_unsafe_checkpoint, "fixed (consistency.checkpointing)": checkpoint}
+HELPERS = {"broken (RNG not restored)": rng_unsafe_checkpoint, "fixed (rollout_consistency.checkpointing)": checkpoint}
 
 
 def train(checkpoint_fn, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -99,7 +96,7 @@ def plot(histories: dict[str, dict[str, list[float]]], args: argparse.Namespace)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    colours = {name: colour for name, colour in zip(histories, ("tab:red", "tab:blue"))}
+    colours = {name: colour for name, colour in zip(histories, ("tab:red", "tab:blue"), strict=False)}
     for name, history in histories.items():
         steps = range(1, len(history["train"]) + 1)
         axes[0].plot(steps, history["train"], color=colours[name], alpha=0.15, linewidth=0.8)

@@ -11,7 +11,7 @@ The same command as `rollout-consistency check` — same flags, config file and 
 
 Inside a Python launcher, call the same API directly::
 
-    from consistency import CheckConfig, run_step1_check
+    from rollout_consistency import CheckConfig, run_step1_check
 
     report = run_step1_check(CheckConfig(model_path=ckpt, noise_level=0.7, sde_window_size=2, seed=launcher_seed))
     if not report.passed:
@@ -20,7 +20,7 @@ Inside a Python launcher, call the same API directly::
 
 import sys
 
-from consistency.cli import main
+from rollout_consistency.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main(["check", *sys.argv[1:]]))

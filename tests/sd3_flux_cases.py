@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, StableDiffusion3Pipeline
 
-from adapters import Trajectory, flux, sd3
-from adapters.tiny_sd3_flux import (
+from rollout_consistency.adapters import Trajectory, flux, sd3
+from rollout_consistency.adapters.tiny_sd3_flux import (
     TINY_FLUX_CONFIG,
     TINY_SD3_CONFIG,
     load_flux,
@@ -20,7 +20,7 @@ from adapters.tiny_sd3_flux import (
     tiny_flux_prompt_encoder,
     tiny_sd3_prompt_encoder,
 )
-from schedulers import SDEWindow
+from rollout_consistency.schedulers import SDEWindow
 
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
 SEEDS = [1, 2, 3, 4]
@@ -32,7 +32,7 @@ class Family:
     """One model family as these tests drive it."""
 
     name: str
-    adapter: ModuleType  # adapters.sd3 or adapters.flux
+    adapter: ModuleType  # rollout_consistency.adapters.sd3 or rollout_consistency.adapters.flux
     load: Callable[..., torch.nn.Module]
     prompt_encoder: Callable[[], Any]
     config: Mapping[str, Any]  # the tiny transformer's config
@@ -49,36 +49,65 @@ class Family:
         """The CFG settings of the standard rollout."""
         return {"guidance_scale": self.guidance_scale, **self.cfg_options}
 
-    def conditioning(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    def conditioning(
+        self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         return self.prompt_encoder().conditioning(prompts, negative_prompts)
 
 
 def _sd3_pipeline(transformer):
     return StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**sd3.SD3_SCHEDULER_CONFIG), vae=None,
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**sd3.SD3_SCHEDULER_CONFIG),
+        vae=None,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
         tokenizer_3=None,
     )
 
 
 def _flux_pipeline(transformer):
     return FluxPipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**flux.FLUX_SCHEDULER_CONFIG), vae=None,
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**flux.FLUX_SCHEDULER_CONFIG),
+        vae=None,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
     )
 
 
 SD3 = Family(
-    name="sd3", adapter=sd3, load=load_sd3, prompt_encoder=tiny_sd3_prompt_encoder, config=TINY_SD3_CONFIG,
-    pipeline=_sd3_pipeline, guidance_scale=4.5, cfg_options={}, cfg_key="guidance_scale", gradient_step=1,
+    name="sd3",
+    adapter=sd3,
+    load=load_sd3,
+    prompt_encoder=tiny_sd3_prompt_encoder,
+    config=TINY_SD3_CONFIG,
+    pipeline=_sd3_pipeline,
+    guidance_scale=4.5,
+    cfg_options={},
+    cfg_key="guidance_scale",
+    gradient_step=1,
     trained_weight=lambda model: model.proj_out.weight,
     # SD3's own schedule ends at a tiny σ (0.009 here), where the step's std nears bf16 resolution.
     last_step_clips_every_sample=True,
 )
 FLUX = Family(
-    name="flux", adapter=flux, load=load_flux, prompt_encoder=tiny_flux_prompt_encoder, config=TINY_FLUX_CONFIG,
-    pipeline=_flux_pipeline, guidance_scale=3.5, cfg_options={"true_cfg_scale": 2.0}, cfg_key="true_cfg_scale",
-    gradient_step=2, trained_weight=lambda model: model.time_text_embed.guidance_embedder.linear_1.weight,
+    name="flux",
+    adapter=flux,
+    load=load_flux,
+    prompt_encoder=tiny_flux_prompt_encoder,
+    config=TINY_FLUX_CONFIG,
+    pipeline=_flux_pipeline,
+    guidance_scale=3.5,
+    cfg_options={"true_cfg_scale": 2.0},
+    cfg_key="true_cfg_scale",
+    gradient_step=2,
+    trained_weight=lambda model: model.time_text_embed.guidance_embedder.linear_1.weight,
     last_step_clips_every_sample=False,
 )
 FAMILIES = {family.name: family for family in (SD3, FLUX)}
@@ -86,8 +115,14 @@ FAMILIES = {family.name: family for family in (SD3, FLUX)}
 
 def rollout(family: Family, model, cond, **kwargs) -> Trajectory:
     """The standard rollout of these tests (6 steps, SDE window 1..3, the family's CFG), `kwargs` overriding."""
-    args = dict(num_inference_steps=6, seeds=SEEDS, window=SDEWindow(start=1, size=3, num_steps=6),
-                noise_level=0.7, **family.cfg, **SIZE)
+    args = dict(
+        num_inference_steps=6,
+        seeds=SEEDS,
+        window=SDEWindow(start=1, size=3, num_steps=6),
+        noise_level=0.7,
+        **family.cfg,
+        **SIZE,
+    )
     args.update(kwargs)
     return family.adapter.rollout(model, cond, **args)
 
@@ -95,5 +130,3 @@ def rollout(family: Family, model, cond, **kwargs) -> Trajectory:
 def recompute(family: Family, model, trajectory, **kwargs) -> torch.Tensor:
     with torch.no_grad():
         return family.adapter.recompute_log_probs(model, trajectory, **kwargs)
-
-

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-import consistency.check as check_module
-from consistency import CheckConfig, ConfigError, Report, run_step1_check
-from consistency.backends import BackendError, run_batch
-from consistency.check import injection_settings
+import rollout_consistency.check as check_module
+from rollout_consistency import CheckConfig, ConfigError, Report, run_step1_check
+from rollout_consistency.backends import BackendError, run_batch
+from rollout_consistency.check import injection_settings
 
 QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
 
@@ -53,7 +53,9 @@ def test_clean_tiny_families_pass_exact(family, step_execution):
 
 
 def test_clean_setup_with_cfg_and_micro_batches_passes_exact():
-    report = run_step1_check(true_cfg_scale=4.0, rollout_batch_size=4, micro_batch_size=2, sde_type="cps", progress=False)
+    report = run_step1_check(
+        true_cfg_scale=4.0, rollout_batch_size=4, micro_batch_size=2, sde_type="cps", progress=False
+    )
     assert_bit_exact_pass(report)
     assert report.run["forwards"]["trainer"] == 2 * (8 // 2) * 2  # CFG doubles the forwards
 
@@ -98,8 +100,9 @@ def test_stepwise_bf16_mixed_dtype_batch_is_a_fail_not_a_crash():
 
 
 def test_continuous_batching_with_staggered_arrivals_passes_exact():
-    report = run_step1_check(step_execution=True, stagger_arrivals=True, max_num_seqs=4, rollout_batch_size=4,
-                             progress=False)
+    report = run_step1_check(
+        step_execution=True, stagger_arrivals=True, max_num_seqs=4, rollout_batch_size=4, progress=False
+    )
     assert_bit_exact_pass(report)
 
 
@@ -119,8 +122,9 @@ def test_per_request_window_fails_structurally():
 
 
 def test_per_request_window_on_the_stepwise_path_fails_too():
-    report = run_step1_check(inject="per-request-window", step_execution=True, num_prompts=2, num_images_per_prompt=4,
-                             progress=False)
+    report = run_step1_check(
+        inject="per-request-window", step_execution=True, num_prompts=2, num_images_per_prompt=4, progress=False
+    )
     assert "windows" in failed(report)
 
 
@@ -145,8 +149,18 @@ def test_calibrated_still_catches_a_real_bug():
 
 
 def test_threshold_overrides_apply():
-    report = run_step1_check(rollout_attention="_native_math", thresholds={"max_abs_dlogp": 1e-3, "mean_abs_dlogp": 1e-3,
-                             "ppo_kl": 1e-3, "ratio_mean": 1e-3, "ratio_std": 1e-3, "approx_kl": 1e-3}, **QUICK)
+    report = run_step1_check(
+        rollout_attention="_native_math",
+        thresholds={
+            "max_abs_dlogp": 1e-3,
+            "mean_abs_dlogp": 1e-3,
+            "ppo_kl": 1e-3,
+            "ratio_mean": 1e-3,
+            "ratio_std": 1e-3,
+            "approx_kl": 1e-3,
+        },
+        **QUICK,
+    )
     assert report.passed and report.tolerance.overridden
 
 
@@ -167,15 +181,22 @@ def test_unknown_attention_backend_is_a_usage_error():
 
 # ---------------------------------------------------------------------------------------------- trajectory mode
 def _save_trajectory(tmp_path, name="t.safetensors", windows=None):
-    import adapters
-    from schedulers import draw_sde_window
+    from rollout_consistency import adapters
+    from rollout_consistency.schedulers import draw_sde_window
 
     model = adapters.load_qwen_image(seed=0)
     encoder = adapters.TinyPromptEncoder(32, seed=0)
     window = windows or draw_sde_window(seed=1, global_step=0, prompt_group=0, num_steps=6, window_size=2)
     trajectory = adapters.qwen_image.rollout(
-        model, encoder.conditioning(["a red cube", "a cat on a mat", "a dog", "a blue house"]), height=32, width=32,
-        num_inference_steps=6, seeds=[1, 2, 3, 4], window=window, noise_level=0.7, prompt_groups=[0, 0, 1, 1],
+        model,
+        encoder.conditioning(["a red cube", "a cat on a mat", "a dog", "a blue house"]),
+        height=32,
+        width=32,
+        num_inference_steps=6,
+        seeds=[1, 2, 3, 4],
+        window=window,
+        noise_level=0.7,
+        prompt_groups=[0, 0, 1, 1],
     )
     path = tmp_path / name
     trajectory.save(path)
@@ -207,7 +228,7 @@ def test_trajectory_mode_of_a_vllm_omni_dump_needs_no_engine_and_keeps_the_kerne
 
 
 def test_trajectory_mode_fails_split_group_windows(tmp_path):
-    from schedulers import SDEWindow
+    from rollout_consistency.schedulers import SDEWindow
 
     # Prompt group 0 split over two windows, as a per-request window draw does.
     windows = [SDEWindow(0, 2, 6), SDEWindow(3, 2, 6), SDEWindow(1, 2, 6), SDEWindow(1, 2, 6)]
@@ -222,7 +243,7 @@ def test_trajectory_mode_bad_files_are_usage_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         run_step1_check(trajectory=str(tmp_path / "missing.safetensors"), progress=False)
     (tmp_path / "junk.safetensors").write_bytes(b"not a trajectory")
-    with pytest.raises(ConfigError, match="junk.safetensors"):
+    with pytest.raises(ConfigError, match=r"junk.safetensors"):
         run_step1_check(trajectory=str(tmp_path / "junk.safetensors"), progress=False)
 
 
@@ -282,8 +303,9 @@ def by_value(ray_session):
 
 
 def test_one_and_two_ray_workers_give_the_in_process_report(ray_session):
-    settings = dict(num_prompts=3, num_images_per_prompt=2, rollout_batch_size=2, progress=False,
-                    rollout_attention="_native_math")  # non-zero figures, so equality means something
+    settings = dict(
+        num_prompts=3, num_images_per_prompt=2, rollout_batch_size=2, progress=False, rollout_attention="_native_math"
+    )  # non-zero figures, so equality means something
     local = run_step1_check(**settings)
     one = run_step1_check(workers=1, ray_address="auto", **settings)
     two = run_step1_check(workers=2, **settings)

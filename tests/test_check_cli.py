@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from consistency.cli import main
-from consistency.report import SCHEMA_NAME, SCHEMA_VERSION
+from rollout_consistency.cli import main
+from rollout_consistency.report import SCHEMA_NAME, SCHEMA_VERSION
 
 SMALL = ["--no-progress", "--num-prompts", "2", "--num-images-per-prompt", "2", "--rollout-batch-size", "2"]
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +27,19 @@ def test_no_arguments_runs_the_tiny_check_and_passes(capsys):
 
 def test_outputs_are_written_and_parse(tmp_path, capsys):
     paths = {name: tmp_path / "out" / name for name in ("r.json", "r.xml", "r.png")}
-    code = main(["check", *SMALL, "--json", str(paths["r.json"]), "--junit", str(paths["r.xml"]),
-                 "--plot", str(paths["r.png"]), "--per-sample"])
+    code = main(
+        [
+            "check",
+            *SMALL,
+            "--json",
+            str(paths["r.json"]),
+            "--junit",
+            str(paths["r.xml"]),
+            "--plot",
+            str(paths["r.png"]),
+            "--per-sample",
+        ]
+    )
     assert code == 0
     data = json.loads(paths["r.json"].read_text())
     assert (data["schema"], data["schema_version"], data["status"]) == (SCHEMA_NAME, SCHEMA_VERSION, "PASS")
@@ -50,8 +61,23 @@ def test_config_file_and_flags_combine(tmp_path):
     config = tmp_path / "step1.toml"
     config.write_text('noise_level = 0.5\nseed = 3\nnum_prompts = 1\n[thresholds]\npg_clipfrac = "off"\n')
     path = tmp_path / "r.json"
-    assert main(["check", "--config", str(config), "--seed", "5", "--threshold", "ppo_kl=1e-3", "--no-progress",
-                 "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--config",
+                str(config),
+                "--seed",
+                "5",
+                "--threshold",
+                "ppo_kl=1e-3",
+                "--no-progress",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     data = json.loads(path.read_text())
     assert data["config"]["noise_level"] == 0.5 and data["config"]["seed"] == 5
     assert data["config"]["thresholds"] == {"pg_clipfrac": None, "ppo_kl": 1e-3}
@@ -93,15 +119,30 @@ def test_bad_config_keys_exit_2_naming_the_closest_key(tmp_path, capsys):
 def test_help_lists_every_setting(capsys):
     assert main(["check", "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--noise-level", "--sde-window-range", "--clip-ratio", "--step-execution", "--max-num-seqs",
-                 "--inject", "--ray-address", "--workers", "--trajectory", "--json", "--junit", "--plot",
-                 "--true-cfg-scale", "--profile", "--threshold"):
+    for flag in (
+        "--noise-level",
+        "--sde-window-range",
+        "--clip-ratio",
+        "--step-execution",
+        "--max-num-seqs",
+        "--inject",
+        "--ray-address",
+        "--workers",
+        "--trajectory",
+        "--json",
+        "--junit",
+        "--plot",
+        "--true-cfg-scale",
+        "--profile",
+        "--threshold",
+    ):
         assert flag in out
 
 
 def _run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "step1_check.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "step1_check.py"), *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_script_form_has_the_same_interface(tmp_path):

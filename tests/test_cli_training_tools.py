@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from consistency.cli import main
-from consistency.precision import audit_precision
+from rollout_consistency.cli import main
+from rollout_consistency.precision import audit_precision
 
 REPO = Path(__file__).resolve().parents[1]
-TOY = "consistency._checkpoint_pitfall:toy_case"
-UNSAFE = "consistency._checkpoint_pitfall:rng_unsafe_checkpoint"
+TOY = "rollout_consistency._checkpoint_pitfall:toy_case"
+UNSAFE = "rollout_consistency._checkpoint_pitfall:rng_unsafe_checkpoint"
 
 
 def test_help_is_fast_and_imports_no_torch() -> None:
-    code = "import sys; from consistency.cli import main; print('torch' in sys.modules)"
+    code = "import sys; from rollout_consistency.cli import main; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -91,7 +91,7 @@ def test_recompute_from_a_file_spec_with_a_tuple_factory(tmp_path: Path, capsys)
     "argv, message",
     [
         (["recompute", "no_such_module:factory"], "cannot import 'no_such_module'"),
-        (["recompute", "consistency._checkpoint_pitfall:nope"], "has no attribute 'nope'"),
+        (["recompute", "rollout_consistency._checkpoint_pitfall:nope"], "has no attribute 'nope'"),
         (["recompute", "just_a_name"], "must look like"),
         (["recompute", "missing/file.py:build"], "does not exist"),
         (["recompute", TOY, "--arg", "width"], "name=value"),

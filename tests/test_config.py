@@ -1,10 +1,10 @@
-"""consistency.config: names users know, YAML/TOML files, precedence, clear errors."""
+"""rollout_consistency.config: names users know, YAML/TOML files, precedence, clear errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from consistency.config import CheckConfig, ConfigError, load_config, read_config_file
+from rollout_consistency.config import CheckConfig, ConfigError, load_config, read_config_file
 
 
 def test_defaults_are_the_offline_tiny_check():
@@ -37,7 +37,7 @@ def test_yaml_and_toml_give_the_same_config(tmp_path):
 
 def test_check_table_and_flag_precedence(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[check]\nnoise_level = 0.5\nseed = 7\n[check.thresholds]\nppo_kl = 1e-4\napprox_kl = 1e-9\n')
+    path.write_text("[check]\nnoise_level = 0.5\nseed = 7\n[check.thresholds]\nppo_kl = 1e-4\napprox_kl = 1e-9\n")
     config = load_config(path, seed=11, thresholds={"ppo_kl": 2e-4})
     assert config.noise_level == 0.5 and config.seed == 11
     assert config.thresholds == {"ppo_kl": 2e-4, "approx_kl": 1e-9}  # per-metric merge
@@ -85,7 +85,9 @@ def test_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="mapping"):
         read_config_file(tmp_path / "list.yaml")
     (tmp_path / "typo.yaml").write_text("sde_windows_size: 2\n")
-    with pytest.raises(ConfigError, match="typo.yaml: unknown setting 'sde_windows_size'. Did you mean 'sde_window_size'"):
+    with pytest.raises(
+        ConfigError, match=r"typo.yaml: unknown setting 'sde_windows_size'. Did you mean 'sde_window_size'"
+    ):
         read_config_file(tmp_path / "typo.yaml")
     assert read_config_file(_empty(tmp_path)) == {}
 
@@ -109,10 +111,10 @@ def test_replace_validates_and_to_dict_is_json_able():
 
 def test_name_lists_agree_with_the_modules_they_mirror():
     """config keeps torch-free copies of these names; they must not drift from the modules that define them."""
-    from adapters.pitfalls import INJECTION_NAMES
-    from consistency.config import INJECTIONS, SDE_TYPES, WINDOW_KINDS
-    from schedulers import SDE_TYPES as SCHEDULER_SDE_TYPES
-    from schedulers.sde_window import WINDOW_KINDS as SCHEDULER_WINDOW_KINDS
+    from rollout_consistency.adapters.pitfalls import INJECTION_NAMES
+    from rollout_consistency.config import INJECTIONS, SDE_TYPES, WINDOW_KINDS
+    from rollout_consistency.schedulers import SDE_TYPES as SCHEDULER_SDE_TYPES
+    from rollout_consistency.schedulers.sde_window import WINDOW_KINDS as SCHEDULER_WINDOW_KINDS
 
     assert INJECTIONS == INJECTION_NAMES
     assert SDE_TYPES == SCHEDULER_SDE_TYPES and WINDOW_KINDS == SCHEDULER_WINDOW_KINDS

@@ -9,10 +9,10 @@ from functools import partial
 import pytest
 import torch
 from diffusers import FluxPipeline
-
-from adapters import flux
-from adapters.tiny_sd3_flux import TINY_FLUX_CONFIG, load_flux
 from sd3_flux_cases import FLUX, PROMPTS, SIZE, recompute, rollout
+
+from rollout_consistency.adapters import flux
+from rollout_consistency.adapters.tiny_sd3_flux import TINY_FLUX_CONFIG, load_flux
 
 _rollout = partial(rollout, FLUX)
 _recompute = partial(recompute, FLUX)
@@ -34,7 +34,9 @@ def test_packing_and_ids_are_the_pipelines():
     assert torch.equal(packed, FluxPipeline._pack_latents(latents, 2, 16, 8, 12))
     assert torch.equal(flux.unpack_latents(packed, 8, 12), latents)
     assert torch.equal(FluxPipeline._unpack_latents(packed, 64, 96, 8), latents)
-    assert torch.equal(flux.latent_image_ids(8, 12), FluxPipeline._prepare_latent_image_ids(2, 4, 6, "cpu", torch.float32))
+    assert torch.equal(
+        flux.latent_image_ids(8, 12), FluxPipeline._prepare_latent_image_ids(2, 4, 6, "cpu", torch.float32)
+    )
 
 
 def test_guidance_settings_reach_the_forward(model, cond):
@@ -43,8 +45,10 @@ def test_guidance_settings_reach_the_forward(model, cond):
     latents = torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(0))
     t = torch.full((4,), 750.0)
     positive = {k: v for k, v in cond.items() if not k.startswith("negative")}
-    negative = {"prompt_embeds": cond["negative_prompt_embeds"],
-                "pooled_prompt_embeds": cond["negative_pooled_prompt_embeds"]}
+    negative = {
+        "prompt_embeds": cond["negative_prompt_embeds"],
+        "pooled_prompt_embeds": cond["negative_pooled_prompt_embeds"],
+    }
     with torch.no_grad():
         at_3_5 = flux.velocity(model, latents, t, positive, 3.5, options=SIZE)
         assert not torch.equal(at_3_5, flux.velocity(model, latents, t, positive, 5.0, options=SIZE))
@@ -52,8 +56,10 @@ def test_guidance_settings_reach_the_forward(model, cond):
         guided = flux.velocity(model, latents, t, cond, 3.5, options={**SIZE, "true_cfg_scale": 2.0})
         assert torch.equal(guided, neg + 2.0 * (at_3_5 - neg))
         schnell = load_flux(config={**TINY_FLUX_CONFIG, "guidance_embeds": False})
-        assert torch.equal(flux.velocity(schnell, latents, t, positive, 3.5, options=SIZE),
-                           flux.velocity(schnell, latents, t, positive, 0.0, options=SIZE))
+        assert torch.equal(
+            flux.velocity(schnell, latents, t, positive, 3.5, options=SIZE),
+            flux.velocity(schnell, latents, t, positive, 0.0, options=SIZE),
+        )
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -61,7 +67,7 @@ def test_wrong_latent_shape_is_refused(model, cond):
     trajectory = _rollout(model, cond)
     t = trajectory.timesteps[:, 0]
     unpacked = flux.unpack_latents(trajectory.latents[:, 0], 8, 8)
-    with pytest.raises(ValueError, match="pack them with adapters.flux.pack_latents"):
+    with pytest.raises(ValueError, match=r"pack them with rollout_consistency.adapters.flux.pack_latents"):
         flux.velocity(model, unpacked, t, cond, 3.5, options=SIZE)
     with pytest.raises(ValueError, match="do not fit this FLUX transformer"):
         flux.velocity(model, trajectory.latents[:, 0], t, cond, 3.5, options={"height": 128, "width": 64})

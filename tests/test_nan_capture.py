@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from consistency import nan_capture
-from consistency.nan_capture import (
+from rollout_consistency import nan_capture
+from rollout_consistency.nan_capture import (
     CaptureDirectoryError,
     CaptureWriteError,
     NanCapture,
@@ -27,7 +27,7 @@ from consistency.nan_capture import (
     nan_capture_callback,
     replay,
 )
-from consistency.rng_state import (
+from rollout_consistency.rng_state import (
     capture_rng_state,
     isolated_rng,
     restore_rng_state,
@@ -145,7 +145,7 @@ def assert_bitwise_equal_states(actual, expected, where: str = "state") -> None:
             assert_bitwise_equal_states(actual[key], expected[key], f"{where}[{key!r}]")
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), where
-        for index, (a, e) in enumerate(zip(actual, expected)):
+        for index, (a, e) in enumerate(zip(actual, expected, strict=False)):
             assert_bitwise_equal_states(a, e, f"{where}[{index}]")
     else:
         assert actual == expected, where
@@ -176,7 +176,7 @@ def test_capture_fires_at_the_first_non_finite_step(tmp_path: Path) -> None:
     assert_bitwise_equal_states(record.optimizer_state, expected_optimizer)
     assert_bitwise_equal_states(model.state_dict(), expected_model)
     assert_bitwise_equal_states(optimizer.state_dict(), expected_optimizer)
-    x, labels, target = record.batch
+    _x, labels, _target = record.batch
     assert torch.equal(labels, make_batch(EXPECTED_STEP)[1])
     assert not math.isfinite(float(record.grads["trunk.0.weight"].sum()))
     assert torch.isfinite(record.grads["reg_head.weight"]).all()
@@ -261,7 +261,7 @@ def test_unwritable_directory_fails_at_start_with_a_clear_error(tmp_path: Path) 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     model, optimizer = make_model_and_optimizer()
-    with pytest.raises(CaptureDirectoryError, match="not writable.*NanCapture\\(directory=") as info:
+    with pytest.raises(CaptureDirectoryError, match=r"not writable.*NanCapture\(directory=") as info:
         NanCapture(model, optimizer, blocker / "captures")
     assert str(blocker / "captures") in str(info.value)
 
@@ -305,7 +305,7 @@ def test_disk_full_mid_write_leaves_no_partial_file(tmp_path: Path, monkeypatch:
     model, optimizer = make_model_and_optimizer()
     capture = NanCapture(model, optimizer, directory)
     saved, before_check = _snapshot_before_check(model, optimizer, EXPECTED_STEP)
-    with pytest.raises(CaptureWriteError, match="No space left on device.*Free disk space") as info:
+    with pytest.raises(CaptureWriteError, match=r"No space left on device.*Free disk space") as info:
         train(model, optimizer, 100, capture=capture, before_check=before_check)
     assert info.value.__cause__.errno == errno.ENOSPC
     assert list(directory.iterdir()) == []
@@ -320,7 +320,7 @@ def test_real_write_failure_from_a_file_size_limit(tmp_path: Path) -> None:
         f"""
         import os, resource, signal, sys
         import torch
-        from consistency.nan_capture import NanCapture, CaptureWriteError
+        from rollout_consistency.nan_capture import NanCapture, CaptureWriteError
         model = torch.nn.Linear(64, 64)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         capture = NanCapture(model, optimizer, {str(tmp_path)!r})

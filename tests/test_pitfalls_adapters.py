@@ -1,6 +1,6 @@
 """DESIGN.md §1 stock behaviours reproduced beside their fixes (adapters side).
 
-Each test runs the stock reproduction (`adapters.pitfalls.Injection`) and the default (fixed) path on the
+Each test runs the stock reproduction (`rollout_consistency.adapters.pitfalls.Injection`) and the default (fixed) path on the
 same model, seeds and conditioning, and asserts the pitfall's signature on one and exactness on the other.
 """
 
@@ -12,11 +12,18 @@ import pytest
 import torch
 from diffusers import QwenImageTransformer2DModel
 
-from adapters import INJECTION_NAMES, Injection, TinyPromptEncoder, load_qwen_image, qwen_image, recompute_log_probs
-from adapters.pitfalls import MixedDtypeBatchError, stock_per_request_window
-from adapters.rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens
-from adapters.stepwise import StepwiseRequest, run_stepwise
-from schedulers import SDEWindow, draw_sde_window
+from rollout_consistency.adapters import (
+    INJECTION_NAMES,
+    Injection,
+    TinyPromptEncoder,
+    load_qwen_image,
+    qwen_image,
+    recompute_log_probs,
+)
+from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError, stock_per_request_window
+from rollout_consistency.adapters.rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens
+from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
 CLIP = 1e-4  # a public clip range (DESIGN.md §2)
 
@@ -79,28 +86,48 @@ def test_bf16_truncated_latents_bias_low_and_clip_only_low(model_bf16, encoder):
 
 def test_bf16_latents_injection_is_a_no_op_on_fp32_weights(model, encoder):
     cond = encoder.conditioning(PROMPTS[:2])
-    trajectory = qwen_image.rollout(model, cond, seeds=[0, 1], window=SDEWindow(1, 2, 4), noise_level=0.7,
-                                    num_inference_steps=4, height=64, width=64, injection=Injection(bf16_latents=True))
+    trajectory = qwen_image.rollout(
+        model,
+        cond,
+        seeds=[0, 1],
+        window=SDEWindow(1, 2, 4),
+        noise_level=0.7,
+        num_inference_steps=4,
+        height=64,
+        width=64,
+        injection=Injection(bf16_latents=True),
+    )
     with torch.no_grad():
         assert torch.equal(recompute_log_probs(model, trajectory), trajectory.log_probs)
 
 
 # ------------------------------------------------------------------------------------ step-wise bf16
 def _bias_requests(cond, arrivals):
-    return [StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()},
-                            window=BIAS_WINDOW, arrival=a) for i, a in enumerate(arrivals)]
+    return [
+        StepwiseRequest(
+            f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()}, window=BIAS_WINDOW, arrival=a
+        )
+        for i, a in enumerate(arrivals)
+    ]
 
 
 def _setup(model, cond):
-    return qwen_image.rollout(model, {k: v[:2] for k, v in cond.items()}, seeds=[0, 1], window=BIAS_WINDOW,
-                              denoise_to_end=False, **BIAS_SETTINGS).scheduler
+    return qwen_image.rollout(
+        model,
+        {k: v[:2] for k, v in cond.items()},
+        seeds=[0, 1],
+        window=BIAS_WINDOW,
+        denoise_to_end=False,
+        **BIAS_SETTINGS,
+    ).scheduler
 
 
 def test_stepwise_bf16_state_biases_low_and_fp32_state_is_exact(model_bf16, encoder):
     cond = encoder.conditioning(PROMPTS, pad_to=8)
     options = {"height": 256, "width": 256, "vae_scale_factor": 8, "mask_text_padding": True}
-    common = dict(scheduler_setup=_setup(model_bf16, cond), noise_level=0.1, options=options, max_num_seqs=4,
-                  text_width=8)
+    common = dict(
+        scheduler_setup=_setup(model_bf16, cond), noise_level=0.1, options=options, max_num_seqs=4, text_width=8
+    )
     requests = _bias_requests(cond, [0] * 4)
     stock = run_stepwise(qwen_image.FAMILY, model_bf16, requests, injection=Injection(stepwise_bf16=True), **common)
     fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **common)
@@ -117,10 +144,22 @@ def test_stepwise_bf16_state_fails_when_an_fp32_request_joins(model_bf16, encode
     cond = encoder.conditioning(PROMPTS[:3], pad_to=8)
     options = {"height": 64, "width": 64, "vae_scale_factor": 8, "mask_text_padding": True}
     window = SDEWindow(1, 2, 4)
-    requests = [StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()},
-                                window=window, arrival=a) for i, a in enumerate([0, 0, 1])]
-    setup = qwen_image.rollout(model_bf16, {k: v[:2] for k, v in cond.items()}, seeds=[0, 1], window=window,
-                               noise_level=0.7, num_inference_steps=4, height=64, width=64).scheduler
+    requests = [
+        StepwiseRequest(
+            f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()}, window=window, arrival=a
+        )
+        for i, a in enumerate([0, 0, 1])
+    ]
+    setup = qwen_image.rollout(
+        model_bf16,
+        {k: v[:2] for k, v in cond.items()},
+        seeds=[0, 1],
+        window=window,
+        noise_level=0.7,
+        num_inference_steps=4,
+        height=64,
+        width=64,
+    ).scheduler
     common = dict(scheduler_setup=setup, noise_level=0.7, options=options, text_width=8)
     with pytest.raises(MixedDtypeBatchError, match="Mixed dtypes in latents batch"):
         run_stepwise(qwen_image.FAMILY, model_bf16, requests, injection=Injection(stepwise_bf16=True), **common)
@@ -134,13 +173,19 @@ def test_txt_seq_lens_subclass_is_diffusers_forward_with_padded_lengths(model, e
     reference = QwenImageTransformer2DModel(**dict(model.config)).eval()
     reference.load_state_dict(model.state_dict())
     embeds, mask = encoder.encode(["a red cat", "a dog in the garden at night"], pad_to=12)
-    inputs = dict(hidden_states=torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(0)),
-                  encoder_hidden_states=embeds, timestep=torch.tensor([0.5, 0.25]), img_shapes=[[(1, 4, 4)]] * 2,
-                  return_dict=False)
+    inputs = dict(
+        hidden_states=torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(0)),
+        encoder_hidden_states=embeds,
+        timestep=torch.tensor([0.5, 0.25]),
+        img_shapes=[[(1, 4, 4)]] * 2,
+        return_dict=False,
+    )
     with torch.no_grad():
         for attention_mask in (mask, None):
             expected = reference(**inputs, encoder_hidden_states_mask=attention_mask)[0]
-            ours = model(**inputs, encoder_hidden_states_mask=attention_mask, txt_seq_lens=padded_txt_seq_lens(embeds))[0]
+            ours = model(**inputs, encoder_hidden_states_mask=attention_mask, txt_seq_lens=padded_txt_seq_lens(embeds))[
+                0
+            ]
             assert torch.equal(ours, expected)
             assert torch.equal(model(**inputs, encoder_hidden_states_mask=attention_mask)[0], expected)
     assert padded_txt_seq_lens(embeds) == [12, 12]
@@ -150,8 +195,16 @@ def test_txt_seq_lens_subclass_is_diffusers_forward_with_padded_lengths(model, e
 def _rope_case(model, encoder, width, mask_text_padding):
     """Short prompts (2 tokens) padded to `width` — the width of a longer prompt they were batched with."""
     cond = encoder.conditioning(["a cat"] * 4, pad_to=width)
-    args = dict(height=64, width=64, num_inference_steps=6, seeds=[1, 2, 3, 4], window=SDEWindow(0, 5, 6),
-                noise_level=0.7, mask_text_padding=mask_text_padding, denoise_to_end=False)
+    args = dict(
+        height=64,
+        width=64,
+        num_inference_steps=6,
+        seeds=[1, 2, 3, 4],
+        window=SDEWindow(0, 5, 6),
+        noise_level=0.7,
+        mask_text_padding=mask_text_padding,
+        denoise_to_end=False,
+    )
     stock = qwen_image.rollout(model, cond, injection=Injection(mask_sum_rope=True), **args)
     fixed = qwen_image.rollout(model, cond, **args)
     with torch.no_grad():
@@ -186,8 +239,17 @@ def test_mask_sum_rope_needs_a_model_that_takes_txt_seq_lens(model, encoder):
     reference = QwenImageTransformer2DModel(**dict(model.config)).eval()
     cond = encoder.conditioning(["a cat"] * 2, pad_to=4)
     with pytest.raises(ValueError, match="txt_seq_lens"):
-        qwen_image.rollout(reference, cond, height=64, width=64, num_inference_steps=3, seeds=[1, 2],
-                           window=SDEWindow(0, 1, 3), noise_level=0.7, injection=Injection(mask_sum_rope=True))
+        qwen_image.rollout(
+            reference,
+            cond,
+            height=64,
+            width=64,
+            num_inference_steps=3,
+            seeds=[1, 2],
+            window=SDEWindow(0, 1, 3),
+            noise_level=0.7,
+            injection=Injection(mask_sum_rope=True),
+        )
 
 
 # ------------------------------------------------------------------------------------ SDE windows
@@ -199,16 +261,25 @@ def test_per_request_windows_disagree_within_a_prompt_group_and_group_windows_ag
     # rollout of the group, in any process, on any rank.
     fixed = [draw_sde_window(seed=42, global_step=7, prompt_group=0, num_steps=16, window_size=4) for _ in range(8)]
     assert len(set(fixed)) == 1
-    groups = {draw_sde_window(seed=42, global_step=7, prompt_group=g, num_steps=16, window_size=4).start
-              for g in range(16)}
+    groups = {
+        draw_sde_window(seed=42, global_step=7, prompt_group=g, num_steps=16, window_size=4).start for g in range(16)
+    }
     assert len(groups) > 1  # different groups still explore different windows
 
 
 def test_per_request_window_injection_shows_in_the_trajectory(model, encoder):
     cond = encoder.conditioning(["a red cat"] * 8)
     window = draw_sde_window(seed=42, global_step=0, prompt_group=0, num_steps=12, window_size=2)
-    args = dict(height=32, width=32, num_inference_steps=12, seeds=list(range(8)), window=window, noise_level=0.7,
-                prompt_groups=[0] * 8, denoise_to_end=False)
+    args = dict(
+        height=32,
+        width=32,
+        num_inference_steps=12,
+        seeds=list(range(8)),
+        window=window,
+        noise_level=0.7,
+        prompt_groups=[0] * 8,
+        denoise_to_end=False,
+    )
     fixed = qwen_image.rollout(model, cond, **args)
     assert set(fixed.windows) == {window}
     # The stock draw is unseeded: 8 rollouts land on one start with probability 11^-7; retry once anyway.

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from consistency.precision import (
+from rollout_consistency.precision import (
     PrecisionReport,
     audit_precision,
     diff_precision_reports,
@@ -187,7 +187,7 @@ def test_rollout_and_trainer_diff() -> None:
     assert by_key["autocast.dtype"].severity == "error"
     assert by_key["model.param_dtypes"].a == {"bfloat16": 72}
     assert by_key["optimizer.class"].severity == "info"  # recorded on the trainer side only
-    assert [d.severity for d in diff.differences][0] == "error"
+    assert next(d.severity for d in diff.differences) == "error"
 
     # The step-1 checker embeds this in its JSON report, and reads rollout reports from JSON.
     embedded = json.loads(json.dumps(diff.to_dict()))

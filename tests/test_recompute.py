@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import pytest
@@ -10,10 +11,15 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from consistency._checkpoint_pitfall import ToyDenoiser, rng_unsafe_checkpoint, toy_case, toy_flow_matching_batch
-from consistency.checkpointing import checkpoint
-from consistency.recompute import check_recompute_consistency
-from consistency.rng_state import isolated_rng
+from rollout_consistency._checkpoint_pitfall import (
+    ToyDenoiser,
+    rng_unsafe_checkpoint,
+    toy_case,
+    toy_flow_matching_batch,
+)
+from rollout_consistency.checkpointing import checkpoint
+from rollout_consistency.recompute import check_recompute_consistency
+from rollout_consistency.rng_state import isolated_rng
 
 TORCH_NON_REENTRANT = functools.partial(torch_checkpoint, use_reentrant=False)
 TORCH_REENTRANT = functools.partial(torch_checkpoint, use_reentrant=True)
@@ -47,7 +53,7 @@ def test_rng_unsafe_helper_fails_with_dropout() -> None:
     assert any(name.startswith("blocks.0.") for name in wrong)
     assert all(g.missing_in is None for g in report.gradients)
     assert any("does not restore the RNG state" in reason for reason in report.reasons)
-    assert "consistency.checkpointing.checkpoint" in report.reasons[0]
+    assert "rollout_consistency.checkpointing.checkpoint" in report.reasons[0]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +80,7 @@ def test_failure_grows_with_dropout_probability(seed: int) -> None:
     probabilities = [0.0, 0.02, 0.1, 0.3, 0.6]
     sizes = [run_case(rng_unsafe_checkpoint, dropout=p, seed=seed).global_relative_diff for p in probabilities]
     assert sizes[0] == 0.0
-    assert all(a < b for a, b in zip(sizes, sizes[1:])), sizes
+    assert all(a < b for a, b in itertools.pairwise(sizes)), sizes
     assert sizes[1] > 1e-3  # even 2% dropout is far beyond rounding
 
 

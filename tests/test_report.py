@@ -1,4 +1,4 @@
-"""consistency.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
+"""rollout_consistency.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
 
 from __future__ import annotations
 
@@ -9,26 +9,55 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from consistency.config import CheckConfig
-from consistency.metrics import compute_metrics
-from consistency.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
-from consistency.tolerances import exact_tolerance, kernel_tolerance
-from consistency.verdict import Problem, decide
+from rollout_consistency.config import CheckConfig
+from rollout_consistency.metrics import compute_metrics
+from rollout_consistency.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
+from rollout_consistency.tolerances import exact_tolerance, kernel_tolerance
+from rollout_consistency.verdict import Problem, decide
 
 STEPS = np.tile(np.float32([900, 750]), (4, 1))
 
 # The schema promise: these keys, in this order. Renaming or removing one must bump SCHEMA_VERSION.
 TOP_KEYS = [
-    "schema", "schema_version", "status", "passed", "reasons", "verdict", "tolerance", "metrics", "samples",
-    "config", "precision", "notes", "run",
+    "schema",
+    "schema_version",
+    "status",
+    "passed",
+    "reasons",
+    "verdict",
+    "tolerance",
+    "metrics",
+    "samples",
+    "config",
+    "precision",
+    "notes",
+    "run",
 ]
 METRICS_KEYS = [
-    "overall", "by_position", "by_timestep", "by_sample", "nonfinite", "missing", "empty_samples",
-    "num_samples", "num_positions", "micro_batch_size", "clip_ratio_low", "clip_ratio_high",
+    "overall",
+    "by_position",
+    "by_timestep",
+    "by_sample",
+    "nonfinite",
+    "missing",
+    "empty_samples",
+    "num_samples",
+    "num_positions",
+    "micro_batch_size",
+    "clip_ratio_low",
+    "clip_ratio_high",
 ]
 VALUE_KEYS = [
-    "ratio_mean", "ratio_std", "ppo_kl", "pg_clipfrac", "pg_clipfrac_higher", "pg_clipfrac_lower", "approx_kl",
-    "mean_abs_dlogp", "max_abs_dlogp", "count",
+    "ratio_mean",
+    "ratio_std",
+    "ppo_kl",
+    "pg_clipfrac",
+    "pg_clipfrac_higher",
+    "pg_clipfrac_lower",
+    "approx_kl",
+    "mean_abs_dlogp",
+    "max_abs_dlogp",
+    "count",
 ]
 CHECK_KEYS = ["name", "kind", "passed", "message", "value", "limit", "excess", "steps", "timesteps"]
 
@@ -109,7 +138,9 @@ def test_junit_parses_with_one_testcase_per_check(tmp_path, delta, metrics):
         assert ppo.get("classname") == "rollout_consistency.step1.exact.metric"
 
 
-@pytest.mark.parametrize("delta, nan, metrics", [(0.0, False, True), (2e-4, False, True), (0.0, True, True), (0.0, False, False)])
+@pytest.mark.parametrize(
+    "delta, nan, metrics", [(0.0, False, True), (2e-4, False, True), (0.0, True, True), (0.0, False, False)]
+)
 def test_plot_is_a_png(tmp_path, delta, nan, metrics):
     path = tmp_path / "sub" / "plot.png"
     make_report(delta, nan=nan, tolerance=kernel_tolerance(), metrics=metrics).write_plot(path)

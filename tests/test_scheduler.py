@@ -10,7 +10,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedulers import SDE_TYPES, FlowMatchSDEDiscreteScheduler
+from rollout_consistency.schedulers import SDE_TYPES, FlowMatchSDEDiscreteScheduler
 
 SHAPE = (3, 4, 6, 6)
 
@@ -148,7 +148,10 @@ def test_strict_entry_point_rejects_non_fp32(argument, dtype):
     args[argument] = args[argument].to(dtype)
     with pytest.raises(TypeError, match=rf"`{argument}` is torch\.\w+, expected torch.float32.*\.float\(\)"):
         scheduler.sample_previous_step(
-            args["model_output"], scheduler.timesteps[0], args["sample"], noise_level=0.7,
+            args["model_output"],
+            scheduler.timesteps[0],
+            args["sample"],
+            noise_level=0.7,
             prev_sample=args["prev_sample"],
         )
 
@@ -189,7 +192,10 @@ def test_per_sample_timesteps_equal_separate_calls():
     batched = scheduler.sample_previous_step(v, t, x, noise_level=0.5, generator=generators(4, 3))
     for row, index in enumerate(indices):
         single = scheduler.sample_previous_step(
-            v[row : row + 1], scheduler.timesteps[index], x[row : row + 1], noise_level=0.5,
+            v[row : row + 1],
+            scheduler.timesteps[index],
+            x[row : row + 1],
+            noise_level=0.5,
             generator=[generators(4, 3)[row]],
         )
         assert torch.equal(batched.prev_sample[row], single.prev_sample[0])
@@ -277,8 +283,9 @@ def test_cps_last_step_is_deterministic_with_finite_gradient():
     scheduler = make_scheduler()
     x, v = tensors(9)
     v = v.requires_grad_(True)
-    out = scheduler.sample_previous_step(v, scheduler.timesteps[-1], x, noise_level=0.5, sde_type="cps",
-                                         generator=generators(9, 3))
+    out = scheduler.sample_previous_step(
+        v, scheduler.timesteps[-1], x, noise_level=0.5, sde_type="cps", generator=generators(9, 3)
+    )
     assert torch.equal(out.prev_sample, out.prev_sample_mean.detach()) and torch.all(out.log_prob == 0)
     out.log_prob.sum().backward()
     assert torch.isfinite(v.grad).all()

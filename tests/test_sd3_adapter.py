@@ -8,11 +8,11 @@ from functools import partial
 
 import pytest
 import torch
-
-from adapters import flux, sd3
-from adapters.tiny_sd3_flux import TINY_SD3_CONFIG, load_flux, load_sd3, tiny_flux_prompt_encoder
-from schedulers import SDEWindow
 from sd3_flux_cases import PROMPTS, SD3, SEEDS, SIZE, recompute, rollout
+
+from rollout_consistency.adapters import flux, sd3
+from rollout_consistency.adapters.tiny_sd3_flux import TINY_SD3_CONFIG, load_flux, load_sd3, tiny_flux_prompt_encoder
+from rollout_consistency.schedulers import SDEWindow
 
 _rollout = partial(rollout, SD3)
 _recompute = partial(recompute, SD3)
@@ -45,9 +45,17 @@ def test_cfg_runs_the_conditional_forward_unchanged(model, cond):
         guided = sd3.velocity(model, latents, t, cond, 4.5, options=SIZE)
         no_negative = {k: v for k, v in cond.items() if not k.startswith("negative")}
         assert torch.equal(sd3.velocity(model, latents, t, no_negative, 1.0, options=SIZE), cond_only)
-        uncond = sd3.velocity(model, latents, t, {"prompt_embeds": cond["negative_prompt_embeds"],
-                                                   "pooled_prompt_embeds": cond["negative_pooled_prompt_embeds"]},
-                              1.0, options=SIZE)
+        uncond = sd3.velocity(
+            model,
+            latents,
+            t,
+            {
+                "prompt_embeds": cond["negative_prompt_embeds"],
+                "pooled_prompt_embeds": cond["negative_pooled_prompt_embeds"],
+            },
+            1.0,
+            options=SIZE,
+        )
     assert guided.dtype == torch.float32
     assert torch.equal(guided, uncond + 4.5 * (cond_only - uncond))
 
@@ -73,7 +81,14 @@ def test_image_size_is_checked(model, cond):
 
 
 def test_trajectory_of_another_family_is_refused(model, cond):
-    other = flux.rollout(load_flux(), tiny_flux_prompt_encoder().conditioning(PROMPTS), num_inference_steps=4,
-                         seeds=SEEDS, window=SDEWindow(0, 2, 4), noise_level=0.7, **SIZE)
+    other = flux.rollout(
+        load_flux(),
+        tiny_flux_prompt_encoder().conditioning(PROMPTS),
+        num_inference_steps=4,
+        seeds=SEEDS,
+        window=SDEWindow(0, 2, 4),
+        noise_level=0.7,
+        **SIZE,
+    )
     with pytest.raises(ValueError, match="'flux' rollout"):
         _recompute(model, other)

@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import pytest
 import torch
-
-from adapters import Injection, Trajectory, recompute_step_log_prob
-from adapters.stepwise import StepwiseRequest, run_stepwise
-from consistency.metrics import compute_metrics
-from consistency.tolerances import exact_tolerance
-from consistency.verdict import decide
-from schedulers import SDEWindow
 from sd3_flux_cases import FAMILIES, PROMPTS, SEEDS, SIZE, Family, recompute, rollout
+
+from rollout_consistency.adapters import Injection, Trajectory, recompute_step_log_prob
+from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.metrics import compute_metrics
+from rollout_consistency.schedulers import SDEWindow
+from rollout_consistency.tolerances import exact_tolerance
+from rollout_consistency.verdict import decide
 
 
 def _verdict(rollout_log_probs, trainer_log_probs, trajectory):
@@ -27,11 +27,15 @@ def _verdict(rollout_log_probs, trainer_log_probs, trajectory):
 
 def _cases(per_family: Callable[[Family], list]) -> list:
     """pytest params `(family name, *case)` for each family's cases, with readable ids."""
+
     def case_id(family: Family, case: tuple) -> str:
         return "-".join([family.name, *(str(part) for part in case if isinstance(part, (str, float)))])
 
-    return [pytest.param(family.name, *case, id=case_id(family, case))
-            for family in FAMILIES.values() for case in per_family(family)]
+    return [
+        pytest.param(family.name, *case, id=case_id(family, case))
+        for family in FAMILIES.values()
+        for case in per_family(family)
+    ]
 
 
 def _cfg_cases(family: Family) -> list:
@@ -76,10 +80,23 @@ def test_ode_steps_match_diffusers_pipeline_bit_for_bit(family, model, cond, cfg
         seen[i] = tensors["latents"].clone()
         return {}
 
-    pipe(**cond, **cfg, num_inference_steps=num_steps, output_type="latent",
-         generator=[torch.Generator().manual_seed(s) for s in SEEDS], callback_on_step_end=capture, **SIZE)
-    trajectory = rollout(family, model, cond, **cfg, num_inference_steps=num_steps,
-                         window=SDEWindow(start=num_steps - 1, size=1, num_steps=num_steps))
+    pipe(
+        **cond,
+        **cfg,
+        num_inference_steps=num_steps,
+        output_type="latent",
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        callback_on_step_end=capture,
+        **SIZE,
+    )
+    trajectory = rollout(
+        family,
+        model,
+        cond,
+        **cfg,
+        num_inference_steps=num_steps,
+        window=SDEWindow(start=num_steps - 1, size=1, num_steps=num_steps),
+    )
     assert torch.equal(trajectory.latents[:, 0], seen[num_steps - 2])
 
 
@@ -97,12 +114,27 @@ def test_stepwise_equals_request_level_bit_for_bit(family, model, cond, arrivals
     """The continuous-batching path: requests join mid-flight and run at different steps inside one forward
     (>= 2 rows per forward, one fixed text width as the pipeline encodes it) — bit-exact."""
     reference = rollout(family, model, cond, prompt_groups=[0, 0, 1, 1])
-    requests = [StepwiseRequest(f"r{i}", seed=seed, conditioning={k: v[i : i + 1] for k, v in cond.items()},
-                                window=reference.windows[i], prompt_group=reference.prompt_groups[i], arrival=arrival)
-                for i, (seed, arrival) in enumerate(zip(SEEDS, arrivals))]
-    stepwise = run_stepwise(family.adapter.FAMILY, model, requests, scheduler_setup=reference.scheduler,
-                            noise_level=0.7, guidance_scale=family.guidance_scale, options=reference.family_options,
-                            max_num_seqs=4)
+    requests = [
+        StepwiseRequest(
+            f"r{i}",
+            seed=seed,
+            conditioning={k: v[i : i + 1] for k, v in cond.items()},
+            window=reference.windows[i],
+            prompt_group=reference.prompt_groups[i],
+            arrival=arrival,
+        )
+        for i, (seed, arrival) in enumerate(zip(SEEDS, arrivals, strict=False))
+    ]
+    stepwise = run_stepwise(
+        family.adapter.FAMILY,
+        model,
+        requests,
+        scheduler_setup=reference.scheduler,
+        noise_level=0.7,
+        guidance_scale=family.guidance_scale,
+        options=reference.family_options,
+        max_num_seqs=4,
+    )
     assert stepwise.provenance["path"] == "step-wise"
     for name in ("latents", "log_probs", "timesteps", "final_latents"):
         assert torch.equal(getattr(stepwise, name), getattr(reference, name)), name
@@ -111,8 +143,13 @@ def test_stepwise_equals_request_level_bit_for_bit(family, model, cond, arrivals
 
 def test_bf16_weights_with_fp32_storage_is_exact(family, model_bf16, cond):
     trajectory = rollout(family, model_bf16, cond)
-    for tensor in (trajectory.latents, trajectory.log_probs, trajectory.timesteps, trajectory.final_latents,
-                   *trajectory.conditioning.values()):
+    for tensor in (
+        trajectory.latents,
+        trajectory.log_probs,
+        trajectory.timesteps,
+        trajectory.final_latents,
+        *trajectory.conditioning.values(),
+    ):
         assert tensor.dtype == torch.float32
     recomputed = recompute(family, model_bf16, trajectory)
     assert torch.equal(recomputed - trajectory.log_probs, torch.zeros(4, 3))
@@ -129,8 +166,15 @@ def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
     where the step's std nears bf16 resolution: there every sample shows it.
     """
     cond16 = family.conditioning(PROMPTS * 4)
-    args = dict(num_inference_steps=4, seeds=list(range(16)), window=SDEWindow(start=0, size=4, num_steps=4),
-                noise_level=0.05, height=128, width=128, denoise_to_end=False)
+    args = dict(
+        num_inference_steps=4,
+        seeds=list(range(16)),
+        window=SDEWindow(start=0, size=4, num_steps=4),
+        noise_level=0.05,
+        height=128,
+        width=128,
+        denoise_to_end=False,
+    )
     args[family.cfg_key] = 1.0  # no CFG: the 16 prompts come without negatives
     stock = family.adapter.rollout(model_bf16, cond16, injection=Injection(bf16_latents=True), **args)
     stock_recomputed = recompute(family, model_bf16, stock)
@@ -203,10 +247,14 @@ def test_missing_pooled_projections_is_refused(family, model, cond):
 def _malformed_conditioning(family: Family) -> list:
     """(key, value, error, match): each family's tiny transformer takes text 32 wide and pooled 16 wide."""
     specific = {
-        "sd3": [("prompt_embeds", torch.zeros(3, 16, 32), ValueError, "3 rows for 4 samples"),
-                ("prompt_embeds", torch.zeros(4, 16, 32, dtype=torch.bfloat16), TypeError, "float32")],
-        "flux": [("negative_prompt_embeds", torch.zeros(2, 16, 32), ValueError, "2 rows for 4 samples"),
-                 ("pooled_prompt_embeds", torch.zeros(4, 16, dtype=torch.float16), TypeError, "float32")],
+        "sd3": [
+            ("prompt_embeds", torch.zeros(3, 16, 32), ValueError, "3 rows for 4 samples"),
+            ("prompt_embeds", torch.zeros(4, 16, 32, dtype=torch.bfloat16), TypeError, "float32"),
+        ],
+        "flux": [
+            ("negative_prompt_embeds", torch.zeros(2, 16, 32), ValueError, "2 rows for 4 samples"),
+            ("pooled_prompt_embeds", torch.zeros(4, 16, dtype=torch.float16), TypeError, "float32"),
+        ],
     }
     return [
         ("prompt_embeds", torch.zeros(4, 16, 24), ValueError, "joint_attention_dim"),
@@ -216,8 +264,9 @@ def _malformed_conditioning(family: Family) -> list:
     ]
 
 
-@pytest.mark.parametrize(("family", "key", "value", "error", "match"), _cases(_malformed_conditioning),
-                         indirect=["family"])
+@pytest.mark.parametrize(
+    ("family", "key", "value", "error", "match"), _cases(_malformed_conditioning), indirect=["family"]
+)
 def test_malformed_conditioning_is_refused(family, model, cond, key, value, error, match):
     with pytest.raises(error, match=match):
         rollout(family, model, {**cond, key: value})
@@ -240,7 +289,9 @@ def test_tiny_model_is_a_pure_function_of_the_seed(family):
     state = torch.random.get_rng_state()
     first, again, other = family.load(seed=3), family.load(seed=3), family.load(seed=4)
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's global RNG is untouched
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=False)
+    )
     assert not torch.equal(first.proj_out.weight, other.proj_out.weight)
     assert torch.equal(family.load(seed=3, dtype=torch.bfloat16).proj_out.weight, first.proj_out.weight.bfloat16())
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedulers import SDEWindow, SDEWindowSchedule, draw_sde_window
+from rollout_consistency.schedulers import SDEWindow, SDEWindowSchedule, draw_sde_window
 
 RUN = dict(num_steps=16, window_size=3, window_range=(0, 8))
 
@@ -96,7 +96,11 @@ def test_window_always_inside_range(num_steps, data, seed, step, group):
     high = data.draw(st.integers(low + 1, num_steps))
     size = data.draw(st.integers(1, high - low))
     window = draw_sde_window(
-        seed=seed, global_step=step, prompt_group=group, num_steps=num_steps, window_size=size,
+        seed=seed,
+        global_step=step,
+        prompt_group=group,
+        num_steps=num_steps,
+        window_size=size,
         window_range=(low, high),
     )
     assert low <= window.start and window.stop <= high and window.size == size

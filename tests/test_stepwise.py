@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters import TinyPromptEncoder, load_qwen_image, qwen_image, recompute_log_probs
-from adapters.stepwise import (
+from rollout_consistency.adapters import TinyPromptEncoder, load_qwen_image, qwen_image, recompute_log_probs
+from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
+from rollout_consistency.adapters.stepwise import (
     StepwiseRequest,
     gather_latents,
     init_window_record,
@@ -14,8 +15,7 @@ from adapters.stepwise import (
     run_stepwise,
     shared_text_width,
 )
-from adapters.pitfalls import MixedDtypeBatchError
-from schedulers import SDEWindow, draw_sde_window
+from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
 OPTIONS = {"height": 64, "width": 64, "vae_scale_factor": 8, "mask_text_padding": True}
@@ -41,20 +41,40 @@ def _requests(cond, arrivals, windows=None, trim=False):
                 length = int(own[key + "_mask"].sum())
                 own[key], own[key + "_mask"] = own[key][:, :length], own[key + "_mask"][:, :length]
         window = WINDOW if windows is None else windows[i]
-        requests.append(StepwiseRequest(f"req-{i}", seed=i + 1, conditioning=own, window=window, prompt_group=i // 2,
-                                        arrival=arrival))
+        requests.append(
+            StepwiseRequest(
+                f"req-{i}", seed=i + 1, conditioning=own, window=window, prompt_group=i // 2, arrival=arrival
+            )
+        )
     return requests
 
 
 def _reference(model, cond, windows=None, guidance_scale=3.0):
-    return qwen_image.rollout(model, cond, num_inference_steps=6, seeds=[1, 2, 3, 4],
-                              window=WINDOW if windows is None else windows, noise_level=0.7,
-                              guidance_scale=guidance_scale, prompt_groups=[0, 0, 1, 1], height=64, width=64)
+    return qwen_image.rollout(
+        model,
+        cond,
+        num_inference_steps=6,
+        seeds=[1, 2, 3, 4],
+        window=WINDOW if windows is None else windows,
+        noise_level=0.7,
+        guidance_scale=guidance_scale,
+        prompt_groups=[0, 0, 1, 1],
+        height=64,
+        width=64,
+    )
 
 
 def _stepwise(model, requests, reference, guidance_scale=3.0, **kwargs):
-    return run_stepwise(qwen_image.FAMILY, model, requests, scheduler_setup=reference.scheduler, noise_level=0.7,
-                        guidance_scale=guidance_scale, options=OPTIONS, **kwargs)
+    return run_stepwise(
+        qwen_image.FAMILY,
+        model,
+        requests,
+        scheduler_setup=reference.scheduler,
+        noise_level=0.7,
+        guidance_scale=guidance_scale,
+        options=OPTIONS,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("arrivals", [(0, 0, 0, 0), (0, 0, 1, 1), (0, 0, 2, 2)])
@@ -84,7 +104,6 @@ def test_stepwise_with_per_group_windows_is_exact(model, encoder):
         assert torch.equal(recompute_log_probs(model, stepwise), stepwise.log_probs)
 
 
-
 def test_stepwise_cfg_with_trimmed_texts_recomputes_exactly(model, encoder):
     """Requests arrive with their own tokens only (the negative prompt narrower than the positive); the
     forwards pad both texts to `text_width`, and the trajectory stores them padded the same way, so the
@@ -92,11 +111,14 @@ def test_stepwise_cfg_with_trimmed_texts_recomputes_exactly(model, encoder):
     cond = encoder.conditioning(PROMPTS, [" "] * 4, pad_to=12)
     reference = _reference(model, cond)
     requests = _requests(cond, (0, 0, 0, 0), trim=True)
-    assert requests[3].conditioning["negative_prompt_embeds"].shape[1] < requests[3].conditioning["prompt_embeds"].shape[1]
+    assert (
+        requests[3].conditioning["negative_prompt_embeds"].shape[1] < requests[3].conditioning["prompt_embeds"].shape[1]
+    )
     stepwise = _stepwise(model, requests, reference, max_num_seqs=4, text_width=12)
     assert stepwise.conditioning["negative_prompt_embeds"].shape[1] == 12
     with torch.no_grad():
         assert torch.equal(recompute_log_probs(model, stepwise), stepwise.log_probs)
+
 
 def test_stepwise_is_rounding_close_when_the_forward_differs(model, encoder):
     """Not batch-invariant cases, stated: (a) a request runs alone for some steps (max_num_seqs=3 and late
@@ -105,8 +127,11 @@ def test_stepwise_is_rounding_close_when_the_forward_differs(model, encoder):
     differently). The log-probs then agree to ~1e-7, well inside the 1e-6 asserted here."""
     cond = encoder.conditioning(PROMPTS, [" "] * 4)
     reference = _reference(model, cond)
-    for kwargs, trim in (({"max_num_seqs": 3, "text_width": None}, True), ({"max_num_seqs": 4}, True),
-                         ({"max_num_seqs": 3, "text_width": 12}, False)):
+    for kwargs, trim in (
+        ({"max_num_seqs": 3, "text_width": None}, True),
+        ({"max_num_seqs": 4}, True),
+        ({"max_num_seqs": 3, "text_width": 12}, False),
+    ):
         source = encoder.conditioning(PROMPTS, [" "] * 4, pad_to=12) if not trim else cond
         stepwise = _stepwise(model, _requests(source, (0, 0, 1, 1), trim=trim), reference, **kwargs)
         assert (stepwise.log_probs - reference.log_probs).abs().max() <= 1e-6
@@ -117,8 +142,9 @@ def test_stepwise_is_rounding_close_when_the_forward_differs(model, encoder):
 
 def test_running_batch_respects_max_num_seqs_and_order(model, encoder):
     cond = encoder.conditioning(PROMPTS, pad_to=12)
-    reference = qwen_image.rollout(model, cond, num_inference_steps=6, seeds=[1, 2, 3, 4], window=WINDOW,
-                                   noise_level=0.7, height=64, width=64)
+    reference = qwen_image.rollout(
+        model, cond, num_inference_steps=6, seeds=[1, 2, 3, 4], window=WINDOW, noise_level=0.7, height=64, width=64
+    )
     seen_batches = []
     original = qwen_image.FAMILY.velocity
 
@@ -130,8 +156,16 @@ def test_running_batch_respects_max_num_seqs_and_order(model, encoder):
 
     family = replace(qwen_image.FAMILY, velocity=counting_velocity)
     requests = _requests(cond, (0, 0, 2, 2))[::-1]  # submission order differs from seed order
-    stepwise = run_stepwise(family, model, requests, scheduler_setup=reference.scheduler, noise_level=0.7,
-                            options=OPTIONS, max_num_seqs=2, text_width=12)
+    stepwise = run_stepwise(
+        family,
+        model,
+        requests,
+        scheduler_setup=reference.scheduler,
+        noise_level=0.7,
+        options=OPTIONS,
+        max_num_seqs=2,
+        text_width=12,
+    )
     assert max(seen_batches) == 2 and sum(seen_batches) == 4 * 6
     assert stepwise.seeds == (4, 3, 2, 1)  # rows follow the submitted requests
     assert torch.equal(stepwise.log_probs, reference.log_probs.flip(0))
@@ -158,7 +192,8 @@ def test_plain_functions_check_their_inputs():
     with pytest.raises(ValueError, match="outside"):
         record_window_step(record, 1, torch.zeros(1, 3), torch.tensor(1.0), torch.zeros(1), torch.zeros(1, 3))
     with pytest.raises(TypeError, match="float32"):
-        record_window_step(record, 2, torch.zeros(1, 3, dtype=torch.bfloat16), torch.tensor(1.0), torch.zeros(1),
-                           torch.zeros(1, 3))
+        record_window_step(
+            record, 2, torch.zeros(1, 3, dtype=torch.bfloat16), torch.tensor(1.0), torch.zeros(1), torch.zeros(1, 3)
+        )
     with pytest.raises(ValueError, match="out of order"):
         record_window_step(record, 3, torch.zeros(1, 3), torch.tensor(1.0), torch.zeros(1), torch.zeros(1, 3))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from adapters import (
+from rollout_consistency.adapters import (
     SchedulerSetup,
     TinyPromptEncoder,
     Trajectory,
@@ -18,8 +18,8 @@ from adapters import (
     qwen_image,
     stack_trajectories,
 )
-from adapters.trajectory import _digest
-from schedulers import SDEWindow
+from rollout_consistency.adapters.trajectory import _digest
+from rollout_consistency.schedulers import SDEWindow
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,17 @@ def trajectory() -> Trajectory:
     model = load_qwen_image()
     cond = TinyPromptEncoder().conditioning(["a red cat", "a dog in the garden at night"], [" ", " "])
     return qwen_image.rollout(
-        model, cond, height=32, width=32, num_inference_steps=6, seeds=[11, 12],
-        window=SDEWindow(start=1, size=3, num_steps=6), noise_level=0.7, guidance_scale=3.0,
-        prompt_groups=[0, 1], global_step=5,
+        model,
+        cond,
+        height=32,
+        width=32,
+        num_inference_steps=6,
+        seeds=[11, 12],
+        window=SDEWindow(start=1, size=3, num_steps=6),
+        noise_level=0.7,
+        guidance_scale=3.0,
+        prompt_groups=[0, 1],
+        global_step=5,
     )
 
 
@@ -59,8 +67,17 @@ def test_round_trip_is_bit_exact(trajectory, tmp_path):
     path = trajectory.save(tmp_path / "sub" / "traj.safetensors")
     loaded = Trajectory.load(path)
     _tensors_equal(trajectory, loaded)
-    for name in ("windows", "noise_level", "sde_type", "guidance_scale", "seeds", "prompt_groups", "global_step",
-                 "model_family", "include_normalizer"):
+    for name in (
+        "windows",
+        "noise_level",
+        "sde_type",
+        "guidance_scale",
+        "seeds",
+        "prompt_groups",
+        "global_step",
+        "model_family",
+        "include_normalizer",
+    ):
         assert getattr(loaded, name) == getattr(trajectory, name), name
     assert loaded.scheduler.to_json_dict() == trajectory.scheduler.to_json_dict()
     assert torch.equal(loaded.scheduler.timesteps(), trajectory.scheduler.timesteps())
@@ -111,13 +128,15 @@ def _rewrite(trajectory: Trajectory, path, **changes) -> None:
 
 def test_wrong_dtype_in_file_is_rejected(trajectory, tmp_path):
     _rewrite(trajectory, tmp_path / "bf16.safetensors", latents=trajectory.latents.to(torch.bfloat16))
-    with pytest.raises(TrajectoryFormatError, match="latents.*bfloat16.*float32"):
+    with pytest.raises(TrajectoryFormatError, match=r"latents.*bfloat16.*float32"):
         Trajectory.load(tmp_path / "bf16.safetensors")
     _rewrite(trajectory, tmp_path / "f64.safetensors", log_probs=trajectory.log_probs.double())
-    with pytest.raises(TrajectoryFormatError, match="log_probs.*float64"):
+    with pytest.raises(TrajectoryFormatError, match=r"log_probs.*float64"):
         Trajectory.load(tmp_path / "f64.safetensors")
     mask_key = "conditioning.prompt_embeds_mask"
-    _rewrite(trajectory, tmp_path / "mask.safetensors", **{mask_key: trajectory.conditioning["prompt_embeds_mask"].int()})
+    _rewrite(
+        trajectory, tmp_path / "mask.safetensors", **{mask_key: trajectory.conditioning["prompt_embeds_mask"].int()}
+    )
     with pytest.raises(TrajectoryFormatError, match="int64"):
         Trajectory.load(tmp_path / "mask.safetensors")
 
@@ -182,9 +201,17 @@ def test_select_and_stack_restore_the_batch(trajectory):
 
 def test_scheduler_setup_round_trip_is_exact():
     setup = SchedulerSetup.for_pipeline(
-        {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 0.9, "base_image_seq_len": 256,
-         "max_image_seq_len": 8192, "time_shift_type": "exponential", "shift_terminal": 0.02},
-        num_inference_steps=7, image_seq_len=1024,
+        {
+            "use_dynamic_shifting": True,
+            "base_shift": 0.5,
+            "max_shift": 0.9,
+            "base_image_seq_len": 256,
+            "max_image_seq_len": 8192,
+            "time_shift_type": "exponential",
+            "shift_terminal": 0.02,
+        },
+        num_inference_steps=7,
+        image_seq_len=1024,
     )
     again = SchedulerSetup.from_json_dict(json.loads(json.dumps(setup.to_json_dict())))
     assert torch.equal(again.build().timesteps, setup.build().timesteps)
