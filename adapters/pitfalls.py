@@ -96,6 +96,7 @@ def stock_round_to_model_dtype(prev_sample: torch.Tensor, model_dtype: torch.dty
     Returns the sample rounded to `model_dtype`, held in a float32 tensor: the value the stock rollout stored
     and fed to the next step, while its log-prob had been computed from the unrounded float32 sample.
     """
+    # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject bf16-latents)
     return prev_sample.to(model_dtype).to(torch.float32)
 
 
@@ -116,6 +117,7 @@ def stock_per_request_window(
     """
     low, high = (0, num_steps) if window_range is None else window_range
     rng = rng if rng is not None else random.Random()  # unseeded on purpose: this is the bug
+    # rollout-consistency: ignore[non-launcher-seed] deliberate reproduction (--inject per-request-window)
     mixed = random.Random(f"{request_id}/{rng.random()}")
     start = mixed.randint(low, high - window_size)
     return SDEWindow(start=start, size=window_size, num_steps=num_steps)

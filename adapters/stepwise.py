@@ -281,6 +281,7 @@ def advance_request(
         sde_type=sde_type,
         include_normalizer=include_normalizer,
     )
+    # rollout-consistency: ignore[low-precision-latents] store_dtype is set only by --inject stepwise-bf16 (on purpose)
     prev = out.prev_sample if store_dtype is None else out.prev_sample.to(store_dtype)
     if in_window:
         record_window_step(state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32))

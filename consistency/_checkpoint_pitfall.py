@@ -46,6 +46,7 @@ class _RngUnsafeCheckpoint(torch.autograd.Function):
         with torch.enable_grad():
             # BUG (the pitfall): the RNG state of the forward is not restored, so dropout inside
             # run_function draws a new mask and the recomputed graph is not the one that was run.
+            # rollout-consistency: ignore[rng-unsafe-recompute] deliberate reproduction of the pitfall
             outputs = ctx.run_function(*inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)

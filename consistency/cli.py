@@ -555,5 +555,29 @@ def _run_check_command(args: argparse.Namespace) -> int:
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
+# lint: static, pure AST (imports neither torch nor the linted code); the command lives in lint/cli.py.
+
+
+def _add_lint_parser(subparsers: Any) -> None:
+    from rollout_consistency.lint.cli import add_parser
+
+    add_parser(subparsers).set_defaults(run=_run_lint)
+
+
+def _run_lint(args: argparse.Namespace) -> int:
+    from rollout_consistency.lint import LintUsageError
+    from rollout_consistency.lint.cli import run
+
+    try:
+        return run(args)
+    except LintUsageError as error:
+        raise UsageError(str(error)) from error
+
+
 # Registration order is the order in `--help`; the step-1 `check` command goes first.
-_COMMANDS: list[Callable[[Any], None]] = [_add_check_parser, _add_recompute_parser, _add_precision_parser]
+_COMMANDS: list[Callable[[Any], None]] = [
+    _add_check_parser,
+    _add_recompute_parser,
+    _add_precision_parser,
+    _add_lint_parser,
+]

@@ -1,0 +1,438 @@
+"""The static lint (rollout_consistency.lint, `rollout-consistency lint`): fixtures, suppression, formats, CLI.
+
+Fixtures live in tests/lint_fixtures/{positive,negative}/. Each top-level file or directory there is one lint
+run (a directory is linted as a whole, so the cross-file rule sees both sides). A line that must be reported
+ends with `# expect: <rule-id>[, <rule-id>]`; every other line must stay silent — the negative fixtures
+(near misses) have no marker at all.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollout_consistency.cli import main
+from rollout_consistency.lint import FORMATS, RULES, Finding, LintUsageError, lint_paths, lint_source, render
+from rollout_consistency.lint.source import SUPPRESSION_PATTERN
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "lint_fixtures"
+PROJECT_TREE = ["consistency", "adapters", "schedulers", "scripts"]
+EXPECT = re.compile(r"# expect: ([a-z0-9-]+(?:, [a-z0-9-]+)*)$")
+
+
+def _cases(kind: str) -> list[Path]:
+    return sorted(p for p in (FIXTURES / kind).iterdir() if p.suffix == ".py" or p.is_dir())
+
+
+def _expected(case: Path) -> set[tuple[Path, int, str]]:
+    files = [case] if case.is_file() else sorted(case.rglob("*.py"))
+    expected = set()
+    for file in files:
+        for number, line in enumerate(file.read_text().splitlines(), start=1):
+            match = EXPECT.search(line)
+            if match:
+                expected.update((file, number, rule.strip()) for rule in match.group(1).split(","))
+    return expected
+
+
+def _found(findings: list[Finding]) -> set[tuple[Path, int, str]]:
+    return {(Path(f.path), f.line, f.rule) for f in findings}
+
+
+# ----------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.mark.parametrize("case", _cases("positive"), ids=lambda p: p.name)
+def test_positive_fixture_reports_exactly_the_marked_lines(case):
+    expected = _expected(case)
+    assert expected, f"{case} has no `# expect:` marker"
+    assert _found(lint_paths([case])) == expected
+
+
+@pytest.mark.parametrize("case", _cases("negative"), ids=lambda p: p.name)
+def test_negative_fixture_is_clean(case):
+    assert not _expected(case)
+    assert lint_paths([case]) == []
+
+
+def test_all_negative_fixtures_together_are_clean():
+    assert lint_paths([FIXTURES / "negative"]) == []
+
+
+def test_every_rule_has_positives_and_near_misses():
+    marked = {rule for case in _cases("positive") for _, _, rule in _expected(case)}
+    assert marked == set(RULES)
+    negative_names = {p.stem for p in _cases("negative")}
+    for rule in RULES:
+        stem = {"grad-scaler-with-bf16": "grad_scaler_with_bf16"}.get(rule, rule.replace("-", "_"))
+        assert stem in negative_names, f"no near-miss fixture for {rule}"
+
+
+def test_real_looking_snippets_hit_several_rules():
+    for name in ("flow_grpo_like", "dance_grpo_like", "verl_omni_like"):
+        rules = {f.rule for f in lint_paths([FIXTURES / "positive" / name])}
+        assert len(rules) >= 2, (name, rules)
+
+
+def test_one_sided_rule_needs_the_other_side_in_the_linted_code():
+    """A rollout worker linted alone (no trainer code in sight) cannot be called one-sided."""
+    alone = FIXTURES / "positive" / "one_sided_precision_flag" / "rollout_worker.py"
+    assert lint_paths([alone], select=["one-sided-precision-flag"]) == []
+
+
+def test_one_sided_rule_compares_values_through_a_shared_launcher(tmp_path):
+    (tmp_path / "launcher.py").write_text("import torch\ntorch.backends.cudnn.benchmark = False\n")
+    (tmp_path / "trainer.py").write_text("def train(model):\n    return model\n")
+    (tmp_path / "rollout.py").write_text("import torch\ntorch.backends.cudnn.benchmark = True\n")
+    findings = lint_paths([tmp_path])
+    assert [(Path(f.path).name, f.line, f.rule) for f in findings] == [("rollout.py", 2, "one-sided-precision-flag")]
+    assert "launcher.py:2" in findings[0].message
+
+
+# ----------------------------------------------------------------------------------------------
+# the project's own tree
+
+
+def test_project_tree_lints_clean():
+    assert lint_paths([ROOT / name for name in PROJECT_TREE]) == []
+
+
+def test_project_suppressions_name_their_rule_give_a_reason_and_are_needed():
+    suppressions = []
+    for name in PROJECT_TREE:
+        for path in sorted((ROOT / name).rglob("*.py")):
+            text = path.read_text()
+            lines = text.splitlines()
+            for number, line in enumerate(lines, start=1):
+                match = SUPPRESSION_PATTERN.search(line)
+                if not (match and line.lstrip().startswith("#")):  # the project's own stand on their own line
+                    continue
+                rules = set(match.group(1).replace(" ", "").split(","))
+                assert rules <= set(RULES), (path, number)
+                assert len(line[match.end() :].strip()) >= 10, f"{path}:{number}: give a reason"
+                # Not stale: without the comment, the rule fires on the statement below it.
+                unsuppressed = "\n".join([*lines[: number - 1], "#", *lines[number:]]) + "\n"
+                fired = {(f.line, f.rule) for f in lint_source(unsuppressed, str(path), select=sorted(rules))}
+                assert {(number + 1, rule) for rule in rules} <= fired, f"{path}:{number}: stale suppression"
+                suppressions.extend((path.name, rule) for rule in sorted(rules))
+    # The deliberate pitfall reproductions; a new one needs a look.
+    assert sorted(suppressions) == [
+        ("_checkpoint_pitfall.py", "rng-unsafe-recompute"),
+        ("pitfalls.py", "low-precision-latents"),
+        ("pitfalls.py", "non-launcher-seed"),
+        ("rope.py", "mask-sum-rope"),
+        ("stepwise.py", "low-precision-latents"),
+    ]
+
+
+def test_lint_package_imports_only_itself_and_the_standard_library():
+    """Self-contained, so that renaming the package is all a namespace move needs."""
+    for path in sorted((ROOT / "consistency" / "lint").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] not in (
+                    "rollout_consistency",
+                    "consistency",
+                    "adapters",
+                    "schedulers",
+                ), path
+            if isinstance(node, ast.Import):
+                assert all(
+                    a.name.split(".")[0]
+                    not in ("rollout_consistency", "consistency", "adapters", "schedulers", "torch")
+                    for a in node.names
+                )
+
+
+# ----------------------------------------------------------------------------------------------
+# suppression
+
+BF16_STORE = """
+def denoise(scheduler, transformer, latents, timesteps, dtype):
+    stored = []
+    for t in timesteps:
+        latents = scheduler.step(transformer(latents), t, latents).prev_sample
+        stored.append(latents.to(dtype)){comment}
+    return stored
+"""
+
+
+def _lint(source: str, **kwargs) -> list[tuple[int, str]]:
+    return [(f.line, f.rule) for f in lint_source(textwrap.dedent(source), **kwargs)]
+
+
+def test_unsuppressed_baseline():
+    assert _lint(BF16_STORE.format(comment="")) == [(6, "low-precision-latents")]
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "  # rollout-consistency: ignore[low-precision-latents]",
+        "  # rollout-consistency: ignore[low-precision-latents] reason: a reproduction",
+        "  # rollout-consistency:ignore[mask-sum-rope, low-precision-latents]",
+        "  # noqa  # rollout-consistency: ignore[low-precision-latents]",
+    ],
+)
+def test_trailing_suppression(comment):
+    assert _lint(BF16_STORE.format(comment=comment)) == []
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "  # rollout-consistency: ignore[mask-sum-rope]",  # another rule
+        "  # rollout-consistency: ignore",  # no rule named: not a suppression
+        "  # rollout-consistency ignore[low-precision-latents]",  # malformed
+    ],
+)
+def test_suppression_must_name_the_rule(comment):
+    assert _lint(BF16_STORE.format(comment=comment)) == [(6, "low-precision-latents")]
+
+
+def test_suppression_on_its_own_line_covers_the_next_line_of_code():
+    source = """
+    import random
+
+    def draw():
+        # rollout-consistency: ignore[non-launcher-seed] the reason, on a line of its own
+
+        sde_window_start = random.randint(0, 8)
+        noise_seed = random.randint(0, 8)
+        return sde_window_start, noise_seed
+    """
+    assert _lint(source) == [(8, "non-launcher-seed")]
+
+
+def test_suppression_on_any_line_of_a_multiline_statement():
+    source = """
+    def forward(transformer, prompt_embeds, prompt_embeds_mask):
+        return transformer(
+            encoder_hidden_states=prompt_embeds,
+            txt_seq_lens=prompt_embeds_mask.sum(dim=1).tolist(),
+        )  # rollout-consistency: ignore[mask-sum-rope] padded embeddings never reach this model
+    """
+    assert _lint(source) == []
+    assert _lint(source.replace("# rollout-consistency: ignore[mask-sum-rope]", "#")) == [(5, "mask-sum-rope")]
+
+
+def test_suppression_text_inside_a_string_is_not_a_comment():
+    source = BF16_STORE.format(comment='; note = "# rollout-consistency: ignore[low-precision-latents]"')
+    assert _lint(source) == [(6, "low-precision-latents")]
+
+
+# ----------------------------------------------------------------------------------------------
+# selection, paths, errors
+
+
+def test_select_and_ignore():
+    case = FIXTURES / "positive" / "dance_grpo_like"
+    every = {f.rule for f in lint_paths([case])}
+    assert {f.rule for f in lint_paths([case], select=["clip-before-unscale"])} == {"clip-before-unscale"}
+    assert {f.rule for f in lint_paths([case], ignore=["clip-before-unscale"])} == every - {"clip-before-unscale"}
+    assert lint_paths([case], select=["clip-before-unscale"], ignore=["clip-before-unscale"]) == []
+
+
+def test_unknown_rule_is_a_usage_error_with_a_suggestion():
+    with pytest.raises(LintUsageError, match="did you mean mask-sum-rope"):
+        lint_paths([FIXTURES], select=["mask-sum-rop"])
+
+
+def test_missing_path_is_a_usage_error(tmp_path):
+    with pytest.raises(LintUsageError, match="no such file"):
+        lint_paths([tmp_path / "nope.py"])
+    with pytest.raises(LintUsageError, match="no paths"):
+        lint_paths([])
+
+
+def test_syntax_error_is_a_finding_and_the_run_goes_on(tmp_path):
+    (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "seeded.py").write_text("import random\nseed = random.randint(0, 9)\n")
+    findings = lint_paths([tmp_path], select=["low-precision-latents"])  # syntax-error is always on
+    assert [(Path(f.path).name, f.rule) for f in findings] == [("broken.py", "syntax-error")]
+    assert findings[0].line == 1
+    assert {Path(f.path).name for f in lint_paths([tmp_path])} == {"broken.py", "seeded.py"}
+
+
+def test_directories_walk_python_files_only_and_skip_caches_and_excludes(tmp_path):
+    seed_line = "import random\nseed = random.randint(0, 9)\n"
+    for relative in ("a.py", "notes.txt", "__pycache__/c.py", ".venv/d.py", "gen/e_pb2.py", "sub/f.py"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(seed_line)
+    names = {Path(f.path).relative_to(tmp_path).as_posix() for f in lint_paths([tmp_path], exclude=["*_pb2.py"])}
+    assert names == {"a.py", "sub/f.py"}
+    assert lint_paths([tmp_path], exclude=["sub", "a.py", "gen"]) == []
+    # A file named explicitly is linted whatever its suffix.
+    assert len(lint_paths([tmp_path / "notes.txt"])) == 1
+
+
+def test_columns_count_characters_not_bytes():
+    source = 'import random\nlabel = "é"; seed = random.randint(0, 9)\n'
+    (finding,) = lint_source(source)
+    assert (finding.line, finding.col) == (2, 21)
+    assert finding.end_col == 41  # exclusive, as SARIF's endColumn
+
+
+# ----------------------------------------------------------------------------------------------
+# output formats
+
+
+@pytest.fixture(scope="module")
+def verl_findings():
+    return lint_paths([FIXTURES / "positive" / "verl_omni_like"])
+
+
+def test_text_format(verl_findings):
+    lines = render(verl_findings, "text").splitlines()
+    assert len(lines) == len(verl_findings) == 5
+    for line, finding in zip(lines, verl_findings, strict=True):
+        assert line == f"{finding.path}:{finding.line}:{finding.col} {finding.rule} {finding.message}"
+        assert re.match(r"^\S+:\d+:\d+ [a-z0-9-]+ \S", line)
+    assert render([], "text") == ""
+
+
+def test_github_annotations(verl_findings):
+    lines = render(verl_findings, "github").splitlines()
+    assert len(lines) == 5
+    finding = verl_findings[0]
+    head, message = lines[0].split("::", 2)[1:]
+    assert head.startswith(f"error file={finding.path},line={finding.line},col={finding.col},")
+    assert f"title=rollout-consistency {finding.rule}" in head
+    assert message == f"{finding.rule}: {finding.message}".replace("%", "%25")
+
+
+def test_github_escapes_properties_and_data():
+    finding = Finding("a,b:c.py", 1, 2, "mask-sum-rope", "100% wrong\nsecond line", 1, 3)
+    line = render([finding], "github")
+    assert line.startswith("::error file=a%2Cb%3Ac.py,line=1,col=2,endLine=1,endColumn=3,")
+    assert line.endswith("::mask-sum-rope: 100%25 wrong%0Asecond line\n")
+
+
+def test_sarif_is_structurally_valid(verl_findings):
+    log = json.loads(render(verl_findings, "sarif"))
+    assert log["version"] == "2.1.0"
+    assert log["$schema"].endswith("sarif-2.1.0.json")
+    (run,) = log["runs"]
+    driver = run["tool"]["driver"]
+    assert driver["name"] == "rollout-consistency lint"
+    ids = [rule["id"] for rule in driver["rules"]]
+    assert ids == [*RULES, "syntax-error"]
+    for rule in driver["rules"]:
+        assert set(rule) >= {"id", "shortDescription", "fullDescription", "help", "defaultConfiguration"}
+        assert rule["shortDescription"]["text"] and rule["help"]["text"].startswith("Fix: ")
+        assert rule["defaultConfiguration"]["level"] in ("none", "note", "warning", "error")
+    assert len(run["results"]) == len(verl_findings)
+    for result, finding in zip(run["results"], verl_findings, strict=True):
+        assert result["ruleId"] == finding.rule
+        assert ids[result["ruleIndex"]] == finding.rule
+        assert result["level"] in ("none", "note", "warning", "error")
+        assert result["message"]["text"] == finding.message
+        (location,) = result["locations"]
+        physical = location["physicalLocation"]
+        artifact = physical["artifactLocation"]
+        assert artifact["uri"] == Path(finding.path).as_uri()  # absolute paths become file:// URIs
+        region = physical["region"]
+        assert all(isinstance(region[k], int) and region[k] >= 1 for k in region)
+        assert (region["startLine"], region["startColumn"]) == (finding.line, finding.col)
+        assert (region["endLine"], region["endColumn"]) >= (region["startLine"], region["startColumn"])
+
+
+def test_sarif_relative_paths_use_the_source_root():
+    log = json.loads(render([Finding("./src/a.py", 3, 1, "mask-sum-rope", "m", 3, 9)], "sarif"))
+    artifact = log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert artifact == {"uri": "src/a.py", "uriBaseId": "%SRCROOT%"}
+    assert json.loads(render([], "sarif"))["runs"][0]["results"] == []
+
+
+def test_unknown_format():
+    with pytest.raises(ValueError, match="unknown format"):
+        render([], "xml")
+    assert FORMATS == ("text", "github", "sarif")
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+
+
+def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    clean = "tests/lint_fixtures/negative"
+    dirty = "tests/lint_fixtures/positive/clip_before_unscale.py"
+    assert main(["lint", clean]) == 0
+    assert main(["lint", dirty]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith(f"{dirty}:14:5 clip-before-unscale ")
+    assert "2 findings in 1 file" in out.err
+    assert main(["lint", dirty, "--ignore", "clip-before-unscale"]) == 0
+    assert main(["lint", dirty, "--select", "mask-sum-rope,clip-before-unscale"]) == 1
+    assert main(["lint", str(tmp_path / "missing.py")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    assert main(["lint", dirty, "--select", "nonsense"]) == 2
+    assert "unknown rule 'nonsense'" in capsys.readouterr().err
+    assert main(["lint", dirty, "--format", "xml"]) == 2
+    assert main(["lint", dirty, "--no-such-flag"]) == 2
+    assert main(["lint"]) == 2
+    assert main(["lint", dirty, "--output", str(tmp_path / "missing-dir" / "out.txt")]) == 2
+
+
+def test_cli_formats_output_file_and_exclude(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    target = "tests/lint_fixtures/positive/verl_omni_like"
+    assert main(["lint", target, "--format", "sarif", "--output", str(tmp_path / "lint.sarif")]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    log = json.loads((tmp_path / "lint.sarif").read_text())
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in log["runs"][0]["results"]}
+    assert uris == {f"{target}/dp_actor.py", f"{target}/vllm_rollout.py"}
+    assert main(["lint", target, "--format", "github"]) == 1
+    assert all(line.startswith("::error file=") for line in capsys.readouterr().out.splitlines())
+    assert main(["lint", target, "--exclude", "dp_actor.py", "--exclude", "vllm_rollout.py"]) == 0
+
+
+def test_cli_list_rules(capsys):
+    assert main(["lint", "--list-rules"]) == 0
+    out = capsys.readouterr().out
+    assert all(rule in out for rule in RULES)
+
+
+def test_pre_commit_hook_entry():
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hook["id"] == "rollout-consistency-lint"
+    assert hook["entry"] == "rollout-consistency lint"
+    assert hook["language"] == "python"
+    assert hook["types"] == ["python"]
+
+
+# ----------------------------------------------------------------------------------------------
+# docs/lint.md shows real output
+
+CONSOLE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+
+
+def _console_examples() -> list[tuple[str, str]]:
+    examples = []
+    for block in CONSOLE.findall((ROOT / "docs" / "lint.md").read_text()):
+        command, _, output = block.partition("\n")
+        if command.startswith("$ rollout-consistency lint "):
+            examples.append((command, output))
+    return examples
+
+
+def test_docs_have_examples():
+    assert len(_console_examples()) >= 5
+
+
+@pytest.mark.parametrize("command,output", _console_examples(), ids=lambda v: v[:40] if isinstance(v, str) else "")
+def test_docs_output_is_real(command, output, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    argv = command.removeprefix("$ rollout-consistency ").split()
+    main(argv)
+    assert capsys.readouterr().out == output
