@@ -434,5 +434,9 @@ def test_docs_have_examples():
 def test_docs_output_is_real(command, output, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     argv = command.removeprefix("$ rollout-consistency ").split()
-    main(argv)
-    assert capsys.readouterr().out == output
+    code = main(argv)
+    captured = capsys.readouterr()
+    # A console shows the report (stdout), then the summary line (stderr), then `$ echo $?` and the exit code.
+    shown, _, exit_code = output.partition("$ echo $?\n")
+    assert captured.out + captured.err == shown
+    assert exit_code == f"{code}\n"
