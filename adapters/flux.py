@@ -37,13 +37,23 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
-from . import denoise
-from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
+from . import trainer
+from .families import (
+    ModelFamily,
+    PromptEncoder,
+    check_float32_inputs,
+    check_pooled_text,
+    concat_fixed_width_conditioning,
+    load_pretrained_transformer,
+    model_dtype,
+    register_family,
+)
+from .packing import pack_latents, packed_latent_grid, unpack_latents
 from .pitfalls import Injection
-from .qwen_image import pack_latents, packed_latent_grid, unpack_latents
-from .schedule import SchedulerSetup
+from .rollout import rollout as request_level_rollout
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -247,21 +257,71 @@ def collate_conditioning(
     """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding.
 
     FLUX has no text mask, so requests must share one text width; see
-    `rollout_consistency.adapters.denoise.concat_fixed_width_conditioning`.
+    `rollout_consistency.adapters.families.concat_fixed_width_conditioning`.
     """
-    return denoise.concat_fixed_width_conditioning(
+    return concat_fixed_width_conditioning(
         conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="FluxPipeline"
     )
 
 
-FAMILY = ModelFamily(
-    name="flux",
-    velocity=velocity,
-    latent_shape=_latent_shape,
-    initial_latents=_initial_latents,
-    scheduler_setup=_scheduler_setup,
-    check_conditioning=_check_conditioning,
-    collate_conditioning=collate_conditioning,
+def _pipeline_options(settings: PipelineSettings) -> dict[str, Any]:
+    return {"height": settings.height, "width": settings.width, "true_cfg_scale": settings.true_cfg_scale}
+
+
+def _guidance_scale(settings: PipelineSettings) -> float:
+    # FLUX: the velocity takes the pipeline's guidance_scale (the embedded guidance).
+    return settings.guidance_scale
+
+
+def _cfg_scale(settings: PipelineSettings) -> float:
+    return settings.true_cfg_scale
+
+
+def _load_transformer(path, *, dtype: torch.dtype, device) -> nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    return load_pretrained_transformer(FluxTransformer2DModel, path, dtype=dtype, device=device)
+
+
+def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
+    """The checkpoint's own CLIP and T5 encoders through diffusers' `FluxPipeline` (transformer/VAE not loaded)."""
+    from diffusers import FluxPipeline
+
+    pipeline = FluxPipeline.from_pretrained(path, transformer=None, vae=None).to(device)
+
+    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
+            if texts is None:
+                continue
+            with torch.no_grad():
+                embeds, pooled, _ = pipeline.encode_prompt(
+                    list(texts), None, max_sequence_length=settings.max_sequence_length
+                )
+            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
+            out[f"{prefix}pooled_prompt_embeds"] = pooled.float().cpu()
+        return out
+
+    return encode
+
+
+FAMILY = register_family(
+    ModelFamily(
+        name="flux",
+        velocity=velocity,
+        latent_shape=_latent_shape,
+        initial_latents=_initial_latents,
+        scheduler_setup=_scheduler_setup,
+        check_conditioning=_check_conditioning,
+        collate_conditioning=collate_conditioning,
+        scheduler_config=FLUX_SCHEDULER_CONFIG,
+        options=_pipeline_options,
+        guidance=_guidance_scale,
+        cfg_scale=_cfg_scale,
+        negative_prompt="",
+        load_transformer=_load_transformer,
+        load_prompt_encoder=_load_prompt_encoder,
+    )
 )
 
 
@@ -286,7 +346,7 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
+    """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
     `guidance_scale` is the embedded guidance (default 3.5, `FluxPipeline`'s); `true_cfg_scale > 1` turns on
     true CFG and needs the negative conditioning. `scheduler_config` defaults to FLUX.1's released config
@@ -301,7 +361,7 @@ def rollout(
     }
     config = FLUX_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
     setup = _scheduler_setup(config, num_inference_steps, transformer, options)
-    return denoise.rollout(
+    return request_level_rollout(
         FAMILY,
         transformer,
         conditioning,
@@ -332,6 +392,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_flux(dtype=...)`), or
     keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(
+    return trainer.recompute_log_probs(
         transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
     )

@@ -29,33 +29,63 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
-from . import denoise
-from .denoise import ModelFamily, check_float32_inputs, common_conditioning_keys, model_dtype
+from . import trainer
+from .families import (
+    ModelFamily,
+    PromptEncoder,
+    check_float32_inputs,
+    common_conditioning_keys,
+    load_pretrained_transformer,
+    model_dtype,
+    register_family,
+)
+from .packing import pack_latents, packed_latent_grid
 from .pitfalls import Injection
-from .rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens, takes_txt_seq_lens
-from .schedule import SchedulerSetup
-from .tiny_qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
+from .rollout import rollout as request_level_rollout
+from .rope import (
+    QwenImageTransformerTxtSeqLens,
+    padded_txt_seq_lens,
+    stock_mask_sum_txt_seq_lens,
+    takes_txt_seq_lens,
+)
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
     "FAMILY",
+    "QWEN_IMAGE_SCHEDULER_CONFIG",
     "TEXT_KEYS",
     "collate_conditioning",
     "latent_grid",
-    "pack_latents",
-    "packed_latent_grid",
     "pad_text_conditioning",
     "recompute_log_probs",
     "rollout",
-    "unpack_latents",
     "velocity",
 ]
 
 # (embeddings, mask) pairs of Qwen-Image conditioning.
 TEXT_KEYS = (("prompt_embeds", "prompt_embeds_mask"), ("negative_prompt_embeds", "negative_prompt_embeds_mask"))
 _DEFAULT_OPTIONS = {"vae_scale_factor": 8, "mask_text_padding": True}
+
+# Qwen-Image's released scheduler config (FlowMatchEulerDiscreteScheduler, exponential dynamic shifting).
+QWEN_IMAGE_SCHEDULER_CONFIG: Mapping[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 0.9,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 8192,
+    "invert_sigmas": False,
+    "shift_terminal": 0.02,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "time_shift_type": "exponential",
+    "stochastic_sampling": False,
+}
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,39 +96,12 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def packed_latent_grid(height: int, width: int, vae_scale_factor: int, *, family_label: str) -> tuple[int, int]:
-    """Unpacked latent height and width `(h, w)` (both even) of a `height x width`-pixel image, for a family whose
-    latents are packed 2x2 (Qwen-Image, FLUX). ValueError unless both are positive multiples of
-    `2 * vae_scale_factor`."""
-    scale = int(vae_scale_factor)
-    if height % (2 * scale) or width % (2 * scale) or height <= 0 or width <= 0:
-        raise ValueError(
-            f"{family_label} image size {height}x{width} must be positive multiples of 2*vae_scale_factor = "
-            f"{2 * scale} (the latents are packed 2x2)."
-        )
-    return height // scale, width // scale
-
-
 def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
     """Unpacked latent height and width `(h, w)` for an image of `height x width` pixels (both even)."""
     opts = _options(options)
     return packed_latent_grid(
         int(opts["height"]), int(opts["width"]), int(opts["vae_scale_factor"]), family_label="Qwen-Image"
     )
-
-
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """`(B, C, h, w)` → `(B, (h/2)(w/2), 4C)`, as `QwenImagePipeline._pack_latents`."""
-    b, c, h, w = latents.shape
-    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack_latents(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """`(B, (h/2)(w/2), 4C)` → `(B, C, h, w)` (inverse of [`pack_latents`])."""
-    b, _, channels = latents.shape
-    latents = latents.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return latents.reshape(b, channels // 4, h, w)
 
 
 def _latent_shape(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int]:
@@ -299,14 +302,58 @@ def collate_conditioning(
     return out
 
 
-FAMILY = ModelFamily(
-    name="qwen-image",
-    velocity=velocity,
-    latent_shape=_latent_shape,
-    initial_latents=_initial_latents,
-    scheduler_setup=_scheduler_setup,
-    check_conditioning=_check_conditioning,
-    collate_conditioning=collate_conditioning,
+def _pipeline_options(settings: PipelineSettings) -> dict[str, Any]:
+    return {"height": settings.height, "width": settings.width, "mask_text_padding": settings.mask_text_padding}
+
+
+def _true_cfg_scale(settings: PipelineSettings) -> float:
+    # Qwen-Image's only guidance is true CFG: the velocity's guidance_scale is it.
+    return settings.true_cfg_scale
+
+
+def _load_transformer(path, *, dtype: torch.dtype, device) -> QwenImageTransformerTxtSeqLens:
+    return load_pretrained_transformer(QwenImageTransformerTxtSeqLens, path, dtype=dtype, device=device)
+
+
+def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
+    """The checkpoint's own text encoder through diffusers' `QwenImagePipeline` (transformer/VAE not loaded)."""
+    from diffusers import QwenImagePipeline
+
+    pipeline = QwenImagePipeline.from_pretrained(path, transformer=None, vae=None).to(device)
+    pad_to = settings.max_sequence_length if settings.pad_prompts_to_max_length else None
+
+    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
+            if texts is None:
+                continue
+            embeds, mask = pipeline.encode_prompt(list(texts), max_sequence_length=settings.max_sequence_length)
+            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
+            if mask is None:  # diffusers drops an all-valid mask
+                mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
+            out[f"{prefix}prompt_embeds_mask"] = mask.long().cpu()
+        return out if pad_to is None else pad_text_conditioning(out, pad_to)
+
+    return encode
+
+
+FAMILY = register_family(
+    ModelFamily(
+        name="qwen-image",
+        velocity=velocity,
+        latent_shape=_latent_shape,
+        initial_latents=_initial_latents,
+        scheduler_setup=_scheduler_setup,
+        check_conditioning=_check_conditioning,
+        collate_conditioning=collate_conditioning,
+        scheduler_config=QWEN_IMAGE_SCHEDULER_CONFIG,
+        options=_pipeline_options,
+        guidance=_true_cfg_scale,
+        cfg_scale=_true_cfg_scale,
+        negative_prompt=" ",
+        load_transformer=_load_transformer,
+        load_prompt_encoder=_load_prompt_encoder,
+    )
 )
 
 
@@ -331,7 +378,7 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """Qwen-Image rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
+    """Qwen-Image rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
     `scheduler_config` defaults to Qwen-Image's released config; the schedule is the pipeline's
     (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
@@ -343,7 +390,7 @@ def rollout(
         "mask_text_padding": bool(mask_text_padding),
     }
     setup = _scheduler_setup(scheduler_config or QWEN_IMAGE_SCHEDULER_CONFIG, num_inference_steps, transformer, options)
-    return denoise.rollout(
+    return request_level_rollout(
         FAMILY,
         transformer,
         conditioning,
@@ -374,6 +421,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_qwen_image(dtype=...)`),
     or keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(
+    return trainer.recompute_log_probs(
         transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
     )

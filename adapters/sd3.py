@@ -33,12 +33,22 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, image_seq_len_shift
 
-from . import denoise
-from .denoise import ModelFamily, check_float32_inputs, check_pooled_text, model_dtype
+from . import trainer
+from .families import (
+    ModelFamily,
+    PromptEncoder,
+    check_float32_inputs,
+    check_pooled_text,
+    concat_fixed_width_conditioning,
+    load_pretrained_transformer,
+    model_dtype,
+    register_family,
+)
 from .pitfalls import Injection
-from .schedule import SchedulerSetup, image_seq_len_shift
+from .rollout import rollout as request_level_rollout
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -212,21 +222,75 @@ def collate_conditioning(
     """Batch per-request SD3 conditionings for one forward (the step-wise path): concatenation, no padding.
 
     SD3 has no text mask, so requests must share one text width; see
-    `rollout_consistency.adapters.denoise.concat_fixed_width_conditioning`.
+    `rollout_consistency.adapters.families.concat_fixed_width_conditioning`.
     """
-    return denoise.concat_fixed_width_conditioning(
+    return concat_fixed_width_conditioning(
         conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="StableDiffusion3Pipeline"
     )
 
 
-FAMILY = ModelFamily(
-    name="sd3",
-    velocity=velocity,
-    latent_shape=_latent_shape,
-    initial_latents=_initial_latents,
-    scheduler_setup=_scheduler_setup,
-    check_conditioning=_check_conditioning,
-    collate_conditioning=collate_conditioning,
+def _pipeline_options(settings: PipelineSettings) -> dict[str, Any]:
+    return {"height": settings.height, "width": settings.width}
+
+
+def _guidance_scale(settings: PipelineSettings) -> float:
+    # SD3: the velocity takes the pipeline's guidance_scale (its CFG scale).
+    return settings.guidance_scale
+
+
+def _cfg_scale(settings: PipelineSettings) -> float:
+    return settings.guidance_scale
+
+
+def _load_transformer(path, *, dtype: torch.dtype, device) -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return load_pretrained_transformer(SD3Transformer2DModel, path, dtype=dtype, device=device)
+
+
+def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
+    """The checkpoint's own CLIP and T5 encoders through diffusers' `StableDiffusion3Pipeline` (transformer/VAE not loaded)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    pipeline = StableDiffusion3Pipeline.from_pretrained(path, transformer=None, vae=None).to(device)
+
+    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
+            if texts is None:
+                continue
+            with torch.no_grad():
+                embeds, _, pooled, _ = pipeline.encode_prompt(
+                    list(texts),
+                    None,
+                    None,
+                    do_classifier_free_guidance=False,
+                    max_sequence_length=settings.max_sequence_length,
+                )
+            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
+            out[f"{prefix}pooled_prompt_embeds"] = pooled.float().cpu()
+        return out
+
+    return encode
+
+
+FAMILY = register_family(
+    ModelFamily(
+        name="sd3",
+        velocity=velocity,
+        latent_shape=_latent_shape,
+        initial_latents=_initial_latents,
+        scheduler_setup=_scheduler_setup,
+        check_conditioning=_check_conditioning,
+        collate_conditioning=collate_conditioning,
+        scheduler_config=SD3_SCHEDULER_CONFIG,
+        options=_pipeline_options,
+        guidance=_guidance_scale,
+        cfg_scale=_cfg_scale,
+        negative_prompt="",
+        load_transformer=_load_transformer,
+        load_prompt_encoder=_load_prompt_encoder,
+    )
 )
 
 
@@ -250,7 +314,7 @@ def rollout(
     denoise_to_end: bool = True,
     injection: Injection | None = None,
 ) -> Trajectory:
-    """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.denoise.rollout` for the arguments.
+    """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
     `guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
     `scheduler_config` defaults to SD3's released config ([`SD3_SCHEDULER_CONFIG`]); the schedule is the
@@ -259,7 +323,7 @@ def rollout(
     options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor)}
     config = SD3_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
     setup = _scheduler_setup(config, num_inference_steps, transformer, options)
-    return denoise.rollout(
+    return request_level_rollout(
         FAMILY,
         transformer,
         conditioning,
@@ -290,6 +354,6 @@ def recompute_log_probs(
     The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_sd3(dtype=...)`), or
     keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
     """
-    return denoise.recompute_log_probs(
+    return trainer.recompute_log_probs(
         transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
     )

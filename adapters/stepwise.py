@@ -12,7 +12,7 @@ the consistency fixes of DESIGN.md §1:
   the text RoPE lengths come from that padded width (`rollout_consistency.adapters.rope.padded_txt_seq_lens`, applied by the
   family's velocity function);
 * each request owns its step index, its generator (seeded with its own seed: initial noise first, then one
-  SDE draw per window step, as `rollout_consistency.adapters.denoise` documents) and its SDE window; the scheduler step is
+  SDE draw per window step, as `rollout_consistency.adapters.rollout` documents) and its SDE window; the scheduler step is
   stateless (timesteps are looked up by value), so requests of one schedule share one scheduler.
 
 For the same seeds, windows and conditioning a request's trajectory equals the request-level rollout's bit
@@ -39,12 +39,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, SDEWindow
+from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, SchedulerSetup, SDEWindow
 
 from . import pitfalls
-from .denoise import ModelFamily, make_generators, model_device, model_dtype
+from .families import ModelFamily, model_device, model_dtype
 from .pitfalls import Injection, MixedDtypeBatchError
-from .schedule import SchedulerSetup
+from .rollout import make_generators
 from .trajectory import Trajectory, stack_trajectories
 
 __all__ = [
@@ -472,4 +472,4 @@ def run_stepwise(
         )
         for i, r in enumerate(requests)
     ]
-    return stack_trajectories(trajectories)
+    return stack_trajectories(trajectories, family)

@@ -36,9 +36,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from rollout_consistency.schedulers import SDE_TYPES, SDEWindow
-
-from .schedule import SchedulerSetup
+from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Trajectory", "TrajectoryFormatError", "stack_trajectories"]
 
@@ -75,7 +73,7 @@ class Trajectory:
         noise_level (`float`): SDE noise level (> 0). sde_type (`str`): `"sde"`, `"cps"` or `"dance_sde"`.
         guidance_scale (`float`): true-CFG scale used by the forward (CFG on when > 1).
         seeds (`tuple[int, ...]`): per-sample seed of the initial noise and the SDE noise (see
-            `rollout_consistency.adapters.denoise` for how a seed maps to draws).
+            `rollout_consistency.adapters.rollout` for how a seed maps to draws).
         prompt_groups (`tuple[int, ...]`): per-sample prompt-group id. global_step (`int`): training step.
         conditioning (`Mapping[str, torch.Tensor]`): what the trainer feeds the model, batch-first: float32
             embeddings (e.g. `prompt_embeds` `(B, L, D)`) and int64 masks (names ending in `_mask`, `(B, L)`).
@@ -465,16 +463,15 @@ def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
     return metadata
 
 
-def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
+def stack_trajectories(trajectories: list[Trajectory], family: Any) -> Trajectory:
     """Concatenate trajectories of one family/schedule/settings along the batch.
 
-    Conditioning is batched by the family's own `collate_conditioning`: Qwen-Image zero-pads texts of
+    Conditioning is batched by `family.collate_conditioning` (the trajectories' `ModelFamily`, from
+    `rollout_consistency.adapters.get_family(trajectory.model_family)`): Qwen-Image zero-pads texts of
     different lengths (its key-padding mask hides the padding), so step-wise rollouts of prompts of
     different lengths can be recomputed as one batch; SD3 and FLUX attend to padding and refuse texts of
     different widths. Raises ValueError if the settings differ.
     """
-    from .denoise import get_family  # the family registry imports this module
-
     if not trajectories:
         raise ValueError("stack_trajectories needs at least one trajectory.")
     first = trajectories[0]
@@ -499,7 +496,11 @@ def stack_trajectories(trajectories: list[Trajectory]) -> Trajectory:
                 f"Cannot stack trajectories with latents {tuple(first.latents.shape[1:])} and "
                 f"{tuple(other.latents.shape[1:])} per sample."
             )
-    conditioning = get_family(first.model_family).collate_conditioning([t.conditioning for t in trajectories], None)
+    if getattr(family, "name", first.model_family) != first.model_family:
+        raise ValueError(
+            f"Cannot stack {first.model_family!r} trajectories with the {family.name!r} family's collation."
+        )
+    conditioning = family.collate_conditioning([t.conditioning for t in trajectories], None)
     optional_final = [t.final_latents for t in trajectories]
     return replace(
         first,

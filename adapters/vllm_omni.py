@@ -22,7 +22,7 @@ Guarantees (what the plain functions do; the vLLM shell only calls them):
     * Per-request latents are float32 from the initial draw to the stored trajectory; the transformer sees
       them cast to its dtype inside the forward only, and its output is cast to float32 before the strict
       scheduler entry point (`sample_previous_step`), which refuses anything else.
-    * Noise follows `rollout_consistency.adapters.denoise`'s contract: one CPU generator per request seeded with its `seed`,
+    * Noise follows `rollout_consistency.adapters.rollout`'s contract: one CPU generator per request seeded with its `seed`,
       initial noise first, then one draw per window step. A request's trajectory is therefore comparable
       draw for draw with the PyTorch rollout of the same seed, whatever its batch-mates.
     * The SDE window comes from the request's settings: explicit, and/or re-derived from (launcher seed,
@@ -54,12 +54,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollout_consistency.schedulers import SDE_TYPES, SDEWindow, SDEWindowSchedule
+from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 from . import stepwise
-from .denoise import ModelFamily, get_family, make_generators, resolve_windows
+from .families import ModelFamily, get_family
 from .qwen_image import latent_grid
-from .schedule import SchedulerSetup
+from .rollout import make_generators, resolve_windows
 from .trajectory import Trajectory, TrajectoryFormatError, stack_trajectories
 
 __all__ = [
@@ -313,7 +313,7 @@ class RequestSettings:
 
     Args:
         sample_index: the request's position in the client's list (maps completion order back).
-        seed: the sample's seed (initial noise, then its SDE noise; `rollout_consistency.adapters.denoise`'s contract).
+        seed: the sample's seed (initial noise, then its SDE noise; `rollout_consistency.adapters.rollout`'s contract).
         prompt_group: its prompt group (rollouts of a group share a window).
         global_step: the training step.
         window: the explicit SDE window, or `None` to derive it from the batch's window schedule.
@@ -1252,7 +1252,8 @@ def collect_trajectories(payloads: Sequence[Mapping[str, Any]], sent: Sequence[M
                 f"for a request of {want}, window {asked.window}."
             )
         trajectories.append(trajectory)
-    return stack_trajectories(trajectories).validate()
+    family = get_family(trajectories[0].model_family) if trajectories else None
+    return stack_trajectories(trajectories, family).validate()
 
 
 def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **kwargs: Any) -> Trajectory:

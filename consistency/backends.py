@@ -7,7 +7,7 @@ tiny model, or the same checkpoint — and [`run_batch`] (a worker's work) does 
 1. the rollout backend samples the batch (``torch``: the diffusers adapters, request-level or step-wise;
    ``vllm-omni``: `rollout_consistency.adapters.vllm_omni`) into a float32 trajectory;
 2. the trainer recomputes every stored window step, micro-batch by micro-batch, with its own attention
-   kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.denoise.recompute_log_probs`);
+   kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.recompute_log_probs`);
 3. for the ``calibrated`` profile it recomputes once more with the other attention kernel (the floor).
 
 Both are plain functions of picklable arguments, so the in-process path and a Ray actor run the very same
@@ -17,9 +17,8 @@ code. Nothing here reads the environment or a global RNG: every draw comes from 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,160 +83,72 @@ def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchR
 
 
 # ----------------------------------------------------------------------------------------------------
-# Model families: how the check builds a family's model, schedule and conditioning.
-@dataclass(frozen=True)
-class FamilyKit:
-    """Per-family construction the checker needs on top of `rollout_consistency.adapters.denoise.ModelFamily`.
+# Model families: the checker reads everything per family from its `ModelFamily` (no family-name branches).
+def pipeline_settings(config: CheckConfig) -> Any:
+    """The config's pipeline arguments as the adapters' `PipelineSettings` (what each family maps to its options)."""
+    from rollout_consistency.adapters import PipelineSettings
 
-    Attributes:
-        name: the family id.
-        load_transformer: `(path | None, dtype, device) -> nn.Module` (tiny seeded model for `None`).
-        scheduler_config: `(path | None) -> dict`.
-        make_encoder: `(path | None, transformer, device) -> encoder`; encoder used by `conditioning`.
-        conditioning: `(encoder, prompts, config) -> dict[str, Tensor]` batch-first float32/int64.
-        options: `(config) -> dict` family options (image size, ...).
-        guidance: `(config) -> float` the guidance value the family's velocity takes.
-        cfg_passes: `(config) -> int` transformer forwards per denoising step (2 with CFG).
-    """
-
-    name: str
-    load_transformer: Callable[..., Any]
-    scheduler_config: Callable[[str | None], dict[str, Any]]
-    make_encoder: Callable[..., Any]
-    conditioning: Callable[[Any, Sequence[str], CheckConfig], dict[str, Any]]
-    options: Callable[[CheckConfig], dict[str, Any]]
-    guidance: Callable[[CheckConfig], float]
-    cfg_passes: Callable[[CheckConfig], int]
-
-
-def _qwen_image_kit() -> FamilyKit:
-    from rollout_consistency import adapters
-
-    def load(path, dtype, device):
-        return adapters.load_qwen_image(path, dtype=dtype, device=device, seed=0)
-
-    def encoder(path, transformer, device):
-        if path is None:
-            return adapters.TinyPromptEncoder(int(transformer.config.joint_attention_dim), seed=0)
-        # A real checkpoint: its own text encoder through diffusers' pipeline (transformer/VAE not loaded).
-        from diffusers import QwenImagePipeline
-
-        return QwenImagePipeline.from_pretrained(path, transformer=None, vae=None).to(device)
-
-    def conditioning(enc, prompts, config):
-        import torch
-
-        negatives = [" "] * len(prompts) if config.true_cfg_scale > 1 else None
-        pad_to = config.max_sequence_length if config.pad_prompts_to_max_length else None
-        if isinstance(enc, adapters.TinyPromptEncoder):
-            return enc.conditioning(list(prompts), negatives, pad_to=pad_to)
-        out = {}
-        for prefix, texts in (("", prompts), ("negative_", negatives)):
-            if texts is None:
-                continue
-            embeds, mask = enc.encode_prompt(list(texts), max_sequence_length=config.max_sequence_length)
-            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
-            if mask is None:  # diffusers drops an all-valid mask
-                mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
-            out[f"{prefix}prompt_embeds_mask"] = mask.long().cpu()
-        if pad_to is not None:
-            out = adapters.qwen_image.pad_text_conditioning(out, pad_to)
-        return out
-
-    return FamilyKit(
-        name="qwen-image",
-        load_transformer=load,
-        scheduler_config=adapters.load_qwen_image_scheduler_config,
-        make_encoder=encoder,
-        conditioning=conditioning,
-        options=lambda c: {"height": c.height, "width": c.width, "mask_text_padding": c.mask_text_padding},
-        guidance=lambda c: c.true_cfg_scale,
-        cfg_passes=lambda c: 2 if c.true_cfg_scale > 1 else 1,
+    return PipelineSettings(
+        height=config.height,
+        width=config.width,
+        guidance_scale=config.guidance_scale,
+        true_cfg_scale=config.true_cfg_scale,
+        mask_text_padding=config.mask_text_padding,
+        max_sequence_length=config.max_sequence_length,
+        pad_prompts_to_max_length=config.pad_prompts_to_max_length,
     )
 
 
-def _clip_t5_kit(name: str) -> FamilyKit:
-    """SD3 and FLUX: fixed-length T5 sequence + pooled CLIP vector, no text mask."""
+_CHECKER_FIELDS = ("scheduler_config", "options", "guidance", "cfg_scale", "load_transformer", "load_prompt_encoder")
+
+
+def checker_family(name: str) -> Any:
+    """The registered `ModelFamily` `name`, with the fields the checker needs (BackendError naming the missing)."""
     from rollout_consistency import adapters
-    from rollout_consistency.adapters import tiny_sd3_flux
 
-    module = adapters.sd3 if name == "sd3" else adapters.flux
-    loader = tiny_sd3_flux.load_sd3 if name == "sd3" else tiny_sd3_flux.load_flux
-    tiny_encoder = tiny_sd3_flux.tiny_sd3_prompt_encoder if name == "sd3" else tiny_sd3_flux.tiny_flux_prompt_encoder
-    default_scheduler = module.SD3_SCHEDULER_CONFIG if name == "sd3" else module.FLUX_SCHEDULER_CONFIG
-
-    def cfg_scale(config: CheckConfig) -> float:
-        # SD3's guidance_scale is CFG; FLUX's guidance_scale is the embedded guidance, its CFG is true_cfg_scale.
-        return config.guidance_scale if name == "sd3" else config.true_cfg_scale
-
-    @functools.cache
-    def tiny_encoder_of_length(max_length: int) -> Any:
-        # Seeded weights, fixed length: built once per worker (not per batch) for the config's max_sequence_length.
-        return tiny_encoder(seed=0, max_length=max_length)
-
-    def encoder(path, transformer, device):
-        if path is None:
-            return None  # `conditioning` takes the tiny encoder of the config's max_sequence_length
-        from diffusers import FluxPipeline, StableDiffusion3Pipeline
-
-        pipeline = StableDiffusion3Pipeline if name == "sd3" else FluxPipeline
-        return pipeline.from_pretrained(path, transformer=None, vae=None).to(device)
-
-    def conditioning(enc, prompts, config):
-        negatives = [""] * len(prompts) if cfg_scale(config) > 1 else None
-        if enc is None:
-            return tiny_encoder_of_length(config.max_sequence_length).conditioning(list(prompts), negatives)
-        out = {}
-        for prefix, texts in (("", prompts), ("negative_", negatives)):
-            if texts is None:
-                continue
-            if name == "sd3":
-                embeds, _, pooled, _ = enc.encode_prompt(
-                    list(texts),
-                    None,
-                    None,
-                    do_classifier_free_guidance=False,
-                    max_sequence_length=config.max_sequence_length,
-                )
-            else:
-                embeds, pooled, _ = enc.encode_prompt(list(texts), None, max_sequence_length=config.max_sequence_length)
-            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
-            out[f"{prefix}pooled_prompt_embeds"] = pooled.float().cpu()
-        return out
-
-    def options(config: CheckConfig) -> dict[str, Any]:
-        out: dict[str, Any] = {"height": config.height, "width": config.width}
-        if name == "flux":
-            out["true_cfg_scale"] = config.true_cfg_scale
-        return out
-
-    return FamilyKit(
-        name=name,
-        load_transformer=lambda path, dtype, device: loader(path, dtype=dtype, device=device, seed=0),
-        scheduler_config=lambda path: (
-            dict(default_scheduler) if path is None else adapters.load_qwen_image_scheduler_config(path)
-        ),
-        make_encoder=encoder,
-        conditioning=conditioning,
-        options=options,
-        guidance=lambda c: c.guidance_scale,
-        cfg_passes=lambda c: 2 if cfg_scale(c) > 1 else 1,
-    )
-
-
-_KITS: dict[str, Callable[[], FamilyKit]] = {
-    "qwen-image": _qwen_image_kit,
-    "sd3": lambda: _clip_t5_kit("sd3"),
-    "flux": lambda: _clip_t5_kit("flux"),
-}
-
-
-def family_kit(name: str) -> FamilyKit:
-    if name not in _KITS:
+    try:
+        family = adapters.get_family(name)
+    except ValueError as error:
+        raise BackendError(str(error)) from error
+    missing = [field for field in _CHECKER_FIELDS if getattr(family, field) is None]
+    if missing:
         raise BackendError(
-            f"model family {name!r} is not available to the checker yet (have: {', '.join(sorted(_KITS))})."
+            f"model family {name!r} cannot be checked: its ModelFamily has no {', '.join(missing)} (set them where "
+            f"the family is registered)."
         )
-    return _KITS[name]()
+    return family
+
+
+def _load_transformer(family: Any, path: str | None, dtype: Any, device: str) -> Any:
+    if path is not None:
+        return family.load_transformer(path, dtype=dtype, device=device)
+    from rollout_consistency.adapters import tiny
+
+    try:
+        model = tiny.get_tiny(family.name)
+    except ValueError as error:
+        raise BackendError(str(error)) from error
+    return model.load_transformer(dtype=dtype, device=device, seed=0)
+
+
+def _prompt_encoder(family: Any, path: str | None, transformer: Any, device: str, settings: Any) -> Any:
+    if path is not None:
+        return family.load_prompt_encoder(path, device, settings)
+    from rollout_consistency.adapters import tiny
+
+    return tiny.get_tiny(family.name).prompt_encoder(transformer, settings)
+
+
+def _scheduler_config(family: Any, path: str | None) -> dict[str, Any]:
+    from rollout_consistency.adapters.families import load_scheduler_config
+
+    return dict(family.scheduler_config) if path is None else load_scheduler_config(path)
+
+
+def encode_prompts(backend: Backend, prompts: Sequence[str]) -> dict[str, Any]:
+    """The batch's conditioning: the prompts (and, under CFG, the family's negative prompt) through the encoder."""
+    negatives = [backend.family.negative_prompt] * len(prompts) if backend.cfg_passes > 1 else None
+    return backend.encoder(list(prompts), negatives)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,13 +157,14 @@ class Backend:
     """A worker's state: both sides' models and what they need. Built once per worker by `build_backend`."""
 
     config: CheckConfig
-    kit: FamilyKit
     family: Any
     rollout_model: Any
     trainer_model: Any
     encoder: Any
     scheduler_setup: Any
     options: dict[str, Any]
+    guidance: float
+    cfg_passes: int
     injection: Any
     floor_kernel: str | None
     rollout_engine: Any = None
@@ -340,37 +252,37 @@ def build_backend(config: CheckConfig) -> Backend:
     With the ``torch`` rollout both sides load the same seeded tiny model (or the same `model_path`) and, when
     their dtypes agree, share one module. With ``vllm-omni`` the engine holds its own copy of `model_path`.
     """
-    from rollout_consistency import adapters
     from rollout_consistency.adapters.pitfalls import Injection
 
     engine = load_rollout_engine(config)  # first: a missing package is the first thing to fix
     device = resolve_device(config.device)
-    kit = family_kit(config.model_family)
-    family = adapters.get_family(config.model_family)
-    trainer_model = kit.load_transformer(config.model_path, _dtype(config.trainer_dtype), device)
+    family = checker_family(config.model_family)
+    settings = pipeline_settings(config)
+    trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device)
     if engine is not None:
         rollout_model = None
     elif config.rollout_dtype == config.trainer_dtype:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
-        rollout_model = kit.load_transformer(config.model_path, _dtype(config.rollout_dtype), device)
-    encoder = kit.make_encoder(config.model_path, trainer_model, device)
-    options = kit.options(config)
+        rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device)
+    encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
+    options = family.options(settings)
     setup = family.scheduler_setup(
-        kit.scheduler_config(config.model_path), config.num_inference_steps, trainer_model, options
+        _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
     )
     injection = Injection.from_names([config.inject]) if config.inject else None
     # The engine's precision settings live in its own worker process: audited there, not here.
     precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
     return Backend(
         config=config,
-        kit=kit,
         family=family,
         rollout_model=rollout_model,
         trainer_model=trainer_model,
         encoder=encoder,
         scheduler_setup=setup,
         options=options,
+        guidance=float(family.guidance(settings)),
+        cfg_passes=2 if family.cfg_scale(settings) > 1 else 1,
         injection=injection,
         floor_kernel=floor_kernel(config),
         rollout_engine=engine,
@@ -403,13 +315,13 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     seeds = [s.seed for s in samples]
     groups = [s.prompt_group for s in samples]
     windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples]
-    guidance = backend.kit.guidance(config)
-    cfg_passes = backend.kit.cfg_passes(config)
+    guidance = backend.guidance
+    cfg_passes = backend.cfg_passes
     seconds, forwards = {}, {}
 
     start = time.perf_counter()
     with torch.no_grad():
-        conditioning = backend.kit.conditioning(backend.encoder, prompts, config)
+        conditioning = encode_prompts(backend, prompts)
         with attention(config.rollout_attention):
             try:
                 trajectory = _rollout(backend, conditioning, seeds, groups, windows, guidance)
@@ -446,7 +358,7 @@ def score_trajectory(
     """
     config = backend.config
     seconds, forwards = dict(seconds or {}), dict(forwards or {})
-    cfg_passes = backend.kit.cfg_passes(config)
+    cfg_passes = backend.cfg_passes
     start = time.perf_counter()
     trainer = recompute(backend, trajectory, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start

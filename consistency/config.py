@@ -119,7 +119,8 @@ class CheckConfig:
     """Everything a step-1 check needs. Field names follow Flow-GRPO / verl / vLLM-omni.
 
     Model and engines:
-        model_family: ``"qwen-image"``, ``"sd3"`` or ``"flux"``.
+        model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, or a family registered in this process with
+            `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
         rollout_backend: ``"torch"`` (the diffusers adapters) or ``"vllm-omni"``.
         trainer_backend: ``"torch"`` (the PyTorch training adapter).
@@ -449,8 +450,18 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         )
 
 
+def _model_families(name: str) -> tuple[str, ...]:
+    """The built-in families, plus those registered in this process when `name` is not built in (only that
+    lookup imports the adapters, and torch)."""
+    if name in MODEL_FAMILIES:
+        return MODEL_FAMILIES
+    from rollout_consistency.adapters.families import family_names
+
+    return family_names()
+
+
 def _validate(config: CheckConfig) -> None:
-    _choice("model_family", config.model_family, MODEL_FAMILIES)
+    _choice("model_family", config.model_family, _model_families(config.model_family))
     _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
     _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
     _choice("rollout_dtype", config.rollout_dtype, DTYPES)

@@ -1,6 +1,9 @@
-"""Patched flow-matching scheduler and launcher-seeded SDE windows."""
+"""Patched flow-matching scheduler, launcher-seeded SDE windows, and the schedule as data (`SchedulerSetup`).
+
+Imports nothing else of this project."""
 
 from .flow_match_sde import SDE_TYPES, FlowMatchSDEDiscreteScheduler, FlowMatchSDESchedulerOutput
+from .scheduler_setup import SchedulerSetup, image_seq_len_shift
 from .sde_window import SDEWindow, SDEWindowSchedule, draw_sde_window
 
 __all__ = [
@@ -9,5 +12,7 @@ __all__ = [
     "FlowMatchSDESchedulerOutput",
     "SDEWindow",
     "SDEWindowSchedule",
+    "SchedulerSetup",
     "draw_sde_window",
+    "image_seq_len_shift",
 ]

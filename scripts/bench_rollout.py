@@ -22,16 +22,9 @@ from pathlib import Path
 
 import torch
 
-from rollout_consistency.adapters import (
-    TinyPromptEncoder,
-    Trajectory,
-    load_qwen_image,
-    make_generators,
-    qwen_image,
-    recompute_log_probs,
-    rollout,
-)
+from rollout_consistency.adapters import Trajectory, make_generators, qwen_image, recompute_log_probs, rollout
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow
 
 PROMPTS = [

@@ -12,7 +12,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, StableDiffusion3Pipeline
 
 from rollout_consistency.adapters import Trajectory, flux, sd3
-from rollout_consistency.adapters.tiny_sd3_flux import (
+from rollout_consistency.adapters.tiny.sd3_flux import (
     TINY_FLUX_CONFIG,
     TINY_SD3_CONFIG,
     load_flux,

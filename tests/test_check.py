@@ -184,8 +184,8 @@ def _save_trajectory(tmp_path, name="t.safetensors", windows=None):
     from rollout_consistency import adapters
     from rollout_consistency.schedulers import draw_sde_window
 
-    model = adapters.load_qwen_image(seed=0)
-    encoder = adapters.TinyPromptEncoder(32, seed=0)
+    model = adapters.tiny.load_qwen_image(seed=0)
+    encoder = adapters.tiny.TinyPromptEncoder(32, seed=0)
     window = windows or draw_sde_window(seed=1, global_step=0, prompt_group=0, num_steps=6, window_size=2)
     trajectory = adapters.qwen_image.rollout(
         model,

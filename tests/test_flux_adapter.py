@@ -12,7 +12,7 @@ from diffusers import FluxPipeline
 from sd3_flux_cases import FLUX, PROMPTS, SIZE, recompute, rollout
 
 from rollout_consistency.adapters import flux
-from rollout_consistency.adapters.tiny_sd3_flux import TINY_FLUX_CONFIG, load_flux
+from rollout_consistency.adapters.tiny.sd3_flux import TINY_FLUX_CONFIG, load_flux
 
 _rollout = partial(rollout, FLUX)
 _recompute = partial(recompute, FLUX)

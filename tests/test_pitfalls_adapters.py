@@ -12,17 +12,11 @@ import pytest
 import torch
 from diffusers import QwenImageTransformer2DModel
 
-from rollout_consistency.adapters import (
-    INJECTION_NAMES,
-    Injection,
-    TinyPromptEncoder,
-    load_qwen_image,
-    qwen_image,
-    recompute_log_probs,
-)
+from rollout_consistency.adapters import INJECTION_NAMES, Injection, qwen_image, recompute_log_probs
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError, stock_per_request_window
 from rollout_consistency.adapters.rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
 CLIP = 1e-4  # a public clip range (DESIGN.md §2)

@@ -8,13 +8,8 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-from rollout_consistency.adapters import (
-    TinyPromptEncoder,
-    load_qwen_image,
-    load_qwen_image_scheduler_config,
-    qwen_image,
-    recompute_step_log_prob,
-)
+from rollout_consistency.adapters import packing, qwen_image, recompute_step_log_prob
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image, load_qwen_image_scheduler_config
 from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
@@ -168,7 +163,7 @@ def test_initial_noise_is_diffusers_draw_per_seed(model):
         8,
     )
     assert torch.equal(ours, reference)
-    assert torch.equal(qwen_image.unpack_latents(ours, 8, 8), qwen_image.unpack_latents(reference, 8, 8))
+    assert torch.equal(packing.unpack_latents(ours, 8, 8), packing.unpack_latents(reference, 8, 8))
 
 
 # ----------------------------------------------------------------------------- bad inputs
@@ -221,7 +216,7 @@ def test_other_bad_inputs(model, cond):
         )
     trajectory = _rollout(model, cond)
     with pytest.raises(ValueError, match=r"'qwen-image' rollout.*'sd3'"):
-        from rollout_consistency.adapters.denoise import check_trajectory_for_model
+        from rollout_consistency.adapters.trainer import check_trajectory_for_model
 
         check_trajectory_for_model(replace(qwen_image.FAMILY, name="sd3"), model, trajectory)
 

@@ -11,7 +11,7 @@ import torch
 from sd3_flux_cases import PROMPTS, SD3, SEEDS, SIZE, recompute, rollout
 
 from rollout_consistency.adapters import flux, sd3
-from rollout_consistency.adapters.tiny_sd3_flux import TINY_SD3_CONFIG, load_flux, load_sd3, tiny_flux_prompt_encoder
+from rollout_consistency.adapters.tiny.sd3_flux import TINY_SD3_CONFIG, load_flux, load_sd3, tiny_flux_prompt_encoder
 from rollout_consistency.schedulers import SDEWindow
 
 _rollout = partial(rollout, SD3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout_consistency.adapters import TinyPromptEncoder, load_qwen_image, qwen_image, recompute_log_probs
+from rollout_consistency.adapters import qwen_image, recompute_log_probs
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.stepwise import (
     StepwiseRequest,
@@ -15,6 +15,7 @@ from rollout_consistency.adapters.stepwise import (
     run_stepwise,
     shared_text_width,
 )
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]

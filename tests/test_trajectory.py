@@ -9,17 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollout_consistency.adapters import (
-    SchedulerSetup,
-    TinyPromptEncoder,
-    Trajectory,
-    TrajectoryFormatError,
-    load_qwen_image,
-    qwen_image,
-    stack_trajectories,
-)
+from rollout_consistency.adapters import Trajectory, TrajectoryFormatError, qwen_image, stack_trajectories
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.adapters.trajectory import _digest
-from rollout_consistency.schedulers import SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +187,7 @@ def test_window_property_requires_a_shared_window(trajectory):
 
 def test_select_and_stack_restore_the_batch(trajectory):
     parts = [trajectory.select([0]), trajectory.select([1])]
-    stacked = stack_trajectories(parts)
+    stacked = stack_trajectories(parts, qwen_image.FAMILY)
     _tensors_equal(stacked, trajectory)
     assert stacked.seeds == trajectory.seeds and stacked.windows == trajectory.windows
 

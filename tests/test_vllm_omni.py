@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_consistency.adapters import TinyPromptEncoder, load_qwen_image, qwen_image, recompute_log_probs, stepwise
+from rollout_consistency.adapters import qwen_image, recompute_log_probs, stepwise
 from rollout_consistency.adapters import vllm_omni as vo
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
+from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.rope import QwenImageTransformerTxtSeqLens
-from rollout_consistency.adapters.tiny_qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG, TINY_QWEN_IMAGE_CONFIG
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
+from rollout_consistency.adapters.tiny.qwen_image import TINY_QWEN_IMAGE_CONFIG
 from rollout_consistency.adapters.trajectory import TrajectoryFormatError
 from rollout_consistency.schedulers import SDEWindow, SDEWindowSchedule
 
@@ -549,7 +551,7 @@ def test_a_trajectory_for_another_request_is_refused(engine_output):
 def save_tiny_qwen_image_directory(path: Path) -> Path:
     """A complete, seeded, offline diffusers Qwen-Image directory (what vLLM-omni loads), under 1 MB.
 
-    The transformer is `rollout_consistency.adapters.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
+    The transformer is `rollout_consistency.adapters.tiny.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
     Qwen2.5-VL of width `joint_attention_dim`; the tokenizer byte-level with Qwen's chat special tokens; the
     VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config.
     """
@@ -675,7 +677,8 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
     """vLLM-omni rollouts (bf16) re-scored by the PyTorch trainer (bf16): float32 trajectories in request
     order, and log-probs within the kernel floor (docs/vllm-omni.md)."""
     from rollout_consistency import CheckConfig, adapters
-    from rollout_consistency.backends import family_kit
+    from rollout_consistency.adapters.families import load_scheduler_config
+    from rollout_consistency.backends import pipeline_settings
 
     path = str(gpu_model_dir)
     size = 64 if _MODEL_DIR is None else 256
@@ -691,12 +694,12 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
         step_execution=step_execution,
         max_num_seqs=4,
     )
-    kit = family_kit("qwen-image")
-    trainer = kit.load_transformer(path, torch.bfloat16, "cuda")
-    options = kit.options(config)
-    setup = qwen_image.FAMILY.scheduler_setup(kit.scheduler_config(path), 8, trainer, options)
+    family, settings = qwen_image.FAMILY, pipeline_settings(config)
+    trainer = family.load_transformer(path, dtype=torch.bfloat16, device="cuda")
+    options = family.options(settings)
+    setup = family.scheduler_setup(load_scheduler_config(path), 8, trainer, options)
     with torch.no_grad():
-        cond = kit.conditioning(kit.make_encoder(path, trainer, "cuda"), PROMPTS, config)
+        cond = family.load_prompt_encoder(path, "cuda", settings)(PROMPTS, None)
     window = SDEWindow(2, 3, 8)
     with vo.VllmOmniRollout(path, step_execution=step_execution, max_num_seqs=4) as engine:
         trajectory = engine.rollout(

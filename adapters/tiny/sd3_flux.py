@@ -10,7 +10,7 @@
 * [`TinyClipT5Encoder`]: the two families condition on a fixed-length sequence of T5 token embeddings
   (`prompt_embeds`) and a pooled CLIP vector (`pooled_prompt_embeds`), with no text mask. The stand-in
   builds the sequence from the project's word-level `TinyPromptEncoder` (in-memory `tokenizers` tokenizer
-  + seeded embedding, `rollout_consistency.adapters.tiny_qwen_image`) padded to a fixed `max_length`, as the pipelines pad to
+  + seeded embedding, `rollout_consistency.adapters.tiny.qwen_image`) padded to a fixed `max_length`, as the pipelines pad to
   `max_sequence_length`; the pooled vector is `tanh(mean of the prompt's token embeddings @ P)` with a
   seeded projection `P`. Everything is a pure function of the prompts and the seed.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
-from .tiny_qwen_image import TinyPromptEncoder, load_transformer
+from .qwen_image import TinyPromptEncoder, load_transformer
 
 __all__ = [
     "TINY_FLUX_CONFIG",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler
+from .flow_match_sde import FlowMatchSDEDiscreteScheduler
 
 __all__ = ["SchedulerSetup", "image_seq_len_shift"]
 

@@ -15,7 +15,6 @@ A real model directory goes through the same functions: `load_qwen_image(path)` 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -29,12 +28,13 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from torch import nn
 
-from .rope import QwenImageTransformerTxtSeqLens
+from rollout_consistency.adapters.families import load_pretrained_transformer, load_scheduler_config
+from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
+from rollout_consistency.adapters.rope import QwenImageTransformerTxtSeqLens
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 __all__ = [
-    "QWEN_IMAGE_SCHEDULER_CONFIG",
     "TINY_QWEN_IMAGE_CONFIG",
     "TinyPromptEncoder",
     "load_qwen_image",
@@ -55,24 +55,6 @@ TINY_QWEN_IMAGE_CONFIG: Mapping[str, Any] = {
     "axes_dims_rope": (4, 6, 6),
 }
 
-# Qwen-Image's released scheduler config (FlowMatchEulerDiscreteScheduler, exponential dynamic shifting).
-QWEN_IMAGE_SCHEDULER_CONFIG: Mapping[str, Any] = {
-    "num_train_timesteps": 1000,
-    "shift": 1.0,
-    "use_dynamic_shifting": True,
-    "base_shift": 0.5,
-    "max_shift": 0.9,
-    "base_image_seq_len": 256,
-    "max_image_seq_len": 8192,
-    "invert_sigmas": False,
-    "shift_terminal": 0.02,
-    "use_karras_sigmas": False,
-    "use_exponential_sigmas": False,
-    "use_beta_sigmas": False,
-    "time_shift_type": "exponential",
-    "stochastic_sampling": False,
-}
-
 
 def load_transformer(
     model_class: type[ModelT],
@@ -90,16 +72,11 @@ def load_transformer(
     Weights are drawn in float32 under a forked global RNG (the caller's RNG state is untouched), so the bf16
     model of a seed is the rounded float32 model. Returned on `device`, in `dtype`, in eval mode.
     """
-    if path is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = model_class(**dict(config or tiny_config))
-    else:
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"No model directory at {path}.")
-        subfolder = "transformer" if (path / "transformer").is_dir() else None
-        model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
+    if path is not None:
+        return load_pretrained_transformer(model_class, path, dtype=dtype, device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(**dict(config or tiny_config))
     # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast.
     return nn.Module.to(model, device=device, dtype=dtype).eval()
 
@@ -139,14 +116,7 @@ def load_qwen_image(
 
 def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Scheduler config: Qwen-Image's released one when `path` is None, else read from the model directory."""
-    if path is None:
-        return dict(QWEN_IMAGE_SCHEDULER_CONFIG)
-    path = Path(path)
-    candidates = [path / "scheduler" / "scheduler_config.json", path / "scheduler_config.json"]
-    for candidate in candidates:
-        if candidate.is_file():
-            return {k: v for k, v in json.loads(candidate.read_text()).items() if not k.startswith("_")}
-    raise FileNotFoundError(f"No scheduler config under {path} (looked for {', '.join(map(str, candidates))}).")
+    return dict(QWEN_IMAGE_SCHEDULER_CONFIG) if path is None else load_scheduler_config(path)
 
 
 # A small fixed vocabulary; words outside it share [UNK]. Word count, not vocabulary, sets the length.

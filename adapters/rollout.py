@@ -1,0 +1,226 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The request-level rollout: one family-agnostic loop over a [`ModelFamily`](rollout_consistency.adapters.families.ModelFamily)'s functions.
+
+Precision policy (docs/design.md): latents, log-probs and timesteps are float32 from the first draw to the
+stored trajectory; the scheduler is called through its strict `sample_previous_step`, which refuses a
+non-float32 tensor. Only window steps draw SDE noise and carry a log-prob; the other steps are Euler (ODE).
+
+Seeds and random draws (the contract a step-wise or vLLM-omni pipeline must reproduce):
+
+* sample `b` owns one `torch.Generator("cpu")` seeded with `seeds[b]` ([`make_generators`]);
+* it first draws the sample's initial noise (float32, on the CPU, in the family's noise shape — for
+  Qwen-Image the unpacked `(1, 1, C, h, w)` that diffusers' pipeline draws, then packed);
+* then, at each of its window steps in denoising order, the scheduler draws one standard normal of shape
+  `(1, *latent_shape)`, float32, on the CPU, from the same generator. ODE steps draw nothing.
+
+Draws happen on the CPU and are moved to the model's device, so the same seeds give the same noise on any
+device, and a sample's noise never depends on its batch-mates or on the batch order.
+
+The trainer's side (`rollout_consistency.adapters.trainer`) re-scores the stored steps with the same forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
+
+from . import pitfalls
+from .families import ModelFamily, model_device, model_dtype
+from .pitfalls import Injection
+from .trajectory import Trajectory
+
+__all__ = ["make_generators", "resolve_windows", "rollout"]
+
+
+def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
+    """One CPU `torch.Generator` per sample, seeded with that sample's seed (see the module docstring)."""
+    generators = []
+    for seed in seeds:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"Seeds must be ints (one per sample), got {seed!r}.")
+        generators.append(torch.Generator(device="cpu").manual_seed(seed))
+    return generators
+
+
+def resolve_windows(window: SDEWindow | Sequence[SDEWindow], batch_size: int, num_steps: int) -> tuple[SDEWindow, ...]:
+    """One window per sample: a single `SDEWindow` is shared; a sequence must hold `batch_size` windows of one
+    size. Raises ValueError for a window that does not belong to a `num_steps`-step schedule."""
+    windows = (window,) * batch_size if isinstance(window, SDEWindow) else tuple(window)
+    if len(windows) != batch_size:
+        raise ValueError(f"{len(windows)} windows for {batch_size} samples: pass one window, or one per sample.")
+    for w in windows:
+        if not isinstance(w, SDEWindow):
+            raise TypeError(
+                f"Expected SDEWindow, got {w!r}; build one with rollout_consistency.schedulers.draw_sde_window(...)."
+            )
+        if w.num_steps != num_steps:
+            raise ValueError(
+                f"SDE window {w} is for a {w.num_steps}-step schedule but the rollout runs {num_steps} steps: the "
+                f"window lies outside the schedule. Draw it with num_steps={num_steps}."
+            )
+    if len({w.size for w in windows}) != 1:
+        raise ValueError(f"All samples need the same window size, got {sorted({w.size for w in windows})}.")
+    return windows
+
+
+def _check_rollout_args(seeds, prompt_groups, noise_level, global_step) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("A rollout needs at least one sample (one seed per sample).")
+    prompt_groups = tuple(range(len(seeds))) if prompt_groups is None else tuple(prompt_groups)
+    if len(prompt_groups) != len(seeds):
+        raise ValueError(f"{len(prompt_groups)} prompt groups for {len(seeds)} seeds: pass one per sample.")
+    if not (isinstance(noise_level, (int, float)) and noise_level > 0):
+        raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
+    if not isinstance(global_step, int) or global_step < 0:
+        raise ValueError(f"global_step must be an int >= 0, got {global_step!r}.")
+    return seeds, prompt_groups
+
+
+def rollout(
+    family: ModelFamily,
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    *,
+    scheduler_setup: SchedulerSetup,
+    seeds: Sequence[int],
+    window: SDEWindow | Sequence[SDEWindow],
+    noise_level: float,
+    sde_type: str = "sde",
+    guidance_scale: float = 1.0,
+    options: Mapping[str, Any] | None = None,
+    prompt_groups: Sequence[int] | None = None,
+    global_step: int = 0,
+    include_normalizer: bool = True,
+    denoise_to_end: bool = True,
+    injection: Injection | None = None,
+) -> Trajectory:
+    """Request-level rollout of a batch: denoise with SDE steps inside each sample's window, ODE outside.
+
+    Args:
+        family: the model family (e.g. `rollout_consistency.adapters.qwen_image.FAMILY`).
+        transformer: the family's transformer, any dtype; inputs are cast to it for the forward only.
+        conditioning: batch-first tensors the velocity function consumes (one row per sample, `B = len(seeds)`).
+        scheduler_setup: the schedule (see [`SchedulerSetup`]).
+        seeds: per-sample seeds (initial and SDE noise; see the module docstring).
+        window: one `SDEWindow` for all samples or one per sample (samples of a prompt group must share it).
+        noise_level, sde_type, include_normalizer: SDE settings, passed to the scheduler.
+        guidance_scale: true-CFG scale; CFG runs when > 1 and then needs negative conditioning.
+        options: the family's forward settings (stored as `Trajectory.family_options`).
+        prompt_groups: per-sample prompt-group ids (default: each sample its own group).
+        global_step: training step (stored).
+        denoise_to_end: also run the steps after the last window and store `final_latents` (for the reward);
+            `False` stops after the last window step.
+        injection: stock behaviours to reproduce (tests and `--inject` only); see `rollout_consistency.adapters.pitfalls`.
+
+    Returns:
+        A validated float32 [`Trajectory`].
+    """
+    options = dict(options or {})
+    seeds, prompt_groups = _check_rollout_args(seeds, prompt_groups, noise_level, global_step)
+    batch = len(seeds)
+    num_steps = scheduler_setup.num_inference_steps
+    windows = resolve_windows(window, batch, num_steps)
+    injection = injection or None
+    if injection is not None and injection.per_request_window:
+        # Reproduction: every request draws its own window from an unseeded RNG (DESIGN.md §1).
+        windows = tuple(
+            pitfalls.stock_per_request_window(f"request-{b}", num_steps=num_steps, window_size=windows[0].size)
+            for b in range(batch)
+        )
+    family.check_conditioning(transformer, conditioning, batch, guidance_scale, options)
+
+    device = model_device(transformer)
+    dtype = model_dtype(transformer)
+    scheduler = scheduler_setup.scheduler()
+    schedule = scheduler_setup.timesteps()
+    conditioning = {k: v.to(device) for k, v in conditioning.items()}
+    generators = make_generators(seeds)
+    latents = family.initial_latents(transformer, generators, options).to(device=device, dtype=torch.float32)
+    expected_shape = (batch, *family.latent_shape(transformer, options))
+    if tuple(latents.shape) != expected_shape:
+        raise ValueError(f"{family.name}: initial latents {tuple(latents.shape)} != expected {expected_shape}.")
+
+    window_size = windows[0].size
+    stored = torch.empty((batch, window_size + 1, *expected_shape[1:]), dtype=torch.float32, device=device)
+    log_probs = torch.empty((batch, window_size), dtype=torch.float32, device=device)
+    timesteps = torch.empty((batch, window_size), dtype=torch.float32)
+    last_step = num_steps if denoise_to_end else max(w.stop for w in windows)
+    round_latents = injection is not None and injection.bf16_latents
+
+    with torch.no_grad():
+        for step in range(last_step):
+            t = schedule[step]
+            velocity = family.velocity(
+                transformer,
+                latents,
+                t.expand(batch).to(device),
+                conditioning,
+                guidance_scale,
+                options=options,
+                injection=injection,
+            )
+            sde_rows = [b for b in range(batch) if step in windows[b]]
+            ode_rows = [b for b in range(batch) if step not in windows[b]]
+            # Rows are stepped in (at most) two groups, SDE and ODE; the step's maths is per element and its
+            # log-prob per row, so a row's result does not depend on how rows are grouped.
+            new_latents = latents if len(sde_rows) in (0, batch) else torch.empty_like(latents)
+            for rows, in_window in ((sde_rows, True), (ode_rows, False)):
+                if not rows:
+                    continue
+                whole = len(rows) == batch
+                picked = None if whole else torch.tensor(rows, device=device)
+                sample = latents if whole else latents[picked]
+                out = scheduler.sample_previous_step(
+                    velocity if whole else velocity[picked],
+                    t,
+                    sample,
+                    noise_level=noise_level if in_window else 0.0,
+                    sde_type=sde_type,
+                    generator=[generators[b] for b in rows] if in_window else None,
+                    include_normalizer=include_normalizer,
+                )
+                prev = out.prev_sample
+                if round_latents:
+                    prev = pitfalls.stock_round_to_model_dtype(prev, dtype)
+                if in_window:
+                    positions = [step - windows[b].start for b in rows]
+                    stored[rows, positions] = sample
+                    log_probs[rows, positions] = out.log_prob
+                    timesteps[rows, positions] = t
+                    last = [i for i, k in enumerate(positions) if k == window_size - 1]
+                    if last:
+                        stored[[rows[i] for i in last], window_size] = prev[last]
+                if whole:
+                    new_latents = prev
+                else:
+                    new_latents[picked] = prev
+            latents = new_latents
+
+    provenance = {"path": "request-level"}
+    if injection is not None:
+        provenance["injection"] = ",".join(injection.names)
+    return Trajectory(
+        latents=stored,
+        log_probs=log_probs,
+        timesteps=timesteps.to(device),
+        windows=windows,
+        noise_level=float(noise_level),
+        sde_type=sde_type,
+        guidance_scale=float(guidance_scale),
+        seeds=seeds,
+        prompt_groups=prompt_groups,
+        global_step=global_step,
+        conditioning=conditioning,
+        model_family=family.name,
+        scheduler=scheduler_setup,
+        family_options=options,
+        include_normalizer=include_normalizer,
+        final_latents=latents if denoise_to_end else None,
+        provenance=provenance,
+    ).validate()

@@ -1,0 +1,114 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Tiny offline models: seeded diffusers transformers from fixed configs and stand-in prompt encoders.
+
+Everything runs on a CPU with no model hub. The checker uses [`get_tiny`] when no `model_path` is given;
+tests and docs build the models directly:
+
+    Qwen-Image   load_qwen_image(path=None, *, dtype, device, seed), TinyPromptEncoder,
+                 load_qwen_image_scheduler_config(path=None)          (`rollout_consistency.adapters.tiny.qwen_image`)
+    SD3, FLUX    load_sd3(...), load_flux(...), TinyClipT5Encoder,
+                 tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder() (`rollout_consistency.adapters.tiny.sd3_flux`)
+
+A family of your own registers its tiny model with [`register_tiny`] next to
+`rollout_consistency.adapters.register_family`. No production module imports this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from rollout_consistency.adapters.families import PromptEncoder
+from rollout_consistency.adapters.settings import PipelineSettings
+
+from .qwen_image import TinyPromptEncoder, load_qwen_image, load_qwen_image_scheduler_config
+from .sd3_flux import TinyClipT5Encoder, load_flux, load_sd3, tiny_flux_prompt_encoder, tiny_sd3_prompt_encoder
+
+__all__ = [
+    "TinyClipT5Encoder",
+    "TinyModel",
+    "TinyPromptEncoder",
+    "get_tiny",
+    "load_flux",
+    "load_qwen_image",
+    "load_qwen_image_scheduler_config",
+    "load_sd3",
+    "register_tiny",
+    "tiny_flux_prompt_encoder",
+    "tiny_names",
+    "tiny_sd3_prompt_encoder",
+]
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A family's tiny offline model, as the checker builds it when no model directory is given.
+
+    Attributes:
+        load_transformer: `(*, dtype, device, seed) -> nn.Module` — the seeded tiny transformer in eval mode.
+        prompt_encoder: `(transformer, PipelineSettings) -> PromptEncoder` — a stand-in text encoder whose
+            conditioning fits `transformer` (`(prompts, negative_prompts or None) -> conditioning`).
+    """
+
+    load_transformer: Callable[..., nn.Module]
+    prompt_encoder: Callable[[nn.Module, PipelineSettings], PromptEncoder]
+
+
+def _qwen_image_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEncoder:
+    encoder = TinyPromptEncoder(int(transformer.config.joint_attention_dim), seed=0)
+    pad_to = settings.max_sequence_length if settings.pad_prompts_to_max_length else None
+
+    def encode(prompts, negative_prompts) -> dict[str, Any]:
+        return encoder.conditioning(list(prompts), negative_prompts, pad_to=pad_to)
+
+    return encode
+
+
+def _clip_t5_encoder(make: Callable[..., TinyClipT5Encoder]) -> Callable[[nn.Module, PipelineSettings], PromptEncoder]:
+    def build(transformer: nn.Module, settings: PipelineSettings) -> PromptEncoder:
+        # Seeded weights, the pipelines' fixed text length: built once per worker, not per batch.
+        encoder = make(seed=0, max_length=settings.max_sequence_length)
+
+        def encode(prompts, negative_prompts) -> dict[str, Any]:
+            return encoder.conditioning(list(prompts), negative_prompts)
+
+        return encode
+
+    return build
+
+
+# name -> tiny model: the built-in three, and any a user family registers.
+_REGISTRY: dict[str, TinyModel] = {
+    "qwen-image": TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder),
+    "sd3": TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder)),
+    "flux": TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder)),
+}
+
+
+def register_tiny(name: str, tiny: TinyModel, *, replace: bool = False) -> TinyModel:
+    """Make `tiny` the offline model of family `name` (used by the checker when `model_path` is None)."""
+    if not isinstance(tiny, TinyModel):
+        raise TypeError(f"register_tiny takes a TinyModel, got {type(tiny).__name__}.")
+    known = _REGISTRY.get(name)
+    if known is not None and known is not tiny and not replace:
+        raise ValueError(f"A tiny model for family {name!r} is already registered; pass replace=True to replace it.")
+    _REGISTRY[name] = tiny
+    return tiny
+
+
+def get_tiny(name: str) -> TinyModel:
+    """The tiny model of family `name`; ValueError naming the families that have one."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"No tiny offline model for family {name!r} (have: {', '.join(tiny_names())}): set model_path to a "
+            f"model directory, or register one with rollout_consistency.adapters.tiny.register_tiny."
+        )
+    return _REGISTRY[name]
+
+
+def tiny_names() -> tuple[str, ...]:
+    """Families with a tiny offline model, sorted."""
+    return tuple(sorted(_REGISTRY))
