@@ -14,7 +14,7 @@ The main entry points (stable; see docs/adapters.md and docs/design.md):
         one frozen description per model family and the registry (`rollout_consistency.adapters.families`)
     make_generators(seeds)
         one seeded CPU generator per sample (the noise contract)
-    INJECTION_NAMES, MixedDtypeBatchError
+    INJECTION_NAMES, MixedDtypeBatchError, apply_injection
         stock-behaviour reproductions (`rollout_consistency.adapters.pitfalls`; tests and `--inject` only)
 
 Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access `sd3`, `flux`,
@@ -28,7 +28,7 @@ import importlib
 
 from . import qwen_image
 from .families import ModelFamily, family_names, get_family, register_family
-from .pitfalls import INJECTION_NAMES, Injection, MixedDtypeBatchError
+from .pitfalls import INJECTION_NAMES, MixedDtypeBatchError, apply_injection
 from .rollout import make_generators, rollout
 from .settings import PipelineSettings
 from .trainer import recompute_log_probs, recompute_step_log_prob
@@ -36,12 +36,12 @@ from .trajectory import Trajectory, TrajectoryFormatError, stack_trajectories
 
 __all__ = [
     "INJECTION_NAMES",
-    "Injection",
     "MixedDtypeBatchError",
     "ModelFamily",
     "PipelineSettings",
     "Trajectory",
     "TrajectoryFormatError",
+    "apply_injection",
     "family_names",
     "get_family",
     "make_generators",

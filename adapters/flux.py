@@ -51,7 +51,6 @@ from .families import (
     register_family,
 )
 from .packing import pack_latents, packed_latent_grid, unpack_latents
-from .pitfalls import Injection
 from .rollout import rollout as request_level_rollout
 from .settings import PipelineSettings
 from .trajectory import Trajectory
@@ -184,7 +183,6 @@ def velocity(
     guidance_scale: float,
     *,
     options: Mapping[str, Any],
-    injection: Injection | None = None,
 ) -> torch.Tensor:
     """FLUX velocity (noise_pred), float32.
 
@@ -195,16 +193,10 @@ def velocity(
         conditioning: see the module docstring.
         guidance_scale: embedded guidance (models with `guidance_embeds`); ignored otherwise.
         options: family options (height, width, vae_scale_factor, true_cfg_scale).
-        injection: none of the reproductions act inside the FLUX forward (`bf16-latents` and the step-wise one
-            act in the loops); `mask-sum-rope` is Qwen-Image's and raises here.
 
     Returns:
         `(B, (h/2)(w/2), 4C)` float32; differentiable when grad is enabled.
     """
-    if injection is not None and injection.mask_sum_rope:
-        raise ValueError(
-            "The mask-sum-rope reproduction is Qwen-Image's (txt_seq_lens); FLUX's text positions are zeros."
-        )
     opts = _options(options)
     check_float32_inputs(latents, timesteps)
     h, w = latent_grid(opts)
@@ -344,7 +336,7 @@ def rollout(
     vae_scale_factor: int = 8,
     include_normalizer: bool = True,
     denoise_to_end: bool = True,
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> Trajectory:
     """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
@@ -376,7 +368,7 @@ def rollout(
         global_step=global_step,
         include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
-        injection=injection,
+        scheduler=scheduler,
     )
 
 

@@ -1,21 +1,22 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Reproductions of the stock behaviours of DESIGN.md §1 — each one a *known bug*, kept on purpose.
+"""Reproductions of the stock pitfalls — each one a *known bug*, kept on purpose — as wrappers.
 
 Nothing in this module is a recommended code path. It exists so that tests and the checker
-(`--inject NAME`) can show each pitfall's signature next to the fixed path. Each reproduction is switched
-on by one field of the frozen [`Injection`] passed to a rollout; with no injection (the default) none of
-this code runs.
+(`--inject NAME`) can show each pitfall's signature next to the fixed path. Each reproduction wraps what a
+rollout is given — its scheduler, its transformer, or its windows — so the rollout code itself has no
+switch for it: [`apply_injection`] applies one by name, and the checker applies it to the rollout side only.
 
-| `--inject` name        | `Injection` field    | what the stock code did                                      | the fix (default path)                      |
-|------------------------|----------------------|--------------------------------------------------------------|---------------------------------------------|
-| `bf16-latents`         | `bf16_latents`       | scheduler casts `prev_sample` to the model dtype; that       | latents stay float32; cast only for the      |
-|                        |                      | rounded sample is stored and fed on, the log-prob was        | forward (`sample_previous_step`)            |
-|                        |                      | computed from the unrounded one                              |                                             |
-| `stepwise-bf16`        | `stepwise_bf16`      | step-wise per-request latents kept in the model dtype; a     | per-request latents float32 throughout      |
-|                        |                      | fresh float32 request joining them fails to batch            |                                             |
-| `mask-sum-rope`        | `mask_sum_rope`      | Qwen-Image `txt_seq_lens` from `mask.sum()` (valid tokens)   | `padded_txt_seq_lens`: the padded width     |
-| `per-request-window`   | `per_request_window` | SDE window drawn per request from an unseeded RNG            | `draw_sde_window` per prompt group, seeded  |
-|                        |                      |                                                              | explicitly                                  |
+| `--inject` name        | wrapper                         | what the stock code did                               | the fix (default path)                  |
+|------------------------|---------------------------------|-------------------------------------------------------|-----------------------------------------|
+| `bf16-latents`         | [`StockRoundedLatents`]         | scheduler casts `prev_sample` to the model dtype;     | latents stay float32; cast only for the |
+|                        | (scheduler)                     | that rounded sample is stored and fed on, the         | forward (`sample_previous_step`)        |
+|                        |                                 | log-prob was computed from the unrounded one          |                                         |
+| `stepwise-bf16`        | [`StockModelDtypeLatents`]      | step-wise per-request latents kept in the model       | per-request latents float32 throughout  |
+|                        | (scheduler)                     | dtype; a fresh float32 request joining them fails     |                                         |
+| `mask-sum-rope`        | [`StockMaskSumRope`]            | Qwen-Image `txt_seq_lens` from `mask.sum()` (valid    | `padded_txt_seq_lens`: the padded width |
+|                        | (transformer)                   | tokens)                                               |                                         |
+| `per-request-window`   | [`stock_per_request_window`]    | SDE window drawn per request from an unseeded RNG     | `draw_sde_window` per prompt group,     |
+|                        | (windows)                       |                                                       | seeded explicitly                       |
 
 When each one shows (so a check that injects it sees a signature):
 
@@ -37,17 +38,26 @@ When each one shows (so a check that injects it sees a signature):
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from rollout_consistency.schedulers import SDEWindow
 
+from .families import model_dtype
+from .rope import stock_mask_sum_txt_seq_lens, takes_txt_seq_lens
+
 __all__ = [
     "INJECTION_NAMES",
-    "Injection",
+    "Injected",
     "MixedDtypeBatchError",
+    "StockMaskSumRope",
+    "StockModelDtypeLatents",
+    "StockRoundedLatents",
+    "apply_injection",
     "stock_per_request_window",
     "stock_round_to_model_dtype",
 ]
@@ -57,37 +67,6 @@ INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-reques
 
 class MixedDtypeBatchError(ValueError):
     """Raised (as vLLM-omni's input batch does) when requests with latents of different dtypes are batched."""
-
-
-@dataclass(frozen=True)
-class Injection:
-    """Which stock behaviours a rollout reproduces. All off by default (the fixed path).
-
-    Build one from the checker's names with `Injection.from_names(["bf16-latents", ...])`.
-    """
-
-    bf16_latents: bool = False
-    stepwise_bf16: bool = False
-    mask_sum_rope: bool = False
-    per_request_window: bool = False
-
-    @classmethod
-    def from_names(cls, names: Iterable[str]) -> Injection:
-        """`Injection` with the fields of the given `--inject` names on; ValueError for an unknown name."""
-        flags = {}
-        for name in names:
-            if name not in INJECTION_NAMES:
-                raise ValueError(f"Unknown injection {name!r}; expected one of {', '.join(INJECTION_NAMES)}.")
-            flags[name.replace("-", "_")] = True
-        return cls(**flags)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The `--inject` names switched on."""
-        return tuple(n for n in INJECTION_NAMES if getattr(self, n.replace("-", "_")))
-
-    def __bool__(self) -> bool:
-        return bool(self.names)
 
 
 def stock_round_to_model_dtype(prev_sample: torch.Tensor, model_dtype: torch.dtype) -> torch.Tensor:
@@ -121,3 +100,126 @@ def stock_per_request_window(
     mixed = random.Random(f"{request_id}/{rng.random()}")
     start = mixed.randint(low, high - window_size)
     return SDEWindow(start=start, size=window_size, num_steps=num_steps)
+
+
+class StockRoundedLatents:
+    """REPRODUCTION (`bf16-latents`): a scheduler whose `sample_previous_step` returns `prev_sample` rounded to
+    `dtype`, held in float32 — the value the stock rollout stored and fed on (see
+    [`stock_round_to_model_dtype`]). Everything else is the wrapped scheduler's."""
+
+    injection_name = "bf16-latents"
+
+    def __init__(self, scheduler: Any, dtype: torch.dtype):
+        self.scheduler = scheduler
+        self.dtype = dtype
+
+    def sample_previous_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.scheduler.sample_previous_step(*args, **kwargs)
+        out.prev_sample = self._cast(out.prev_sample)
+        return out
+
+    def _cast(self, prev_sample: torch.Tensor) -> torch.Tensor:
+        return stock_round_to_model_dtype(prev_sample, self.dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)
+
+
+class StockModelDtypeLatents(StockRoundedLatents):
+    """REPRODUCTION (`stepwise-bf16`): `prev_sample` returned *in* `dtype`, so a step-wise request's state stays
+    low-precision and a fresh float32 request joining it raises [`MixedDtypeBatchError`]."""
+
+    injection_name = "stepwise-bf16"
+
+    def _cast(self, prev_sample: torch.Tensor) -> torch.Tensor:
+        return prev_sample.to(self.dtype)
+
+
+class StockMaskSumRope(nn.Module):
+    """REPRODUCTION (`mask-sum-rope`): a Qwen-Image transformer whose text RoPE lengths are the valid-token
+    counts instead of the padded width.
+
+    Its forward replaces `txt_seq_lens` with each row's count of non-zero rows of `encoder_hidden_states`.
+    diffusers' Qwen-Image pipeline (and every encoder here) pads prompt embeddings with exact zeros, so that
+    count is the row's number of valid tokens — what the stock code took from `prompt_embeds_mask.sum()`
+    (`rollout_consistency.adapters.rope.stock_mask_sum_txt_seq_lens`). Config, parameters and dtype are the
+    wrapped model's.
+
+    Raises:
+        ValueError: the wrapped transformer does not take `txt_seq_lens` (diffusers' own class always uses the
+            padded width, so the pitfall cannot happen there).
+    """
+
+    injection_name = "mask-sum-rope"
+
+    def __init__(self, transformer: nn.Module):
+        if not takes_txt_seq_lens(transformer):
+            raise ValueError(
+                "The mask-sum-rope reproduction needs a transformer that takes `txt_seq_lens` (load it with "
+                "rollout_consistency.adapters.tiny.load_qwen_image, or vLLM-omni's); diffusers' own class always uses "
+                "the padded width."
+            )
+        super().__init__()
+        self.inner = transformer
+
+    @property
+    def config(self) -> Any:
+        return self.inner.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return model_dtype(self.inner)
+
+    def forward(self, *args: Any, encoder_hidden_states: torch.Tensor, txt_seq_lens: Any = None, **kwargs: Any):
+        valid = (encoder_hidden_states != 0).any(dim=-1).to(torch.int64)  # (B, L): 1 where a row is not padding
+        return self.inner(
+            *args,
+            encoder_hidden_states=encoder_hidden_states,
+            txt_seq_lens=stock_mask_sum_txt_seq_lens(valid),
+            **kwargs,
+        )
+
+
+@dataclass(frozen=True)
+class Injected:
+    """What a rollout runs with after [`apply_injection`]: its scheduler, transformer and per-sample windows."""
+
+    scheduler: Any
+    transformer: nn.Module
+    windows: tuple[SDEWindow, ...]
+
+
+def apply_injection(
+    name: str,
+    *,
+    scheduler: Any,
+    transformer: nn.Module,
+    windows: Sequence[SDEWindow],
+    request_ids: Sequence[str],
+) -> Injected:
+    """Wrap the rollout side's scheduler / transformer, or redraw its windows, to reproduce the stock pitfall `name`.
+
+    Args:
+        name: one of [`INJECTION_NAMES`].
+        scheduler: the scheduler the rollout steps with (e.g. `SchedulerSetup.scheduler()`).
+        transformer: the rollout's transformer (its dtype is the one latents are rounded to).
+        windows: one window per sample; `request_ids`: one id per sample (`per-request-window` mixes it in).
+
+    Raises:
+        ValueError: an unknown name (naming the known ones), or see [`StockMaskSumRope`].
+    """
+    windows = tuple(windows)
+    if name == "bf16-latents":
+        scheduler = StockRoundedLatents(scheduler, model_dtype(transformer))
+    elif name == "stepwise-bf16":
+        scheduler = StockModelDtypeLatents(scheduler, model_dtype(transformer))
+    elif name == "mask-sum-rope":
+        transformer = StockMaskSumRope(transformer)
+    elif name == "per-request-window":
+        windows = tuple(
+            stock_per_request_window(rid, num_steps=w.num_steps, window_size=w.size)
+            for rid, w in zip(request_ids, windows, strict=True)
+        )
+    else:
+        raise ValueError(f"Unknown injection {name!r}; expected one of {', '.join(INJECTION_NAMES)}.")
+    return Injected(scheduler=scheduler, transformer=transformer, windows=windows)

@@ -42,12 +42,10 @@ from .families import (
     register_family,
 )
 from .packing import pack_latents, packed_latent_grid
-from .pitfalls import Injection
 from .rollout import rollout as request_level_rollout
 from .rope import (
     QwenImageTransformerTxtSeqLens,
     padded_txt_seq_lens,
-    stock_mask_sum_txt_seq_lens,
     takes_txt_seq_lens,
 )
 from .settings import PipelineSettings
@@ -190,7 +188,6 @@ def velocity(
     guidance_scale: float,
     *,
     options: Mapping[str, Any],
-    injection: Injection | None = None,
 ) -> torch.Tensor:
     """Qwen-Image velocity (noise_pred), float32.
 
@@ -200,7 +197,6 @@ def velocity(
         timesteps (`torch.Tensor` `(B,)`, float32): schedule values (0..1000).
         conditioning: see the module docstring. guidance_scale: true-CFG scale (CFG when > 1).
         options: family options (height, width, vae_scale_factor, mask_text_padding).
-        injection: `mask_sum_rope` takes `txt_seq_lens` from `mask.sum()` (reproduction, rollout_consistency.adapters.pitfalls).
 
     Returns:
         `(B, seq, 4C)` float32.
@@ -218,16 +214,9 @@ def velocity(
     dtype = model_dtype(transformer)
     hidden_states = latents.to(dtype)  # the only low-precision copy, for this forward
     img_shapes = [[(1, h // 2, w // 2)]] * batch
-    stock_rope = injection is not None and injection.mask_sum_rope
     passes_lengths = takes_txt_seq_lens(transformer)
-    if stock_rope and not passes_lengths:
-        raise ValueError(
-            "The mask-sum-rope reproduction needs a transformer that takes `txt_seq_lens` (load it with "
-            "rollout_consistency.adapters.load_qwen_image, or vLLM-omni's); diffusers' own class always uses the padded width."
-        )
 
     def predict(embeds: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        lengths_mask = mask
         if mask is not None and bool(mask.all()):
             mask = None  # as QwenImagePipeline.encode_prompt: no padding, no mask (a different attention kernel)
         kwargs = dict(
@@ -239,10 +228,7 @@ def velocity(
             return_dict=False,
         )
         if passes_lengths:
-            if stock_rope and lengths_mask is not None:
-                kwargs["txt_seq_lens"] = stock_mask_sum_txt_seq_lens(lengths_mask)
-            else:
-                kwargs["txt_seq_lens"] = padded_txt_seq_lens(embeds)
+            kwargs["txt_seq_lens"] = padded_txt_seq_lens(embeds)
         return transformer(**kwargs)[0].float()
 
     cond = predict(conditioning["prompt_embeds"], conditioning.get("prompt_embeds_mask"))
@@ -376,7 +362,7 @@ def rollout(
     mask_text_padding: bool = True,
     include_normalizer: bool = True,
     denoise_to_end: bool = True,
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> Trajectory:
     """Qwen-Image rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
@@ -405,7 +391,7 @@ def rollout(
         global_step=global_step,
         include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
-        injection=injection,
+        scheduler=scheduler,
     )
 
 

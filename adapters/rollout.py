@@ -29,9 +29,7 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
-from . import pitfalls
-from .families import ModelFamily, model_device, model_dtype
-from .pitfalls import Injection
+from .families import ModelFamily, model_device
 from .trajectory import Trajectory
 
 __all__ = ["make_generators", "resolve_windows", "rollout"]
@@ -98,7 +96,7 @@ def rollout(
     global_step: int = 0,
     include_normalizer: bool = True,
     denoise_to_end: bool = True,
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> Trajectory:
     """Request-level rollout of a batch: denoise with SDE steps inside each sample's window, ODE outside.
 
@@ -116,7 +114,9 @@ def rollout(
         global_step: training step (stored).
         denoise_to_end: also run the steps after the last window and store `final_latents` (for the reward);
             `False` stops after the last window step.
-        injection: stock behaviours to reproduce (tests and `--inject` only); see `rollout_consistency.adapters.pitfalls`.
+        scheduler: the scheduler to step with (default: `scheduler_setup.scheduler()`, cached on the setup) — a
+            subclass of your own, or a stock-pitfall wrapper from `rollout_consistency.adapters.pitfalls`. Only its
+            stateless `sample_previous_step` is called.
 
     Returns:
         A validated float32 [`Trajectory`].
@@ -126,18 +126,10 @@ def rollout(
     batch = len(seeds)
     num_steps = scheduler_setup.num_inference_steps
     windows = resolve_windows(window, batch, num_steps)
-    injection = injection or None
-    if injection is not None and injection.per_request_window:
-        # Reproduction: every request draws its own window from an unseeded RNG (DESIGN.md §1).
-        windows = tuple(
-            pitfalls.stock_per_request_window(f"request-{b}", num_steps=num_steps, window_size=windows[0].size)
-            for b in range(batch)
-        )
     family.check_conditioning(transformer, conditioning, batch, guidance_scale, options)
 
     device = model_device(transformer)
-    dtype = model_dtype(transformer)
-    scheduler = scheduler_setup.scheduler()
+    scheduler = scheduler_setup.scheduler() if scheduler is None else scheduler
     schedule = scheduler_setup.timesteps()
     conditioning = {k: v.to(device) for k, v in conditioning.items()}
     generators = make_generators(seeds)
@@ -151,7 +143,6 @@ def rollout(
     log_probs = torch.empty((batch, window_size), dtype=torch.float32, device=device)
     timesteps = torch.empty((batch, window_size), dtype=torch.float32)
     last_step = num_steps if denoise_to_end else max(w.stop for w in windows)
-    round_latents = injection is not None and injection.bf16_latents
 
     with torch.no_grad():
         for step in range(last_step):
@@ -163,7 +154,6 @@ def rollout(
                 conditioning,
                 guidance_scale,
                 options=options,
-                injection=injection,
             )
             sde_rows = [b for b in range(batch) if step in windows[b]]
             ode_rows = [b for b in range(batch) if step not in windows[b]]
@@ -186,8 +176,6 @@ def rollout(
                     include_normalizer=include_normalizer,
                 )
                 prev = out.prev_sample
-                if round_latents:
-                    prev = pitfalls.stock_round_to_model_dtype(prev, dtype)
                 if in_window:
                     positions = [step - windows[b].start for b in rows]
                     stored[rows, positions] = sample
@@ -203,8 +191,9 @@ def rollout(
             latents = new_latents
 
     provenance = {"path": "request-level"}
-    if injection is not None:
-        provenance["injection"] = ",".join(injection.names)
+    injected = [getattr(x, "injection_name", None) for x in (scheduler, transformer)]
+    if any(injected):
+        provenance["injection"] = ",".join(n for n in injected if n)
     return Trajectory(
         latents=stored,
         log_probs=log_probs,

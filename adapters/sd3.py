@@ -46,7 +46,6 @@ from .families import (
     model_dtype,
     register_family,
 )
-from .pitfalls import Injection
 from .rollout import rollout as request_level_rollout
 from .settings import PipelineSettings
 from .trajectory import Trajectory
@@ -169,7 +168,6 @@ def velocity(
     guidance_scale: float,
     *,
     options: Mapping[str, Any],
-    injection: Injection | None = None,
 ) -> torch.Tensor:
     """SD3 velocity (noise_pred), float32.
 
@@ -179,14 +177,10 @@ def velocity(
         timesteps (`torch.Tensor` `(B,)`, float32): schedule values `σ·1000` (passed to the transformer as is).
         conditioning: see the module docstring. guidance_scale: CFG scale (CFG when > 1: two forwards).
         options: family options (height, width, vae_scale_factor).
-        injection: none of the reproductions act inside the SD3 forward (`bf16-latents` and the step-wise one
-            act in the loops); `mask-sum-rope` is Qwen-Image's and raises here.
 
     Returns:
         `(B, C, h, w)` float32; differentiable when grad is enabled.
     """
-    if injection is not None and injection.mask_sum_rope:
-        raise ValueError("The mask-sum-rope reproduction is Qwen-Image's (text RoPE); SD3 has no text RoPE.")
     check_float32_inputs(latents, timesteps)
     expected = _latent_shape(transformer, options)
     if latents.dim() != 4 or tuple(latents.shape[1:]) != expected:
@@ -312,7 +306,7 @@ def rollout(
     vae_scale_factor: int = 8,
     include_normalizer: bool = True,
     denoise_to_end: bool = True,
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> Trajectory:
     """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
@@ -338,7 +332,7 @@ def rollout(
         global_step=global_step,
         include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
-        injection=injection,
+        scheduler=scheduler,
     )
 
 

@@ -41,9 +41,8 @@ from torch import nn
 
 from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, SchedulerSetup, SDEWindow
 
-from . import pitfalls
-from .families import ModelFamily, model_device, model_dtype
-from .pitfalls import Injection, MixedDtypeBatchError
+from .families import ModelFamily, model_device
+from .pitfalls import MixedDtypeBatchError
 from .rollout import make_generators
 from .trajectory import Trajectory, stack_trajectories
 
@@ -259,13 +258,14 @@ def advance_request(
     noise_level: float,
     sde_type: str,
     include_normalizer: bool = True,
-    store_dtype: torch.dtype | None = None,
 ) -> None:
     """`step_scheduler`: one scheduler step of one request in float32, recorded when inside its window.
 
     Args:
         noise_pred (`torch.Tensor` `(1, *latent_shape)`): the request's row of the batched forward.
-        store_dtype: REPRODUCTION only (the stock step-wise path): keep the request's state in this dtype.
+
+    The request's state becomes the scheduler's `prev_sample` as returned (float32 from the project's scheduler;
+    the `stepwise-bf16` reproduction's scheduler wrapper returns it in the model dtype).
     """
     step = state.step_index
     in_window = step in state.record.window
@@ -281,8 +281,7 @@ def advance_request(
         sde_type=sde_type,
         include_normalizer=include_normalizer,
     )
-    # rollout-consistency: ignore[low-precision-latents] store_dtype is set only by --inject stepwise-bf16 (on purpose)
-    prev = out.prev_sample if store_dtype is None else out.prev_sample.to(store_dtype)
+    prev = out.prev_sample
     if in_window:
         record_window_step(state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32))
     state.latents = prev
@@ -305,18 +304,15 @@ def init_request(
     *,
     scheduler_setup: SchedulerSetup,
     options: Mapping[str, Any],
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> RequestState:
-    """`prepare_encode`: the request's generator, its float32 initial latents and the schedule's scheduler."""
+    """`prepare_encode`: the request's generator, its float32 initial latents and the scheduler it steps with
+    (`scheduler`, default: the setup's cached one)."""
     window = request.window
     if window.num_steps != scheduler_setup.num_inference_steps:
         raise ValueError(
             f"Request {request.request_id}: window {window} lies outside the {scheduler_setup.num_inference_steps}-step "
             f"schedule."
-        )
-    if injection is not None and injection.per_request_window:
-        window = pitfalls.stock_per_request_window(
-            request.request_id, num_steps=window.num_steps, window_size=window.size
         )
     (generator,) = make_generators([request.seed])
     latents = family.initial_latents(transformer, [generator], options).to(model_device(transformer), torch.float32)
@@ -326,7 +322,7 @@ def init_request(
         request=request,
         latents=latents,
         generator=generator,
-        scheduler=scheduler_setup.scheduler(),
+        scheduler=scheduler_setup.scheduler() if scheduler is None else scheduler,
         record=init_window_record(window),
     )
 
@@ -339,7 +335,6 @@ def denoise_step(
     guidance_scale: float,
     options: Mapping[str, Any],
     text_width: int | None = None,
-    injection: Injection | None = None,
 ) -> torch.Tensor:
     """One batched forward over the running requests: noise_pred `(B, *latent_shape)` float32.
 
@@ -355,9 +350,7 @@ def denoise_step(
     conditioning = family.collate_conditioning(conditionings, width)
     conditioning = {k: v.to(latents.device) for k, v in conditioning.items()}
     timesteps = torch.stack([s.current_timestep for s in states]).to(latents.device)
-    return family.velocity(
-        transformer, latents, timesteps, conditioning, guidance_scale, options=options, injection=injection
-    )
+    return family.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options)
 
 
 def run_stepwise(
@@ -374,14 +367,15 @@ def run_stepwise(
     text_width: int | None = None,
     global_step: int = 0,
     include_normalizer: bool = True,
-    injection: Injection | None = None,
+    scheduler: Any = None,
 ) -> Trajectory:
     """Continuous-batching rollout of `requests`; returns one trajectory, rows in the order of `requests`.
 
     Each engine step admits waiting requests whose `arrival` has come (up to `max_num_seqs` running), runs one
     batched forward ([`denoise_step`]), takes one scheduler step per request, and retires finished requests. The
     text of each forward is padded to `text_width` (fixed) or to the widest running prompt (`None`, as
-    vLLM-omni does). Requests run the whole schedule (their final latents are stored).
+    vLLM-omni does). Requests run the whole schedule (their final latents are stored). `scheduler` (default:
+    the setup's cached one) is what every request steps with, as in `rollout_consistency.adapters.rollout.rollout`.
 
     Raises:
         MixedDtypeBatchError: only under the `stepwise-bf16` reproduction, when a fresh float32 request joins
@@ -398,9 +392,6 @@ def run_stepwise(
         raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
     for request in requests:
         family.check_conditioning(transformer, request.conditioning, 1, guidance_scale, options)
-    injection = injection or None
-    keep_model_dtype = injection is not None and injection.stepwise_bf16
-    dtype = model_dtype(transformer)
 
     waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
     running: list[tuple[int, RequestState]] = []
@@ -416,7 +407,7 @@ def run_stepwise(
                     requests[index],
                     scheduler_setup=scheduler_setup,
                     options=options,
-                    injection=injection,
+                    scheduler=scheduler,
                 )
                 running.append((index, state))
             if not running:
@@ -430,7 +421,6 @@ def run_stepwise(
                 guidance_scale=guidance_scale,
                 options=options,
                 text_width=text_width,
-                injection=injection,
             )
             for row, state in enumerate(states):
                 advance_request(
@@ -439,7 +429,6 @@ def run_stepwise(
                     noise_level=noise_level,
                     sde_type=sde_type,
                     include_normalizer=include_normalizer,
-                    store_dtype=dtype if keep_model_dtype else None,
                 )
             still_running = []
             for index, state in running:
@@ -451,8 +440,9 @@ def run_stepwise(
             engine_step += 1
 
     provenance = {"path": "step-wise", "max_num_seqs": str(max_num_seqs)}
-    if injection is not None:
-        provenance["injection"] = ",".join(injection.names)
+    injected = [getattr(x, "injection_name", None) for x in (scheduler, transformer)]
+    if any(injected):
+        provenance["injection"] = ",".join(n for n in injected if n)
     trajectories = [
         window_trajectory(
             finished[i][0].record,

@@ -165,7 +165,7 @@ class Backend:
     options: dict[str, Any]
     guidance: float
     cfg_passes: int
-    injection: Any
+    injection: str | None
     floor_kernel: str | None
     rollout_engine: Any = None
     precision: Mapping[str, Any] | None = None
@@ -252,7 +252,6 @@ def build_backend(config: CheckConfig) -> Backend:
     With the ``torch`` rollout both sides load the same seeded tiny model (or the same `model_path`) and, when
     their dtypes agree, share one module. With ``vllm-omni`` the engine holds its own copy of `model_path`.
     """
-    from rollout_consistency.adapters.pitfalls import Injection
 
     engine = load_rollout_engine(config)  # first: a missing package is the first thing to fix
     device = resolve_device(config.device)
@@ -270,7 +269,6 @@ def build_backend(config: CheckConfig) -> Backend:
     setup = family.scheduler_setup(
         _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
     )
-    injection = Injection.from_names([config.inject]) if config.inject else None
     # The engine's precision settings live in its own worker process: audited there, not here.
     precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
     return Backend(
@@ -283,7 +281,7 @@ def build_backend(config: CheckConfig) -> Backend:
         options=options,
         guidance=float(family.guidance(settings)),
         cfg_passes=2 if family.cfg_scale(settings) > 1 else 1,
-        injection=injection,
+        injection=config.inject,
         floor_kernel=floor_kernel(config),
         rollout_engine=engine,
         precision=precision,
@@ -393,7 +391,31 @@ def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
     from rollout_consistency import adapters
 
     config = backend.config
-    common = dict(
+    if backend.rollout_engine is not None:
+        # The engine encodes nothing itself here: it gets the conditioning the trainer will re-score.
+        return backend.rollout_engine.rollout(
+            backend.family,
+            None,
+            conditioning,
+            scheduler_setup=backend.scheduler_setup,
+            seeds=seeds,
+            window=windows,
+            noise_level=config.noise_level,
+            sde_type=config.sde_type,
+            guidance_scale=guidance,
+            options=backend.options,
+            prompt_groups=groups,
+            global_step=config.global_step,
+            max_num_seqs=config.max_num_seqs,
+            step_execution=config.step_execution,
+        )
+    transformer, scheduler, windows = _rollout_side(backend, windows)
+    if config.step_execution:
+        return _rollout_stepwise(backend, transformer, scheduler, conditioning, seeds, groups, windows, guidance)
+    return adapters.rollout(
+        backend.family,
+        transformer,
+        conditioning,
         scheduler_setup=backend.scheduler_setup,
         seeds=seeds,
         window=windows,
@@ -403,24 +425,30 @@ def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
         options=backend.options,
         prompt_groups=groups,
         global_step=config.global_step,
-        injection=backend.injection,
+        denoise_to_end=False,
+        scheduler=scheduler,
     )
-    if backend.rollout_engine is not None:
-        # The engine encodes nothing itself here: it gets the conditioning the trainer will re-score.
-        return backend.rollout_engine.rollout(
-            backend.family,
-            None,
-            conditioning,
-            max_num_seqs=config.max_num_seqs,
-            step_execution=config.step_execution,
-            **common,
-        )
-    if config.step_execution:
-        return _rollout_stepwise(backend, conditioning, seeds, groups, windows, guidance)
-    return adapters.rollout(backend.family, backend.rollout_model, conditioning, denoise_to_end=False, **common)
 
 
-def _rollout_stepwise(backend: Backend, conditioning, seeds, groups, windows, guidance):
+def _rollout_side(backend: Backend, windows):
+    """The rollout side's transformer, scheduler and windows, with the `--inject` pitfall applied (rollout only:
+    the trainer keeps the plain model and scheduler)."""
+    transformer, scheduler = backend.rollout_model, backend.scheduler_setup.scheduler()
+    if backend.injection is None:
+        return transformer, scheduler, windows
+    from rollout_consistency.adapters.pitfalls import apply_injection
+
+    injected = apply_injection(
+        backend.injection,
+        scheduler=scheduler,
+        transformer=transformer,
+        windows=windows,
+        request_ids=[f"sample-{index}" for index in range(len(windows))],
+    )
+    return injected.transformer, injected.scheduler, list(injected.windows)
+
+
+def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, seeds, groups, windows, guidance):
     """The step-wise engine on the batch's requests (`max_num_seqs` running; see `stagger_arrivals`).
 
     Every request's text is padded to the batch's width and every forward uses that width: the stored
@@ -446,7 +474,7 @@ def _rollout_stepwise(backend: Backend, conditioning, seeds, groups, windows, gu
     ]
     return stepwise.run_stepwise(
         backend.family,
-        backend.rollout_model,
+        transformer,
         requests,
         scheduler_setup=backend.scheduler_setup,
         noise_level=config.noise_level,
@@ -456,7 +484,7 @@ def _rollout_stepwise(backend: Backend, conditioning, seeds, groups, windows, gu
         max_num_seqs=config.max_num_seqs,
         text_width=stepwise.shared_text_width(rows),
         global_step=config.global_step,
-        injection=backend.injection,
+        scheduler=scheduler,
     )
 
 

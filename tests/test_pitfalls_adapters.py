@@ -1,6 +1,6 @@
 """DESIGN.md §1 stock behaviours reproduced beside their fixes (adapters side).
 
-Each test runs the stock reproduction (`rollout_consistency.adapters.pitfalls.Injection`) and the default (fixed) path on the
+Each test runs the stock reproduction (a `rollout_consistency.adapters.pitfalls` wrapper) and the default (fixed) path on the
 same model, seeds and conditioning, and asserts the pitfall's signature on one and exactness on the other.
 """
 
@@ -12,8 +12,14 @@ import pytest
 import torch
 from diffusers import QwenImageTransformer2DModel
 
-from rollout_consistency.adapters import INJECTION_NAMES, Injection, qwen_image, recompute_log_probs
-from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError, stock_per_request_window
+from rollout_consistency.adapters import INJECTION_NAMES, apply_injection, qwen_image, recompute_log_probs
+from rollout_consistency.adapters.pitfalls import (
+    MixedDtypeBatchError,
+    StockMaskSumRope,
+    StockModelDtypeLatents,
+    StockRoundedLatents,
+    stock_per_request_window,
+)
 from rollout_consistency.adapters.rope import padded_txt_seq_lens, stock_mask_sum_txt_seq_lens
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
@@ -50,18 +56,31 @@ def _clip_fractions(log_ratio: torch.Tensor) -> tuple[float, float]:
     return float((ratio - 1 > CLIP).double().mean()), float((1 - ratio > CLIP).double().mean())
 
 
-def test_injection_names_round_trip():
-    assert Injection.from_names(INJECTION_NAMES).names == INJECTION_NAMES
-    assert not Injection() and Injection(mask_sum_rope=True).names == ("mask-sum-rope",)
+def test_injection_names_apply_and_unknown_names_are_refused(model):
+    setup = qwen_image.FAMILY.scheduler_setup(
+        qwen_image.QWEN_IMAGE_SCHEDULER_CONFIG, 4, model, {"height": 64, "width": 64}
+    )
+    windows = [SDEWindow(1, 2, 4)] * 2
+    applied = {
+        name: apply_injection(
+            name, scheduler=setup.scheduler(), transformer=model, windows=windows, request_ids=["a", "b"]
+        )
+        for name in INJECTION_NAMES
+    }
+    assert isinstance(applied["bf16-latents"].scheduler, StockRoundedLatents)
+    assert isinstance(applied["stepwise-bf16"].scheduler, StockModelDtypeLatents)
+    assert isinstance(applied["mask-sum-rope"].transformer, StockMaskSumRope)
+    assert len(applied["per-request-window"].windows) == 2
     with pytest.raises(ValueError, match="Unknown injection"):
-        Injection.from_names(["bf16"])
+        apply_injection("bf16", scheduler=setup.scheduler(), transformer=model, windows=windows, request_ids=["a", "b"])
 
 
 # ------------------------------------------------------------------------------------ bf16 latents
 def test_bf16_truncated_latents_bias_low_and_clip_only_low(model_bf16, encoder):
     cond = encoder.conditioning(PROMPTS)
     args = dict(seeds=list(range(4)), window=BIAS_WINDOW, denoise_to_end=False, **BIAS_SETTINGS)
-    stock = qwen_image.rollout(model_bf16, cond, injection=Injection(bf16_latents=True), **args)
+    rounded = StockRoundedLatents(_setup(model_bf16, cond).scheduler(), torch.bfloat16)
+    stock = qwen_image.rollout(model_bf16, cond, scheduler=rounded, **args)
     fixed = qwen_image.rollout(model_bf16, cond, **args)
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model_bf16, stock) - stock.log_probs
@@ -89,7 +108,12 @@ def test_bf16_latents_injection_is_a_no_op_on_fp32_weights(model, encoder):
         num_inference_steps=4,
         height=64,
         width=64,
-        injection=Injection(bf16_latents=True),
+        scheduler=StockRoundedLatents(
+            qwen_image.FAMILY.scheduler_setup(
+                qwen_image.QWEN_IMAGE_SCHEDULER_CONFIG, 4, model, {"height": 64, "width": 64}
+            ).scheduler(),
+            torch.float32,
+        ),
     )
     with torch.no_grad():
         assert torch.equal(recompute_log_probs(model, trajectory), trajectory.log_probs)
@@ -103,6 +127,10 @@ def _bias_requests(cond, arrivals):
         )
         for i, a in enumerate(arrivals)
     ]
+
+
+def _stepwise_bf16(common):
+    return StockModelDtypeLatents(common["scheduler_setup"].scheduler(), torch.bfloat16)
 
 
 def _setup(model, cond):
@@ -123,7 +151,7 @@ def test_stepwise_bf16_state_biases_low_and_fp32_state_is_exact(model_bf16, enco
         scheduler_setup=_setup(model_bf16, cond), noise_level=0.1, options=options, max_num_seqs=4, text_width=8
     )
     requests = _bias_requests(cond, [0] * 4)
-    stock = run_stepwise(qwen_image.FAMILY, model_bf16, requests, injection=Injection(stepwise_bf16=True), **common)
+    stock = run_stepwise(qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **common)
     fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **common)
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model_bf16, stock) - stock.log_probs
@@ -156,7 +184,7 @@ def test_stepwise_bf16_state_fails_when_an_fp32_request_joins(model_bf16, encode
     ).scheduler
     common = dict(scheduler_setup=setup, noise_level=0.7, options=options, text_width=8)
     with pytest.raises(MixedDtypeBatchError, match="Mixed dtypes in latents batch"):
-        run_stepwise(qwen_image.FAMILY, model_bf16, requests, injection=Injection(stepwise_bf16=True), **common)
+        run_stepwise(qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **common)
     fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **common)  # same arrivals, fp32 state: fine
     with torch.no_grad():
         assert torch.equal(recompute_log_probs(model_bf16, fixed), fixed.log_probs)
@@ -199,7 +227,7 @@ def _rope_case(model, encoder, width, mask_text_padding):
         mask_text_padding=mask_text_padding,
         denoise_to_end=False,
     )
-    stock = qwen_image.rollout(model, cond, injection=Injection(mask_sum_rope=True), **args)
+    stock = qwen_image.rollout(StockMaskSumRope(model), cond, **args)
     fixed = qwen_image.rollout(model, cond, **args)
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model, stock) - stock.log_probs
@@ -234,7 +262,7 @@ def test_mask_sum_rope_needs_a_model_that_takes_txt_seq_lens(model, encoder):
     cond = encoder.conditioning(["a cat"] * 2, pad_to=4)
     with pytest.raises(ValueError, match="txt_seq_lens"):
         qwen_image.rollout(
-            reference,
+            StockMaskSumRope(reference),
             cond,
             height=64,
             width=64,
@@ -242,7 +270,6 @@ def test_mask_sum_rope_needs_a_model_that_takes_txt_seq_lens(model, encoder):
             seeds=[1, 2],
             window=SDEWindow(0, 1, 3),
             noise_level=0.7,
-            injection=Injection(mask_sum_rope=True),
         )
 
 
@@ -278,7 +305,14 @@ def test_per_request_window_injection_shows_in_the_trajectory(model, encoder):
     assert set(fixed.windows) == {window}
     # The stock draw is unseeded: 8 rollouts land on one start with probability 11^-7; retry once anyway.
     for _ in range(2):
-        stock = qwen_image.rollout(model, cond, injection=Injection(per_request_window=True), **args)
+        stock_windows = apply_injection(
+            "per-request-window",
+            scheduler=None,
+            transformer=model,
+            windows=[window] * 8,
+            request_ids=[f"r{i}" for i in range(8)],
+        ).windows
+        stock = qwen_image.rollout(model, cond, **{**args, "window": stock_windows})
         if len(set(stock.windows)) > 1:
             break
     assert len(set(stock.windows)) > 1

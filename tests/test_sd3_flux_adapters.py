@@ -12,7 +12,8 @@ import pytest
 import torch
 from sd3_flux_cases import FAMILIES, PROMPTS, SEEDS, SIZE, Family, recompute, rollout
 
-from rollout_consistency.adapters import Injection, Trajectory, recompute_step_log_prob
+from rollout_consistency.adapters import Trajectory, recompute_step_log_prob
+from rollout_consistency.adapters.pitfalls import StockRoundedLatents
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
 from rollout_consistency.metrics import compute_metrics
 from rollout_consistency.schedulers import SDEWindow
@@ -176,7 +177,9 @@ def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
         denoise_to_end=False,
     )
     args[family.cfg_key] = 1.0  # no CFG: the 16 prompts come without negatives
-    stock = family.adapter.rollout(model_bf16, cond16, injection=Injection(bf16_latents=True), **args)
+    fixed_setup = family.adapter.rollout(model_bf16, {k: v[:1] for k, v in cond16.items()}, **{**args, "seeds": [0]})
+    rounded = StockRoundedLatents(fixed_setup.scheduler.scheduler(), torch.bfloat16)
+    stock = family.adapter.rollout(model_bf16, cond16, scheduler=rounded, **args)
     stock_recomputed = recompute(family, model_bf16, stock)
     log_ratio = (stock_recomputed - stock.log_probs).double()
     clip = 1e-4
