@@ -27,9 +27,9 @@ from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
 from rollout_consistency.schedulers import SDEWindow
 
 
-def toy_velocity(transformer, latents, timesteps, conditioning, guidance_scale, *, options, **kwargs):
+def toy_velocity(transformer, latents, timesteps, conditioning, guidance_scale, *, options):
     """The new family's velocity: here Qwen-Image's, under another name."""
-    return qwen_image.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options, **kwargs)
+    return qwen_image.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options)
 
 
 TOY = register_family(dataclasses.replace(qwen_image.FAMILY, name="toy-qwen", velocity=toy_velocity))
