@@ -132,6 +132,7 @@ class StockModelDtypeLatents(StockRoundedLatents):
     injection_name = "stepwise-bf16"
 
     def _cast(self, prev_sample: torch.Tensor) -> torch.Tensor:
+        # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject stepwise-bf16)
         return prev_sample.to(self.dtype)
 
 
