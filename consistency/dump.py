@@ -234,8 +234,8 @@ def _check_header(header: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mappi
         expected_shape = shape if _SPEC[name][0] == 2 else shape[:1]
         if dims != expected_shape:
             raise DumpFormatError(
-                f"{where}: {name!r} has shape {dims} but rollout_log_probs has {shape}; every tensor must describe "
-                f"the same (N samples, T steps)."
+                f"{where}: {name!r} has shape {dims}, expected {expected_shape} (rollout_log_probs is {shape}); every "
+                f"tensor must describe the same (N samples, T steps)."
             )
 
 
