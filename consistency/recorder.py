@@ -100,7 +100,7 @@ class Step1Recorder:
         self.tables: dict[str, np.ndarray] | None = None
         self._hook = None
         if optimizer is not None:
-            self._hook = optimizer.register_step_pre_hook(lambda _optimizer, _args, _kwargs: self.finish())
+            self._hook = optimizer.register_step_pre_hook(self._on_first_step)
 
     @property
     def done(self) -> bool:
@@ -201,6 +201,9 @@ class Step1Recorder:
         return self.report
 
     # ------------------------------------------------------------------------------------------------
+    def _on_first_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.finish()  # a step pre-hook must return None (or new arguments)
+
     def _remember(self, name: str, ids: np.ndarray, values: np.ndarray) -> None:
         seen = self._per_sample[name]
         for sid, value in zip(ids.tolist(), values.tolist(), strict=True):
