@@ -224,3 +224,17 @@ def test_marked(step1_gate_report):
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*step-1 gate FAILED*", "*max_abs_dlogp*"])
     assert len(list(reports.glob("*.json"))) == 4 and len(list(reports.glob("*.xml"))) == 4
+
+
+def test_docs_ci_pytest_example_runs_under_pytest(pytester):
+    """docs/ci.md's "From pytest" block, run as a test file next to the dump its "From Python" block writes."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "ci.md").read_text()
+    section = page.split("### From pytest", 1)[1]
+    block = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    rollout, ts = tables(n=4)
+    write_dump(pytester.path / "step1_logprobs.safetensors", rollout, rollout, timesteps=ts)
+    pytester.makepyfile(test_docs_example=block)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
