@@ -13,6 +13,9 @@ Step-1 check (docs/checker.md)::
     CheckConfig, load_config, ConfigError          settings (names as in Flow-GRPO / verl / vLLM-omni)
     Report, Verdict, ConsistencyMetrics, MetricValues, Tolerance
     compute_metrics, decide, resolve_tolerance     the pieces, for a trainer that has both log-prob tables
+    gate(rollout, trainer, ...) -> GateReport      your own two tables -> verdict (docs/ci.md)
+    write_dump, read_dump                          the versioned log-prob dump (`rollout-consistency gate DUMP`)
+    Step1Recorder                                  records your training loop's first update and gates it
 
 Training tools (docs/training-consistency.md), imported on first use (they import torch):
     check_recompute_consistency, checkpoint        gradient-checkpointing recompute check
@@ -29,7 +32,11 @@ from typing import Any
 
 from .check import USAGE_ERRORS, injection_settings, run_step1_check
 from .config import CheckConfig, ConfigError, load_config
+from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
+from .gate_api import GateInputError, GateReport, gate
 from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
+from .mismatch import MismatchStats, compute_mismatch
+from .recorder import RecorderError, Step1GateFailed, Step1Recorder
 from .report import Report, SampleInfo
 from .tolerances import PROFILES, Tolerance, resolve_tolerance
 from .verdict import CheckResult, Problem, Verdict, decide
@@ -55,6 +62,14 @@ __all__ = [
     "CheckResult",
     "ConfigError",
     "ConsistencyMetrics",
+    "DumpFormatError",
+    "GateInputError",
+    "GateReport",
+    "LogProbDump",
+    "MismatchStats",
+    "RecorderError",
+    "Step1GateFailed",
+    "Step1Recorder",
     "MetricValues",
     "Problem",
     "Report",
@@ -62,6 +77,10 @@ __all__ = [
     "Tolerance",
     "Verdict",
     "compute_metrics",
+    "compute_mismatch",
+    "gate",
+    "read_dump",
+    "write_dump",
     "decide",
     "injection_settings",
     "load_config",

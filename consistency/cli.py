@@ -507,7 +507,7 @@ def config_from_args(args: argparse.Namespace) -> CheckConfig:
 
 
 def _parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
-    from rollout_consistency.tolerances import closest_name
+    from rollout_consistency.tolerances import metric_name_hint
 
     out: dict[str, float | None] = {}
     for pair in pairs:
@@ -517,7 +517,7 @@ def _parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
         if metric not in METRIC_NAMES:
             raise ConfigError(
                 f"--threshold: unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}."
-                f"{closest_name(metric, METRIC_NAMES)}"
+                f"{metric_name_hint(metric)}"
             )
         if text.strip().lower() in ("off", "none"):
             out[metric] = None
@@ -581,3 +581,8 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_precision_parser,
     _add_lint_parser,
 ]
+
+# `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.
+from rollout_consistency.gate_cli import add_gate_parser  # noqa: E402
+
+_COMMANDS.insert(1, add_gate_parser)

@@ -33,6 +33,9 @@ from typing import Any
 
 import pytest
 
+# Gating the user's own tables or dump: the step1_gate fixture, marker and step1_gate_report fixture.
+from rollout_consistency.gate_pytest import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
+
 MARKER = "step1_check"
 
 
@@ -53,6 +56,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{MARKER}(**settings): run the rollout-consistency step-1 check with these settings (CheckConfig field "
         f"names); the test fails unless it passes. Use with the step1_report fixture.",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{GATE_MARKER}(dump, **settings): gate this log-prob dump (rollout_consistency.gate keywords); the test "
+        f"fails unless it passes. Use with the step1_gate_report fixture.",
     )
 
 

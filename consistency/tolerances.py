@@ -71,6 +71,26 @@ def deviation(metric: str, value: float) -> float:
     return value
 
 
+#: Metric names other trainers log, pointing at this checker's name (Flow-GRPO: ``clipfrac_gt_one`` counts
+#: ``ratio − 1 > ε``, the *higher* side; ``clipfrac_lt_one`` counts ``1 − ratio > ε``, the lower side).
+METRIC_ALIASES: dict[str, str] = {
+    "clipfrac": "pg_clipfrac",
+    "clipfrac_gt_one": "pg_clipfrac_higher",
+    "clipfrac_lt_one": "pg_clipfrac_lower",
+    "clipfrac_higher": "pg_clipfrac_higher",
+    "clipfrac_lower": "pg_clipfrac_lower",
+    "kl": "ppo_kl",
+}
+
+
+def metric_name_hint(name: str) -> str:
+    """` This checker calls that metric 'x'.` for a name another trainer uses, else the closest metric name."""
+    alias = METRIC_ALIASES.get(str(name).lower())
+    if alias is not None:
+        return f" This checker calls that metric {alias!r}."
+    return closest_name(name, METRIC_NAMES)
+
+
 def closest_name(name: str, candidates: tuple[str, ...] | list[str]) -> str:
     """` Did you mean 'x'?` suffix for an unknown name, or an empty string."""
     lowered = {c.lower(): c for c in candidates}
@@ -248,7 +268,7 @@ def _check_metric(metric: str) -> None:
     if metric not in METRIC_NAMES:
         raise ToleranceError(
             f"Unknown metric {metric!r} in thresholds; expected one of {', '.join(METRIC_NAMES)}."
-            f"{closest_name(metric, METRIC_NAMES)}"
+            f"{metric_name_hint(metric)}"
         )
 
 

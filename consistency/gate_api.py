@@ -1,0 +1,391 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""`gate(rollout_log_probs, trainer_log_probs, ...) -> GateReport`: gate the user's own two log-prob tables.
+
+The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.dump`,
+or the in-loop recorder, `rollout_consistency.recorder`); the metrics, tolerance profiles, verdict and
+report are the step-1 checker's. What the inputs cannot support is shown as **not checked**, never as
+passed: the ``workers`` guard (the tables did not come from the checker's workers) always, and the
+``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given.
+
+`GateReport` is a `Report` plus the mismatch statistics (`rollout_consistency.mismatch`), the guards that
+were not checked, and the sample ids; its table, JSON (same schema, extra keys ``mismatch``,
+``not_checked``, ``sample_ids``), JUnit XML (a ``<skipped>`` testcase per guard not checked, the
+statistics as ``<properties>``) and plot carry all of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .metrics import MetricsInputError, compute_metrics
+from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats, compute_mismatch
+from .plan import window_problems
+from .report import Report, junit_xml
+from .tolerances import PROFILES, ToleranceError, resolve_tolerance
+from .verdict import Problem, Verdict, decide
+
+#: Guards a pair of tables can never support: the work did not run on the checker's workers.
+_NEVER_CHECKED = {"workers": "the tables come from your code, not from the checker's workers"}
+
+
+class GateInputError(ValueError):
+    """An input to `gate` cannot be used (wrong shape, dtype or value); the message names the fix."""
+
+
+@dataclass(frozen=True)
+class GateReport(Report):
+    """A `Report` of gated tables, with the mismatch statistics and the guards that were not checked.
+
+    Attributes:
+        mismatch: the statistics of `rollout_consistency.mismatch` (``None`` when the tables could not be
+            compared).
+        not_checked: guard name -> why the inputs cannot support it.
+        sample_ids: the caller's id of each row (default ``0..N-1``).
+    """
+
+    mismatch: MismatchStats | None = None
+    not_checked: Mapping[str, str] = field(default_factory=dict)
+    sample_ids: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["mismatch"] = _encode_floats(None if self.mismatch is None else self.mismatch.to_dict())
+        data["not_checked"] = dict(self.not_checked)
+        data["sample_ids"] = list(self.sample_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateReport:
+        base = Report.from_dict(data)
+        mismatch = data.get("mismatch")
+        return cls(
+            **{f.name: getattr(base, f.name) for f in dataclasses.fields(Report)},
+            mismatch=None if mismatch is None else MismatchStats.from_dict(_decode_floats(mismatch)),
+            not_checked=dict(data.get("not_checked", {})),
+            sample_ids=tuple(data.get("sample_ids", ())),
+        )
+
+    def format_table(self, *, per_sample: bool = False) -> str:
+        lines = super().format_table(per_sample=per_sample).split("\n")
+        lines[0] = lines[0].replace("step-1 check", "step-1 gate", 1)
+        if self.not_checked:
+            at = next((i for i, line in enumerate(lines) if line.startswith("  guards: ")), None)
+            if at is not None:
+                lines[at] += "  " + "  ".join(f"{name} not checked" for name in self.not_checked)
+                lines[at + 1 : at + 1] = [f"    {name} not checked: {why}" for name, why in self.not_checked.items()]
+        if self.mismatch is not None:
+            lines[len(lines) :] = _mismatch_lines(self.mismatch)
+        return "\n".join(lines)
+
+    def write_junit(self, path: str | os.PathLike[str]) -> None:
+        directory = os.path.dirname(os.fspath(path))
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(gate_junit_xml(self))
+
+
+def gate(
+    rollout_log_probs: Any,
+    trainer_log_probs: Any,
+    *,
+    timesteps: Any = None,
+    sample_ids: Any = None,
+    prompt_groups: Any = None,
+    window_starts: Any = None,
+    advantages: Any = None,
+    clip_ratio: float = 1e-4,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    micro_batch_size: int | None = None,
+    profile: str = "exact",
+    thresholds: Mapping[str, float | None] | None = None,
+    source: str = "tables",
+    notes: Sequence[str] = (),
+) -> GateReport:
+    """Gate the user's rollout log-probs against the user's trainer's recomputation of them.
+
+    Args:
+        rollout_log_probs (`np.ndarray` or `torch.Tensor` of shape `(N, T)`, float32): the log-prob of each
+            stored SDE step as the rollout computed it (``old_log_probs``), one row per sample.
+        trainer_log_probs (`(N, T)` float32): the trainer's recomputation of the same steps before any update.
+        timesteps (`(N, T)` float, *optional*): the timestep value of each step (per-timestep views).
+        sample_ids (`(N,)` int, *optional*): your id of each row (reports name rows by it); must be unique.
+        prompt_groups, window_starts (`(N,)` int, *optional*): with both, the ``windows`` guard checks that
+            each prompt group shares one SDE window; otherwise it is *not checked*.
+        advantages (`(N,)` float, *optional*): adds LLM verl's advantage-dependent clip fractions.
+        clip_ratio, clip_ratio_low, clip_ratio_high (`float`): PPO clip range(s) ε.
+        clip_ratio_c (`float`): verl's dual-clip constant, for ``pg_clipfrac_dual``.
+        micro_batch_size (`int`, *optional*): your trainer's micro-batch, for the per-cell aggregation of the
+            gated figures (``None``: one micro-batch).
+        profile (`str`): ``"exact"`` (default: bit for bit) or ``"kernel"`` (two engines whose attention kernels
+            differ); ``"calibrated"`` needs the checker's second trainer pass and is refused here.
+        thresholds (`dict`, *optional*): per-metric limit overrides (``None`` = report without gating).
+        source, notes: where the tables came from, and notes for the report.
+
+    Returns:
+        `GateReport`: PASS, or FAIL with every reason. A shape mismatch between the two tables is a FAIL
+        (``shapes``), not an exception: it is what the gate is for.
+
+    Raises:
+        GateInputError: an input cannot be used (a non-2-D or non-float table, an optional array of the wrong
+            length, duplicate sample ids, non-finite timesteps or advantages, an unknown profile).
+    """
+    if profile not in PROFILES:
+        raise GateInputError(f"unknown profile {profile!r}; use 'exact' or 'kernel'.")
+    if profile == "calibrated":
+        raise GateInputError(
+            "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact' or 'kernel', "
+            "or set limits with thresholds={...}."
+        )
+    rollout = _table(rollout_log_probs, "rollout_log_probs")
+    trainer = _table(trainer_log_probs, "trainer_log_probs")
+    n = rollout.shape[0]
+    ids = _vector(sample_ids, n, "sample_ids", integer=True)
+    if ids is None:
+        ids = np.arange(n, dtype=np.int64)
+    elif np.unique(ids).size != n:
+        values, counts = np.unique(ids, return_counts=True)
+        raise GateInputError(
+            f"sample_ids repeat {values[counts > 1][:6].tolist()}: each row must be one sample; drop the duplicates."
+        )
+    groups = _vector(prompt_groups, n, "prompt_groups", integer=True)
+    starts = _vector(window_starts, n, "window_starts", integer=True)
+    adv = _vector(advantages, n, "advantages", integer=False)
+    steps = None
+    if timesteps is not None:
+        steps = _table(timesteps, "timesteps")
+        if steps.shape != rollout.shape:
+            raise GateInputError(
+                f"timesteps has shape {steps.shape}, expected {rollout.shape} (one value per rollout log-prob)."
+            )
+        if not np.isfinite(steps).all():
+            raise GateInputError("timesteps holds NaN or inf; pass the scheduler's timestep of each stored step.")
+    try:
+        tolerance = resolve_tolerance(profile, thresholds)
+    except ToleranceError as error:
+        raise GateInputError(str(error)) from error
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    if not (math.isfinite(clip_ratio_c) and clip_ratio_c > 1):
+        raise GateInputError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}.")
+
+    problems: list[Problem] = []
+    not_checked = dict(_NEVER_CHECKED)
+    if groups is not None and starts is not None:
+        problems += [Problem("windows", m) for m in window_problems(None, starts.tolist(), groups.tolist())]
+    else:
+        given = "window_starts" if starts is not None else "prompt_groups" if groups is not None else None
+        not_checked["windows"] = "pass both window_starts and prompt_groups" + (
+            f" (only {given} given)" if given else ""
+        )
+
+    metrics = mismatch = None
+    if rollout.shape != trainer.shape:
+        problems.append(
+            Problem(
+                "shapes",
+                f"rollout log-probs have shape {rollout.shape} but the trainer's have {trainer.shape}: both sides "
+                f"must score the same (samples, steps)",
+            )
+        )
+    else:
+        try:
+            metrics = compute_metrics(
+                rollout,
+                trainer,
+                clip_ratio=clip_ratio,
+                clip_ratio_low=clip_ratio_low,
+                clip_ratio_high=clip_ratio_high,
+                micro_batch_size=micro_batch_size,
+                timesteps=steps,
+            )
+        except MetricsInputError as error:
+            raise GateInputError(str(error)) from error
+        mismatch = compute_mismatch(
+            rollout,
+            trainer,
+            timesteps=steps,
+            advantages=adv,
+            clip_ratio_low=low,
+            clip_ratio_high=high,
+            clip_ratio_c=clip_ratio_c,
+        )
+    verdict = decide(metrics, tolerance, problems)
+    verdict = Verdict(tuple(c for c in verdict.checks if c.name not in not_checked))
+    return GateReport(
+        verdict=verdict,
+        tolerance=tolerance,
+        metrics=metrics,
+        notes=tuple(notes),
+        run={
+            "mode": "gate",
+            "source": source,
+            "settings": {
+                "profile": profile,
+                "clip_ratio_low": float(low),
+                "clip_ratio_high": float(high),
+                "clip_ratio_c": float(clip_ratio_c),
+                "micro_batch_size": micro_batch_size,
+                "timesteps": steps is not None,
+                "advantages": adv is not None,
+            },
+        },
+        mismatch=mismatch,
+        not_checked=not_checked,
+        sample_ids=tuple(int(i) for i in ids),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+def _to_numpy(value: Any) -> Any:
+    # A torch tensor without importing torch: detach/cpu when present.
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
+            raise GateInputError(
+                f"a {value.dtype} table has already lost the digits this gate compares; record float32 log-probs."
+            )
+        return value.numpy()
+    return value
+
+
+def _table(value: Any, name: str) -> np.ndarray:
+    if value is None:
+        raise GateInputError(f"{name} is missing; pass an (N, T) float32 table.")
+    array = np.asarray(_to_numpy(value))
+    if array.ndim != 2:
+        raise GateInputError(f"{name} must be 2-D (samples, steps), got shape {array.shape}; reshape it to (N, T).")
+    if array.dtype not in (np.float32, np.float64):
+        raise GateInputError(
+            f"{name} has dtype {array.dtype}; pass float32 (bf16/fp16 log-probs have already lost the digits "
+            f"compared here)."
+        )
+    return array
+
+
+def _vector(value: Any, n: int, name: str, *, integer: bool) -> np.ndarray | None:
+    if value is None:
+        return None
+    array = np.asarray(_to_numpy(value))
+    if array.shape != (n,):
+        raise GateInputError(f"{name} has shape {array.shape}, expected ({n},): one value per sample (table row).")
+    if integer:
+        if array.dtype.kind not in "iu":
+            raise GateInputError(f"{name} must hold integers, got dtype {array.dtype}.")
+        return array.astype(np.int64)
+    if array.dtype.kind != "f":
+        array = array.astype(np.float64)
+    if not np.isfinite(array).all():
+        raise GateInputError(f"{name} holds NaN or inf; pass the advantage each sample was trained with.")
+    return array.astype(np.float64)
+
+
+def _encode_floats(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _encode_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encode_floats(v) for v in value]
+    return value
+
+
+def _decode_floats(value: Any) -> Any:
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _decode_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_floats(v) for v in value]
+    return value
+
+
+_SHORT = {
+    "k3_kl": "k3_kl",
+    "chi2": "chi2",
+    "ess": "ess",
+    "p99_abs_dlogp": "p99|dlogp|",
+    "max_abs_dlogp": "max|dlogp|",
+    "pearson_logp": "pearson",
+    "bias": "bias",
+    "pg_clipfrac_adv": "clip_adv",
+    "pg_clipfrac_dual": "clip_dual",
+}
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    return "0" if value == 0 else f"{value:.3e}"
+
+
+def _mismatch_lines(stats: MismatchStats) -> list[str]:
+    names = [n for n in stats.overall.names() if n not in ("bias_ci_low", "bias_ci_high")]
+    o = stats.overall
+    lines = ["", "  mismatch statistics (pooled over entries; reported, not gated; docs/checker.md)"]
+    lines.append(f"  {'':>14}" + "".join(f" {_SHORT[k]:>11}" for k in names) + "  bias 95% CI")
+    lines.append(_stat_row("overall", o, names))
+    for s in stats.by_timestep:
+        label = f"t={s.timestep:.4g}" if s.timestep is not None else f"step {s.position}"
+        lines.append(_stat_row(label, s.values, names))
+    if o.pg_clipfrac_adv is not None:
+        lines.append(
+            "  clip_adv/clip_dual: LLM verl's advantage-dependent pg_clipfrac and dual-clip pg_clipfrac_lower "
+            f"(clip_ratio_c {stats.clip_ratio_c:g})"
+        )
+    return lines
+
+
+def _stat_row(label: str, values: Any, names: Sequence[str]) -> str:
+    ci = f"[{_num(values.bias_ci_low)}, {_num(values.bias_ci_high)}]"
+    return f"  {label:>14}" + "".join(f" {_num(getattr(values, k)):>11}" for k in names) + f"  {ci}"
+
+
+def gate_junit_xml(report: GateReport) -> str:
+    """The report's JUnit XML plus a ``<skipped>`` testcase per guard not checked and the mismatch statistics
+    (overall and per timestep) as ``<properties>``; the system-out is the gate's table."""
+    root = ET.fromstring(junit_xml(report).split("\n", 1)[1])
+    suite = root.find("testsuite")
+    assert suite is not None  # junit_xml always writes one
+    classname = f"rollout_consistency.step1.{report.tolerance.profile}.guard"
+    for name, why in report.not_checked.items():
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
+        ET.SubElement(case, "skipped", message=f"not checked: {why}")
+    total = str(len(report.verdict.checks) + len(report.not_checked))
+    for element in (root, suite):
+        element.set("tests", total)
+    suite.set("skipped", str(len(report.not_checked)))
+    properties = suite.find("properties")
+    assert properties is not None
+    if report.mismatch is not None:
+        views = [("overall", report.mismatch.overall)] + [
+            (f"t={s.timestep:g}" if s.timestep is not None else f"step{s.position}", s.values)
+            for s in report.mismatch.by_timestep
+        ]
+        for view, values in views:
+            for name in MISMATCH_NAMES + ADVANTAGE_NAMES:
+                value = getattr(values, name)
+                if value is not None:
+                    ET.SubElement(properties, "property", name=f"mismatch.{view}.{name}", value=repr(float(value)))
+    out = suite.find("system-out")
+    if out is not None:
+        suite.remove(out)
+        suite.append(out)  # keep it last, after the skipped cases
+        out.text = report.format_table()
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+__all__ = ["GateInputError", "GateReport", "gate", "gate_junit_xml"]

@@ -1,0 +1,101 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.dump`) from the command line.
+
+Exit codes: 0 PASS, 1 FAIL, 2 usage error (bad flag, unreadable or invalid dump, an output path that is the
+dump itself). Registered in `rollout_consistency.cli` by one line; imports nothing heavy until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+
+
+def add_gate_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "gate",
+        help="gate a dump of your own rollout and trainer log-prob tables (ratio must be 1 at step 1)",
+        description=(
+            "Read a log-prob dump (safetensors, format rollout-consistency/logprob-dump: rollout_log_probs and "
+            "trainer_log_probs (N, T) float32, optional timesteps, sample_ids, prompt_groups, window_starts, "
+            "advantages; write it with rollout_consistency.write_dump or the in-loop recorder) and gate it "
+            "against a tolerance profile. Guards the dump cannot support are reported as not checked."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  rollout-consistency gate step1_logprobs.safetensors\n"
+            "  rollout-consistency gate step1_logprobs.safetensors --profile kernel --json r.json --junit r.xml\n"
+            "Docs: docs/ci.md"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dump", metavar="DUMP", help="the .safetensors log-prob dump")
+    parser.add_argument(
+        "--profile", choices=("exact", "kernel"), default="exact", help="tolerance profile (default: exact)"
+    )
+    parser.add_argument("--clip-ratio", type=float, default=1e-4, help="PPO clip range epsilon (default: 1e-4)")
+    parser.add_argument("--clip-ratio-low", type=float, default=None, help="lower clip range (default: --clip-ratio)")
+    parser.add_argument("--clip-ratio-high", type=float, default=None, help="upper clip range (default: --clip-ratio)")
+    parser.add_argument(
+        "--micro-batch-size", type=int, default=None, help="your trainer's micro-batch (default: one micro-batch)"
+    )
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
+    )
+    outputs = parser.add_argument_group("outputs (never the dump itself)")
+    outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
+    outputs.add_argument("--plot", metavar="PATH", help="write a PNG of per-timestep |dlogp| and ratio")
+    outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
+    parser.set_defaults(run=run_gate)
+
+
+def run_gate(args: argparse.Namespace) -> int:
+    from rollout_consistency.cli import UsageError, _parse_thresholds
+    from rollout_consistency.config import ConfigError
+    from rollout_consistency.dump import DumpFormatError, read_dump
+    from rollout_consistency.gate_api import GateInputError
+
+    outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
+    dump_path = os.path.realpath(args.dump)
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real == dump_path:
+            raise UsageError(f"{flag} {path} is the dump itself; write the report to another file.")
+        if real in seen:
+            raise UsageError(f"{flag} and {seen[real]} both write {path}; give each output its own file.")
+        seen[real] = flag
+    try:
+        thresholds = _parse_thresholds(args.threshold) if args.threshold else None
+        dump = read_dump(args.dump)
+        report = dump.gate(
+            profile=args.profile,
+            clip_ratio=args.clip_ratio,
+            clip_ratio_low=args.clip_ratio_low,
+            clip_ratio_high=args.clip_ratio_high,
+            micro_batch_size=args.micro_batch_size,
+            thresholds=thresholds,
+            source=str(args.dump),
+        )
+    except (FileNotFoundError, DumpFormatError, GateInputError, ConfigError) as error:
+        raise UsageError(str(error)) from error
+    print(report.format_table(per_sample=args.per_sample))
+    for (flag, path), write in zip(outputs, (report.write_json, report.write_junit, report.write_plot), strict=True):
+        if path:
+            try:
+                write(path)
+            except OSError as error:
+                raise UsageError(f"cannot write {flag} {path}: {error}") from error
+            print(f"wrote {path}", file=sys.stderr)
+    return EXIT_PASS if report.passed else EXIT_FAIL
