@@ -262,6 +262,8 @@ FAMILY = ModelFamily(
     scheduler_setup=_scheduler_setup,
     check_conditioning=_check_conditioning,
     collate_conditioning=collate_conditioning,
+    # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.
+    row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"}),
 )
 
 

@@ -307,6 +307,16 @@ FAMILY = ModelFamily(
     scheduler_setup=_scheduler_setup,
     check_conditioning=_check_conditioning,
     collate_conditioning=collate_conditioning,
+    row_inputs=frozenset(
+        {
+            "hidden_states",
+            "encoder_hidden_states",
+            "encoder_hidden_states_mask",
+            "timestep",
+            "img_shapes",
+            "txt_seq_lens",
+        }
+    ),
 )
 
 

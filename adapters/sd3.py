@@ -227,6 +227,7 @@ FAMILY = ModelFamily(
     scheduler_setup=_scheduler_setup,
     check_conditioning=_check_conditioning,
     collate_conditioning=collate_conditioning,
+    row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),
 )
 
 

@@ -355,13 +355,21 @@ def build_backend(config: CheckConfig) -> Backend:
     else:
         rollout_model = kit.load_transformer(config.model_path, _dtype(config.rollout_dtype), device)
     encoder = kit.make_encoder(config.model_path, trainer_model, device)
+    # The engine's precision settings live in its own worker process: audited there, not here. The audit
+    # reads the plain modules, so it runs before the batch-invariant proxies wrap them.
+    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
+    if config.batch_invariant:
+        from rollout_consistency.adapters.batch_invariance import batch_invariant
+
+        shared = rollout_model is trainer_model
+        trainer_model = batch_invariant(trainer_model, family)
+        if rollout_model is not None:
+            rollout_model = trainer_model if shared else batch_invariant(rollout_model, family)
     options = kit.options(config)
     setup = family.scheduler_setup(
         kit.scheduler_config(config.model_path), config.num_inference_steps, trainer_model, options
     )
     injection = Injection.from_names([config.inject]) if config.inject else None
-    # The engine's precision settings live in its own worker process: audited there, not here.
-    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
     return Backend(
         config=config,
         kit=kit,
