@@ -357,3 +357,29 @@ def test_a_worker_that_dies_is_retried_then_fails_naming_the_shard(ray_session, 
 def test_no_samples_is_impossible_to_configure():
     with pytest.raises(ConfigError, match="'num_prompts' must be >= 1"):
         CheckConfig(num_prompts=0)
+
+
+def test_an_exact_fail_at_rounding_level_under_mixed_batch_compositions_names_batch_invariant(monkeypatch):
+    """A few-ULP difference under `exact` with trainer micro-batches other than the rollout batch says it may come
+    from batch composition and names --batch-invariant; with one batch composition it does not (the same
+    4-ULP perturbation on every machine)."""
+    real = check_module.run_batch
+
+    def four_ulp_off(backend, batch):
+        result = real(backend, batch)
+        moved = result.trainer_log_probs
+        for _ in range(4):
+            moved = np.nextafter(moved, np.float32(np.inf), dtype=np.float32)
+        return dataclasses.replace(result, trainer_log_probs=moved)
+
+    monkeypatch.setattr(check_module, "run_batch", four_ulp_off)
+    mixed = run_step1_check(**{**QUICK, "micro_batch_size": 1})
+    assert not mixed.passed
+    text = " ".join(mixed.reasons)
+    assert "batch composition" in text and "--batch-invariant" in text and "micro-batches of 1" in text
+    same = run_step1_check(**QUICK)
+    assert not same.passed and "--batch-invariant" not in " ".join(same.reasons)
+    # A real bug (far above rounding level) gets no such hint.
+    monkeypatch.undo()
+    bug = run_step1_check(inject="mask-sum-rope", **{**QUICK, "micro_batch_size": 1})
+    assert not bug.passed and "--batch-invariant" not in " ".join(bug.reasons)
