@@ -94,6 +94,8 @@ class ModelFamily:
         collate_conditioning: `(list of per-request conditionings, width or None) -> conditioning` — batches
             per-request conditionings (each batch-first) for one forward, padding text to `width` (or to
             the widest when `None`). Used by the step-wise path and `stack_trajectories`.
+        row_inputs: the transformer's keyword inputs that are batch-first tensors or per-sample lists, which
+            batch-invariant mode splits by row (`rollout_consistency.adapters.batch_invariance`).
 
     Used by the checker to build a run from [`PipelineSettings`] (a family without them can still roll out
     and recompute; the checker then says which field is missing):
@@ -115,6 +117,7 @@ class ModelFamily:
     scheduler_setup: Callable[[Mapping[str, Any], int, nn.Module, Mapping[str, Any]], SchedulerSetup]
     check_conditioning: Callable[[nn.Module, Mapping[str, torch.Tensor], int, float, Mapping[str, Any]], None]
     collate_conditioning: Callable[[Sequence[Mapping[str, torch.Tensor]], int | None], dict[str, torch.Tensor]]
+    row_inputs: frozenset[str] = frozenset()
     scheduler_config: Mapping[str, Any] | None = None
     options: Callable[[PipelineSettings], dict[str, Any]] | None = None
     guidance: Callable[[PipelineSettings], float] | None = None

@@ -313,6 +313,8 @@ FAMILY = register_family(
         negative_prompt="",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.
+        row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"}),
     )
 )
 

@@ -339,6 +339,17 @@ FAMILY = register_family(
         negative_prompt=" ",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        # Batch-first tensors and per-sample lists (img_shapes, txt_seq_lens): split by row in batch-invariant mode.
+        row_inputs=frozenset(
+            {
+                "hidden_states",
+                "encoder_hidden_states",
+                "encoder_hidden_states_mask",
+                "timestep",
+                "img_shapes",
+                "txt_seq_lens",
+            }
+        ),
     )
 )
 

@@ -70,7 +70,12 @@ def _forward_takes_txt_seq_lens(cls: type) -> bool:
 
 
 def takes_txt_seq_lens(transformer: torch.nn.Module) -> bool:
-    """Whether the transformer's forward has a `txt_seq_lens` argument (vLLM-omni's, or ours below)."""
+    """Whether the transformer's forward has a `txt_seq_lens` argument (vLLM-omni's, or ours below); a
+    batch-invariant proxy (`adapters.batch_invariance`) answers for the transformer it wraps."""
+    from .batch_invariance import BatchInvariant
+
+    if isinstance(transformer, BatchInvariant):
+        transformer = transformer.module
     return _forward_takes_txt_seq_lens(type(transformer))
 
 

@@ -284,6 +284,7 @@ FAMILY = register_family(
         negative_prompt="",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),
     )
 )
 

@@ -41,6 +41,7 @@ from torch import nn
 
 from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, SchedulerSetup, SDEWindow
 
+from .batch_invariance import is_batch_invariant
 from .families import ModelFamily, model_device
 from .pitfalls import MixedDtypeBatchError
 from .rollout import make_generators
@@ -392,6 +393,15 @@ def run_stepwise(
         raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
     for request in requests:
         family.check_conditioning(transformer, request.conditioning, 1, guidance_scale, options)
+    if text_width is None and is_batch_invariant(transformer):
+        # Text embeddings are the (1, L, D) conditioning tensors.
+        widths = {int(t.shape[1]) for r in requests for t in r.conditioning.values() if t.dim() == 3}
+        if len(widths) > 1:
+            raise ValueError(
+                f"Batch-invariant mode needs one text width for every forward, but the requests' texts are "
+                f"{sorted(widths)} tokens wide and text_width=None pads them to the running batch's widest (which "
+                f"depends on the batch-mates). Pass text_width={max(widths)}."
+            )
 
     waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
     running: list[tuple[int, RequestState]] = []

@@ -265,12 +265,20 @@ def build_backend(config: CheckConfig) -> Backend:
     else:
         rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device)
     encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
+    # The engine's precision settings live in its own worker process: audited there, not here. The audit
+    # reads the plain modules, so it runs before the batch-invariant proxies wrap them.
+    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
+    if config.batch_invariant:
+        from rollout_consistency.adapters.batch_invariance import batch_invariant
+
+        shared = rollout_model is trainer_model
+        trainer_model = batch_invariant(trainer_model, family)
+        if rollout_model is not None:
+            rollout_model = trainer_model if shared else batch_invariant(rollout_model, family)
     options = family.options(settings)
     setup = family.scheduler_setup(
         _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
     )
-    # The engine's precision settings live in its own worker process: audited there, not here.
-    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
     return Backend(
         config=config,
         family=family,

@@ -33,6 +33,7 @@ import numpy as np
 from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
+from .exactness import with_batch_composition_hint
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .plan import make_plan, window_problems
 from .report import Report, SampleInfo
@@ -122,7 +123,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
     return Report(
-        verdict=decide(metrics, tolerance, problems),
+        verdict=with_batch_composition_hint(decide(metrics, tolerance, problems), config, metrics),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,

@@ -134,6 +134,10 @@ class CheckConfig:
             (default: ``_native_math`` for a ``native`` trainer and vice versa).
         rollout_dtype / trainer_dtype: the transformer's compute dtype on each side (latents stay float32).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+        batch_invariant: both sides (rollout, step-wise, trainer) run every sample's transformer forward at
+            batch 1 (`rollout_consistency.adapters.batch_invariance`): a sample's log-probs are then bit
+            identical whatever its batch-mates, batch or micro-batch size, position or arrival pattern (same
+            machine), so ``exact`` holds across batch compositions. Costs one forward per sample.
 
     Sampling (one training step's rollouts):
         prompts: prompt texts; ``num_prompts`` of them are used (cycled). Empty: built-in prompts.
@@ -176,6 +180,7 @@ class CheckConfig:
     rollout_dtype: str = "float32"
     trainer_dtype: str = "float32"
     device: str = "cpu"
+    batch_invariant: bool = False
 
     prompts: tuple[str, ...] = ()
     num_prompts: int = 4
@@ -370,7 +375,14 @@ _INT_FIELDS = {
 _OPTIONAL_INT_FIELDS = {"micro_batch_size"}
 _FLOAT_FIELDS = {"noise_level", "guidance_scale", "true_cfg_scale", "clip_ratio", "calibration_multiple"}
 _OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
-_BOOL_FIELDS = {"step_execution", "stagger_arrivals", "progress", "pad_prompts_to_max_length", "mask_text_padding"}
+_BOOL_FIELDS = {
+    "step_execution",
+    "stagger_arrivals",
+    "progress",
+    "pad_prompts_to_max_length",
+    "mask_text_padding",
+    "batch_invariant",
+}
 _STR_FIELDS = {
     "model_family",
     "rollout_backend",
@@ -525,6 +537,11 @@ def _validate(config: CheckConfig) -> None:
     if config.rollout_backend == "vllm-omni" and config.trajectory is None:  # a dump needs no engine
         if config.device == "cpu":
             raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
+        if config.batch_invariant:
+            raise ConfigError(
+                "batch_invariant wraps the PyTorch adapters' transformer; the vLLM-omni engine batches in its own "
+                "worker. Use rollout_backend 'torch' with --batch-invariant, or drop it."
+            )
         if config.inject is not None:
             raise ConfigError(
                 "--inject reproduces stock behaviours inside the PyTorch adapters; use it with rollout_backend 'torch'."

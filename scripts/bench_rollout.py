@@ -9,6 +9,11 @@ Prints, from one run on the tiny Qwen-Image model (CPU):
 2. bytes a trajectory stores per window step against the minimum, one float32 latent per sample and step.
 
     .venv/bin/python scripts/bench_rollout.py [--batch 4] [--steps 10] [--window 4] [--size 128] [--repeats 15]
+
+With `--batch-invariant` it instead compares, per family (tiny Qwen-Image, SD3, FLUX), the request-level
+rollout's time per denoising step in batch-invariant mode (every sample's forward at batch 1) against the
+default mode (one batched forward), timed interleaved (target on CPU: <= 1.5x). `--device cuda` (or `auto`)
+runs the same code on a GPU, synchronising around each timed rollout.
 """
 
 from __future__ import annotations
@@ -44,9 +49,14 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=1.0, help="> 1 runs true CFG (two forwards per step)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--batch-invariant", action="store_true", help="batch-invariant vs default, three families")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (--batch-invariant only)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.batch_invariant:
+        bench_batch_invariant(args)
+        return
 
     model = load_qwen_image()
     encoder = TinyPromptEncoder()
@@ -231,6 +241,70 @@ def main() -> None:
             f"x{stored.stored_bytes() / minimum:.3f}"
         )
         print(f"  {'file on disk':<26}{file_bytes / args.window:>12,.0f} B  x{file_bytes / minimum:.3f}")
+
+
+def bench_batch_invariant(args: argparse.Namespace) -> None:
+    """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family."""
+    from rollout_consistency.adapters import get_family
+    from rollout_consistency.adapters.batch_invariance import batch_invariant
+    from rollout_consistency.backends import family_kit, resolve_device
+    from rollout_consistency.config import CheckConfig
+
+    device = resolve_device(args.device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    print(
+        f"batch {args.batch}, {args.size}x{args.size} px, {args.steps} steps, window {args.window}, guidance "
+        f"{args.guidance}, device {device}, torch threads {torch.get_num_threads()}, {args.repeats} interleaved repeats"
+    )
+    print(f"{'family':<12}{'default ms':>12}{'invariant ms':>14}{'ratio (min)':>13}{'ratio (median)':>16}")
+    for name in ("qwen-image", "sd3", "flux"):
+        config = CheckConfig(
+            model_family=name,
+            height=args.size,
+            width=args.size,
+            num_inference_steps=args.steps,
+            sde_window_size=args.window,
+            true_cfg_scale=args.guidance,
+            guidance_scale=max(args.guidance, 1.0),
+            device=device,
+            progress=False,
+        )
+        kit, family = family_kit(name), get_family(name)
+        model = kit.load_transformer(None, torch.float32, device)
+        prompts = (PROMPTS * args.batch)[: args.batch]
+        cond = kit.conditioning(kit.make_encoder(None, model, device), prompts, config)
+        options = kit.options(config)
+        setup = family.scheduler_setup(kit.scheduler_config(None), args.steps, model, options)
+        common = dict(
+            scheduler_setup=setup,
+            seeds=list(range(args.batch)),
+            window=SDEWindow(start=1, size=args.window, num_steps=args.steps),
+            noise_level=0.7,
+            guidance_scale=kit.guidance(config),
+            options=options,
+        )
+        models = {"default": model, "invariant": batch_invariant(model, family)}
+
+        def timed(which: str, models=models, family=family, cond=cond, common=common) -> float:
+            sync()
+            start = time.perf_counter()
+            rollout(family, models[which], cond, **common)
+            sync()
+            return (time.perf_counter() - start) / args.steps
+
+        samples = {which: [] for which in models}
+        with torch.no_grad():
+            for which in models:  # warm-up
+                timed(which)
+            for _ in range(args.repeats):
+                for which in models:
+                    samples[which].append(timed(which))
+        low = {k: min(v) for k, v in samples.items()}
+        mid = {k: statistics.median(v) for k, v in samples.items()}
+        print(
+            f"{name:<12}{low['default'] * 1e3:>12.3f}{low['invariant'] * 1e3:>14.3f}"
+            f"{low['invariant'] / low['default']:>12.2f}x{mid['invariant'] / mid['default']:>15.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -156,3 +156,23 @@ def test_script_form_has_the_same_interface(tmp_path):
 def test_misspelt_flag_names_the_closest_one(capsys):
     assert main(["check", "--noise-levle", "0.3"]) == 2
     assert "did you mean --noise-level?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--micro-batch-size", "1", "--rollout-batch-size", "4"],
+        ["--micro-batch-size", "3", "--num-prompts", "3", "--rollout-batch-size", "6"],
+        ["--step-execution", "--stagger-arrivals", "--max-num-seqs", "3", "--rollout-batch-size", "4"],
+    ],
+    ids=["micro-batch-1", "micro-batch-3", "step-wise-staggered"],
+)
+def test_batch_invariant_mode_passes_exact_across_batch_compositions(argv, tmp_path, capsys):
+    """The trainer's micro-batches and the step-wise engine's running batches differ from the rollout batch;
+    `--batch-invariant` makes `exact` hold anyway, on any CPU."""
+    path = tmp_path / "r.json"
+    code = main(["check", "--no-progress", "--num-prompts", "2", *argv, "--batch-invariant", "--json", str(path)])
+    assert code == 0, capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["config"]["batch_invariant"] is True and data["tolerance"]["profile"] == "exact"
+    assert data["metrics"]["overall"]["max_abs_dlogp"] == 0

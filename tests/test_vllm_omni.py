@@ -21,6 +21,7 @@ import torch
 
 from rollout_consistency.adapters import qwen_image, recompute_log_probs, stepwise
 from rollout_consistency.adapters import vllm_omni as vo
+from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.rope import QwenImageTransformerTxtSeqLens
@@ -418,12 +419,15 @@ def test_rope_length_is_the_shared_padded_width_and_stored_conditioning_has_it(m
     mask_sums = cond["prompt_embeds_mask"].sum(dim=1).tolist()
     assert len(set(mask_sums)) > 1
     prompts, extra = _build(setup, cond, guidance_scale=1.0, text_width=16)
-    trajectory = _collect(_engine(_view(recording), prompts, extra, arrivals=[0, 0, 1, 3]), prompts)
+    # Staggered arrivals give forwards of 2, 3 and 4 rows: batch-invariant mode keeps each row's bits.
+    engine_model = batch_invariant(recording, qwen_image.FAMILY)
+    trajectory = _collect(_engine(_view(engine_model), prompts, extra, arrivals=[0, 0, 1, 3]), prompts)
     assert recording.seen and all(lengths == [16] * len(lengths) and width == 16 for lengths, width in recording.seen)
     assert trajectory.conditioning["prompt_embeds"].shape[1] == 16
     assert torch.equal(trajectory.conditioning["prompt_embeds_mask"].sum(dim=1), torch.tensor(mask_sums))
     with torch.no_grad():  # the trainer recomputes the rollout's exact computation
-        assert torch.equal(recompute_log_probs(model, trajectory), trajectory.log_probs)
+        trainer = batch_invariant(model, qwen_image.FAMILY)
+        assert torch.equal(recompute_log_probs(trainer, trajectory), trajectory.log_probs)
 
 
 def test_bf16_transformer_keeps_every_request_float32(encoder, setup):
