@@ -1,5 +1,10 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""The step-1 consistency checker and the training-consistency tools.
+"""rollout-consistency: the step-1 gate and the training-consistency tools.
+
+Two subpackages: `rollout_consistency.gate` (the step-1 check: config, metrics, tolerances, verdict, report)
+and `rollout_consistency.training` (checkpointing, NaN capture, RNG state, precision audit); the gate's
+main names are re-exported here. `rollout_consistency.adapters` and `rollout_consistency.schedulers` hold
+the rollout/trainer adapters and the patched scheduler.
 
 Step-1 check (docs/checker.md)::
 
@@ -13,16 +18,13 @@ Step-1 check (docs/checker.md)::
     CheckConfig, load_config, ConfigError          settings (names as in Flow-GRPO / verl / vLLM-omni)
     Report, Verdict, ConsistencyMetrics, MetricValues, Tolerance
     compute_metrics, decide, resolve_tolerance     the pieces, for a trainer that has both log-prob tables
-    gate(rollout, trainer, ...) -> GateReport      your own two tables -> verdict (docs/ci.md)
-    write_dump, read_dump                          the versioned log-prob dump (`rollout-consistency gate DUMP`)
-    Step1Recorder                                  records your training loop's first update and gates it
 
 Training tools (docs/training-consistency.md), imported on first use (they import torch):
-    check_recompute_consistency, checkpoint        gradient-checkpointing recompute check
+    check_checkpointing, checkpoint                gradient-checkpointing check (RNG replay in backward)
     NanCapture, replay, load_capture               NaN/Inf capture and replay
     audit_precision, diff_precision_reports        precision-policy audit
 
-Importing `consistency` imports neither torch nor diffusers.
+Importing `rollout_consistency` imports neither torch nor diffusers.
 """
 
 from __future__ import annotations
@@ -30,28 +32,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .check import USAGE_ERRORS, injection_settings, run_step1_check
-from .config import CheckConfig, ConfigError, load_config
-from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
-from .gate_api import GateInputError, GateReport, gate
-from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
-from .recorder import RecorderError, Step1GateFailed, Step1Recorder
-from .report import Report, SampleInfo
-from .tolerances import PROFILES, Tolerance, resolve_tolerance
-from .verdict import CheckResult, Problem, Verdict, decide
+from .gate.check import USAGE_ERRORS, injection_settings, run_step1_check
+from .gate.config import CheckConfig, ConfigError, load_config
+from .gate.metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
+from .gate.report import Report, SampleInfo
+from .gate.tolerances import PROFILES, Tolerance, resolve_tolerance
+from .gate.verdict import CheckResult, Problem, Verdict, decide
 
 # name -> module of the training tools, loaded lazily (torch-heavy).
 _LAZY = {
-    "check_recompute_consistency": "rollout_consistency.recompute",
-    "RecomputeReport": "rollout_consistency.recompute",
-    "checkpoint": "rollout_consistency.checkpointing",
-    "NanCapture": "rollout_consistency.nan_capture",
-    "replay": "rollout_consistency.nan_capture",
-    "load_capture": "rollout_consistency.nan_capture",
-    "audit_precision": "rollout_consistency.precision",
-    "diff_precision_reports": "rollout_consistency.precision",
-    "PrecisionReport": "rollout_consistency.precision",
+    "check_checkpointing": "rollout_consistency.training.checkpoint_check",
+    "CheckpointingReport": "rollout_consistency.training.checkpoint_check",
+    "checkpoint": "rollout_consistency.training.checkpointing",
+    "NanCapture": "rollout_consistency.training.nan_capture",
+    "replay": "rollout_consistency.training.nan_capture",
+    "load_capture": "rollout_consistency.training.nan_capture",
+    "audit_precision": "rollout_consistency.training.precision",
+    "diff_precision_reports": "rollout_consistency.training.precision",
+    "PrecisionReport": "rollout_consistency.training.precision",
 }
 
 __all__ = [
@@ -62,14 +60,6 @@ __all__ = [
     "CheckResult",
     "ConfigError",
     "ConsistencyMetrics",
-    "DumpFormatError",
-    "GateInputError",
-    "GateReport",
-    "LogProbDump",
-    "MismatchStats",
-    "RecorderError",
-    "Step1GateFailed",
-    "Step1Recorder",
     "MetricValues",
     "Problem",
     "Report",
@@ -77,10 +67,6 @@ __all__ = [
     "Tolerance",
     "Verdict",
     "compute_metrics",
-    "compute_mismatch",
-    "gate",
-    "read_dump",
-    "write_dump",
     "decide",
     "injection_settings",
     "load_config",

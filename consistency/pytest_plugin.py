@@ -76,14 +76,14 @@ def step1_check(request: pytest.FixtureRequest):
     Call as ``step1_check(config=None, **settings)``: `config` is a `CheckConfig` (default: the
     ``--step1-config`` file, else the built-in defaults), `settings` override single fields.
     """
-    from rollout_consistency.config import load_config
+    from rollout_consistency.gate.config import load_config
 
     base_file = _option(request.config, "step1_config")
     report_dir = _option(request.config, "step1_report_dir")
     calls = []
 
     def run(config: Any = None, **settings: Any):
-        from rollout_consistency.check import run_step1_check
+        from rollout_consistency.gate.check import run_step1_check
 
         settings.setdefault("progress", False)
         if config is None:

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rollout_consistency import nan_capture
-from rollout_consistency.nan_capture import NanCapture, grads_are_finite
-from rollout_consistency.rng_state import capture_rng_state, isolated_rng
+from rollout_consistency.training import nan_capture
+from rollout_consistency.training.nan_capture import NanCapture, grads_are_finite
+from rollout_consistency.training.rng_state import capture_rng_state, isolated_rng
 
 TARGET = 0.02
 PLAIN, CONTROL = "without hook", "without hook (A/A control)"

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-import rollout_consistency.check as check_module
+import rollout_consistency.gate.check as check_module
 from rollout_consistency import CheckConfig, ConfigError, Report, run_step1_check
-from rollout_consistency.backends import BackendError, run_batch
-from rollout_consistency.check import injection_settings
+from rollout_consistency.gate.backends import BackendError, run_batch
+from rollout_consistency.gate.check import injection_settings
 
 QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
 

@@ -1,4 +1,4 @@
-"""NaN capture and exact replay (consistency/nan_capture.py, consistency/rng_state.py)."""
+"""NaN capture and exact replay (consistency/training/nan_capture.py, consistency/training/rng_state.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from rollout_consistency import nan_capture
-from rollout_consistency.nan_capture import (
+from rollout_consistency.training import nan_capture
+from rollout_consistency.training.nan_capture import (
     CaptureDirectoryError,
     CaptureWriteError,
     NanCapture,
@@ -27,7 +27,7 @@ from rollout_consistency.nan_capture import (
     nan_capture_callback,
     replay,
 )
-from rollout_consistency.rng_state import (
+from rollout_consistency.training.rng_state import (
     capture_rng_state,
     isolated_rng,
     restore_rng_state,
@@ -320,7 +320,7 @@ def test_real_write_failure_from_a_file_size_limit(tmp_path: Path) -> None:
         f"""
         import os, resource, signal, sys
         import torch
-        from rollout_consistency.nan_capture import NanCapture, CaptureWriteError
+        from rollout_consistency.training.nan_capture import NanCapture, CaptureWriteError
         model = torch.nn.Linear(64, 64)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         capture = NanCapture(model, optimizer, {str(tmp_path)!r})

@@ -15,10 +15,10 @@ from sd3_flux_cases import FAMILIES, PROMPTS, SEEDS, SIZE, Family, recompute, ro
 from rollout_consistency.adapters import Trajectory, recompute_step_log_prob
 from rollout_consistency.adapters.pitfalls import StockRoundedLatents
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
-from rollout_consistency.metrics import compute_metrics
+from rollout_consistency.gate.metrics import compute_metrics
+from rollout_consistency.gate.tolerances import exact_tolerance
+from rollout_consistency.gate.verdict import decide
 from rollout_consistency.schedulers import SDEWindow
-from rollout_consistency.tolerances import exact_tolerance
-from rollout_consistency.verdict import decide
 
 
 def _verdict(rollout_log_probs, trainer_log_probs, trajectory):

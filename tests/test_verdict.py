@@ -1,4 +1,4 @@
-"""rollout_consistency.tolerances + rollout_consistency.verdict: profiles, overrides, and the fail-closed guards."""
+"""rollout_consistency.gate.tolerances + rollout_consistency.gate.verdict: profiles, overrides, and the fail-closed guards."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rollout_consistency.metrics import METRIC_NAMES, compute_metrics
-from rollout_consistency.tolerances import (
+from rollout_consistency.gate.metrics import METRIC_NAMES, compute_metrics
+from rollout_consistency.gate.tolerances import (
     KERNEL_MAX_LIMIT,
     KERNEL_MEAN_LIMIT,
     ToleranceError,
@@ -17,7 +17,7 @@ from rollout_consistency.tolerances import (
     kernel_tolerance,
     resolve_tolerance,
 )
-from rollout_consistency.verdict import GUARD_CHECKS, Problem, Verdict, decide
+from rollout_consistency.gate.verdict import GUARD_CHECKS, Problem, Verdict, decide
 
 STEPS = np.tile(np.float32([900, 750, 500]), (8, 1))
 

@@ -26,7 +26,7 @@ Profiles (the reasoning is in docs/checker.md):
 
 ``calibrated``
     The floor measured on *this* setup: the trainer is run against itself with the other attention kernel
-    (see ``rollout_consistency.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
+    (see ``rollout_consistency.gate.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
     for the quadratic ``approx_kl``). Mean-type limits use the larger of the floor's figure and its
     ``mean_abs_dlogp`` (a signed mean near 0 by chance must not make the gate 0). If the kernels agree bit
     for bit here, every limit is 0 and the profile is ``exact``.

@@ -10,7 +10,7 @@ thousands of steps and then the loss creeps up (DESIGN.md §1). `checkpoint` bel
 
 Usage (inside a model's forward)::
 
-    from rollout_consistency.checkpointing import checkpoint
+    from rollout_consistency.training.checkpointing import checkpoint
 
     for block in self.blocks:
         hidden = checkpoint(block, hidden, temb) if self.training else block(hidden, temb)
@@ -79,7 +79,7 @@ def checkpoint(
     fixed = [name for name in _FIXED_OPTIONS if name in kwargs]
     if fixed:
         raise TypeError(
-            f"rollout_consistency.checkpointing.checkpoint always uses use_reentrant=False and "
+            f"rollout_consistency.training.checkpointing.checkpoint always uses use_reentrant=False and "
             f"preserve_rng_state=True; remove {', '.join(fixed)} from the call (or call "
             "torch.utils.checkpoint.checkpoint directly if you need other settings)"
         )

@@ -291,7 +291,7 @@ def build_backend(config: CheckConfig) -> Backend:
 def _precision_diff(rollout_model: Any, trainer_model: Any, device: str) -> Mapping[str, Any] | None:
     """The training tools' precision-audit diff of the two sides (None if that module is absent)."""
     try:
-        from .precision import audit_precision, diff_precision_reports
+        from rollout_consistency.training.precision import audit_precision, diff_precision_reports
     except ImportError:  # pragma: no cover - shipped together; tolerate a partial install
         return None
     rollout = audit_precision(model=rollout_model, autocast_dtype=None, device=device, label="rollout")
