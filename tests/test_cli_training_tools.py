@@ -27,7 +27,7 @@ def test_help_is_fast_and_imports_no_torch() -> None:
 
 def test_python_dash_m_runs_main() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "consistency", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "rollout_consistency", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and "checkpointing" in result.stdout and "precision" in result.stdout
 

@@ -157,7 +157,7 @@ def test_bf16_weights_with_fp32_storage_is_exact(family, model_bf16, cond):
 
 
 def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
-    """DESIGN.md §1 'precision loss in stored latents' through each adapter, beside its fix.
+    """The known pitfall 'precision loss in stored latents' through each adapter, beside its fix.
 
     Stock: each prev_sample is rounded to the model's bf16 after its log-prob was computed, and stored and fed
     on rounded. Per latent element the trainer then loses e²/(2σ²) on average (e the rounding error, σ the

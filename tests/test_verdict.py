@@ -169,7 +169,7 @@ def test_calibrated_floor_of_zero_degenerates_to_exact_and_bad_floors_refuse():
 
 
 def test_bf16_latent_signature_is_reported_as_such():
-    """ratio_mean < 1 with all clipping on the lower side (DESIGN.md §1) — the reasons say which metrics."""
+    """ratio_mean < 1 with all clipping on the lower side (the bf16-latent signature) — the reasons say which metrics."""
     rollout, trainer = tables(bias=-4e-5, noise=1e-6)
     m = compute_metrics(rollout, trainer, clip_ratio=1e-5, timesteps=STEPS)
     assert m.overall.ratio_mean < 1 and m.overall.pg_clipfrac_higher == 0 and m.overall.pg_clipfrac_lower > 0.9

@@ -358,7 +358,7 @@ def score_trajectory(
     seconds, forwards = dict(seconds or {}), dict(forwards or {})
     cfg_passes = backend.cfg_passes
     start = time.perf_counter()
-    trainer = recompute(backend, trajectory, config.trainer_attention)
+    trainer = trainer_log_probs(backend, trajectory, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
     micro = config.resolved_micro_batch_size
     n_micro = -(-trajectory.batch_size // micro)
@@ -367,7 +367,7 @@ def score_trajectory(
     floor = None
     if backend.floor_kernel is not None:
         start = time.perf_counter()
-        floor = recompute(backend, trajectory, backend.floor_kernel)
+        floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
         seconds["floor"] = time.perf_counter() - start
         forwards["floor"] = forwards["trainer"]
 
@@ -488,7 +488,7 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, se
     )
 
 
-def recompute(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
+def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
     """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
     import torch
 

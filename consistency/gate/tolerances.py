@@ -44,7 +44,7 @@ from .metrics import METRIC_NAMES, MetricValues
 
 PROFILES: tuple[str, ...] = ("exact", "kernel", "calibrated")
 
-#: Published KL floor between vLLM-omni and PyTorch attention after every known fix (DESIGN.md §1).
+#: Published KL floor between vLLM-omni and PyTorch attention after every known fix (docs/checker.md).
 PUBLISHED_KERNEL_FLOOR_KL = 3e-5
 #: `kernel` profile: bound on mean-type figures (≈3x the floor; the tightest common clip range 1e-4).
 KERNEL_MEAN_LIMIT = 1e-4

@@ -4,7 +4,7 @@
 Home-made checkpoint helpers (store the inputs, run the segment under `torch.no_grad()`, re-run it
 in backward) usually forget the random-number state: the re-run draws new dropout masks, so the
 gradients no longer belong to the loss that was computed. Nothing crashes; the run looks healthy for
-thousands of steps and then the loss creeps up (DESIGN.md §1). `checkpoint` below is
+thousands of steps and then the loss creeps up. `checkpoint` below is
 `torch.utils.checkpoint.checkpoint` with the two settings that avoid this fixed:
 `use_reentrant=False` and `preserve_rng_state=True`.
 

@@ -1,8 +1,9 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """REPRODUCTION OF A KNOWN PITFALL — never use `rng_unsafe_checkpoint` for training.
 
-This private module holds the pieces that tests, `scripts/demo_checkpoint_divergence.py` and
-docs/training-consistency.md share to show the checkpoint-recompute failure of DESIGN.md §1:
+This public module holds the pieces that tests, `scripts/demo_checkpoint_divergence.py`, the CLI example and
+docs/training-consistency.md share to show a known training failure: a home-made gradient checkpoint whose
+backward re-runs the forward with different random draws (dropout), so the gradients drift from the loss:
 
 - `rng_unsafe_checkpoint`: a realistic home-made gradient checkpoint (store the inputs, run the
   segment under `no_grad`, re-run it in backward) that forgets to restore the RNG state, so dropout
