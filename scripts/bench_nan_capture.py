@@ -125,8 +125,8 @@ def main() -> None:
         "RNG snapshot (python, numpy, torch CPU"
         + (", CUDA)" if torch.cuda.is_initialized() else ")"): capture_rng_state,
         "finiteness check, _foreach_norm(2) + stack [used]": lambda: grads_are_finite(grads),
-        "finiteness check, _foreach_norm(inf) + stack": lambda: nan_capture._grads_are_finite_inf_norm(grads),
-        "finiteness check, per-tensor isfinite().all() stacked": lambda: nan_capture._grads_are_finite_stacked(grads),
+        "finiteness check, _foreach_norm(inf) + stack": lambda: nan_capture.grads_are_finite_inf_norm(grads),
+        "finiteness check, per-tensor isfinite().all() stacked": lambda: nan_capture.grads_are_finite_stacked(grads),
     }
     part_us = {name: micro_us(fn) for name, fn in parts.items()}
 

@@ -408,8 +408,8 @@ def test_check_without_begin_step_is_an_error(tmp_path: Path) -> None:
 )
 def test_grads_are_finite(tensors, expected) -> None:
     assert grads_are_finite(tensors) is expected
-    assert nan_capture._grads_are_finite_stacked(tensors) is expected
-    assert nan_capture._grads_are_finite_inf_norm(tensors) is expected
+    assert nan_capture.grads_are_finite_stacked(tensors) is expected
+    assert nan_capture.grads_are_finite_inf_norm(tensors) is expected
 
 
 def test_nan_in_any_position_of_many_tensors_is_found() -> None:

@@ -69,6 +69,8 @@ __all__ = [
     "ReplayResult",
     "bitwise_equal",
     "grads_are_finite",
+    "grads_are_finite_inf_norm",
+    "grads_are_finite_stacked",
     "load_capture",
     "nan_capture_callback",
     "replay",
@@ -144,14 +146,14 @@ def _exactly_finite(group: list[torch.Tensor]) -> bool:
     return bool(torch.stack([tensor.isfinite().all() for tensor in group]).all())
 
 
-def _grads_are_finite_inf_norm(tensors: Sequence[torch.Tensor]) -> bool:
-    """Alternative kept for the benchmark: exact single pass with the inf-norm (max |x|)."""
+def grads_are_finite_inf_norm(tensors: Sequence[torch.Tensor]) -> bool:
+    """`grads_are_finite`'s alternative (benchmarked beside it): exact single pass with the inf-norm (max |x|)."""
     return all(
         bool(torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()) for group in _by_device(tensors)
     )
 
 
-def _grads_are_finite_stacked(tensors: Sequence[torch.Tensor]) -> bool:
+def grads_are_finite_stacked(tensors: Sequence[torch.Tensor]) -> bool:
     """Exact, per-tensor isfinite().all() stacked: confirms a non-finite norm (also benchmarked)."""
     return all(_exactly_finite(group) for group in _by_device(tensors))
 
@@ -233,7 +235,7 @@ class NanCapture:
         if grad_norm is None:
             finite = grads_are_finite(grads)
         else:
-            finite = math.isfinite(float(grad_norm)) or _grads_are_finite_stacked(grads)
+            finite = math.isfinite(float(grad_norm)) or grads_are_finite_stacked(grads)
         if finite:
             return True
         if self.captured_path is not None:
