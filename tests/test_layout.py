@@ -249,7 +249,6 @@ def test_adapters_never_name_the_checkers_config() -> None:
     assert named == []
 
 
-@pytest.mark.xfail(strict=True, reason=SPLIT_IN_PROGRESS)
 def test_production_adapters_never_import_the_tiny_models() -> None:
     """The tiny offline models are for tests and the checker's default; production code never needs them."""
 
