@@ -32,8 +32,9 @@ from rollout_consistency.gate.config import (
     CheckConfig,
     ConfigError,
     load_config,
+    parse_thresholds,
 )
-from rollout_consistency.gate.tolerances import METRIC_NAMES, PROFILES
+from rollout_consistency.gate.tolerances import PROFILES
 
 __all__ = ["UsageError", "main"]
 
@@ -508,31 +509,8 @@ def config_from_args(args: argparse.Namespace) -> CheckConfig:
         if hasattr(args, field.name):
             overrides[field.name] = getattr(args, field.name)
     if "thresholds" in overrides:
-        overrides["thresholds"] = _parse_thresholds(overrides["thresholds"])
+        overrides["thresholds"] = parse_thresholds(overrides["thresholds"])
     return load_config(getattr(args, "config", None), **overrides)
-
-
-def _parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
-    from rollout_consistency.gate.tolerances import metric_name_hint
-
-    out: dict[str, float | None] = {}
-    for pair in pairs:
-        metric, sep, text = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--threshold expects METRIC=VALUE, got {pair!r} (e.g. --threshold ppo_kl=5e-5).")
-        if metric not in METRIC_NAMES:
-            raise ConfigError(
-                f"--threshold: unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}."
-                f"{metric_name_hint(metric)}"
-            )
-        if text.strip().lower() in ("off", "none"):
-            out[metric] = None
-            continue
-        try:
-            out[metric] = float(text)
-        except ValueError as error:
-            raise ConfigError(f"--threshold {pair!r}: {text!r} is not a number (or 'off').") from error
-    return out
 
 
 def _run_check_command(args: argparse.Namespace) -> int:
@@ -589,6 +567,6 @@ _COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 # `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.
-from rollout_consistency.gate_cli import add_gate_parser  # noqa: E402
+from rollout_consistency.gate.cli import add_gate_parser  # noqa: E402
 
 _COMMANDS.insert(1, add_gate_parser)

@@ -29,7 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tolerances import DEFAULT_CALIBRATION_MULTIPLE, PROFILES, ToleranceError, closest_name, resolve_tolerance
+from .metrics import METRIC_NAMES
+from .tolerances import (
+    DEFAULT_CALIBRATION_MULTIPLE,
+    PROFILES,
+    ToleranceError,
+    closest_name,
+    metric_name_hint,
+    resolve_tolerance,
+)
 
 MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
 ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
@@ -534,3 +542,30 @@ def _validate(config: CheckConfig) -> None:
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "
             "cannot be combined with it."
         )
+
+
+def parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
+    """``["ppo_kl=5e-5", "ratio_std=off"]`` (the CLI's ``--threshold`` values) -> per-metric limits (None: off).
+
+    Raises:
+        ConfigError: a pair without ``=``, an unknown metric (with the closest name), or a value that is not a
+            number or ``off``.
+    """
+    out: dict[str, float | None] = {}
+    for pair in pairs:
+        metric, sep, text = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--threshold expects METRIC=VALUE, got {pair!r} (e.g. --threshold ppo_kl=5e-5).")
+        if metric not in METRIC_NAMES:
+            raise ConfigError(
+                f"--threshold: unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}."
+                f"{metric_name_hint(metric)}"
+            )
+        if text.strip().lower() in ("off", "none"):
+            out[metric] = None
+            continue
+        try:
+            out[metric] = float(text)
+        except ValueError as error:
+            raise ConfigError(f"--threshold {pair!r}: {text!r} is not a number (or 'off').") from error
+    return out
