@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Qwen-Image text RoPE lengths: the rule, and a labelled reproduction of the stock bug.
 
-The rule (DESIGN.md §1, "RoPE sequence length mismatch"): a transformer that takes `txt_seq_lens` must get
+The rule (the known pitfall "RoPE sequence length mismatch"): a transformer that takes `txt_seq_lens` must get
 the *padded* embedding width for every sample,
 
     txt_seq_lens = [prompt_embeds.shape[1]] * batch            # padded_txt_seq_lens(prompt_embeds)

@@ -4,7 +4,7 @@
 vLLM-omni's `step_execution` mode keeps one state per request and, at every engine step, runs
 `denoise_step` on a batch of whichever requests are running (each possibly at a different denoising step),
 then `step_scheduler` per request; requests join and leave between steps. This module is that loop, with
-the consistency fixes of DESIGN.md §1:
+the consistency fixes for the known pitfalls (docs/design.md):
 
 * per-request latents are float32 from the initial draw to the stored trajectory (cast to the
   transformer's dtype only inside the forward);

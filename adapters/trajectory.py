@@ -3,7 +3,7 @@
 
 Storage policy: every stored floating tensor is float32 (latents, log-probs, timesteps, conditioning);
 integer masks are int64. Nothing is stored in the transformer's dtype: a bf16 latent rounds the sample the
-rollout scored, and the trainer then scores a different point (DESIGN.md §1, "precision loss in stored
+rollout scored, and the trainer then scores a different point (the known pitfall "precision loss in stored
 latents").
 
 File format (one `.safetensors` file, little-endian, readable by any safetensors reader):

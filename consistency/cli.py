@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
-from rollout_consistency.config import (
+from rollout_consistency.gate.config import (
     DEVICES,
     DTYPES,
     INJECTIONS,
@@ -32,8 +32,9 @@ from rollout_consistency.config import (
     CheckConfig,
     ConfigError,
     load_config,
+    parse_thresholds,
 )
-from rollout_consistency.tolerances import METRIC_NAMES, PROFILES
+from rollout_consistency.gate.tolerances import PROFILES
 
 __all__ = ["UsageError", "main"]
 
@@ -153,19 +154,21 @@ def _read_json(path: str) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
-# recompute
+# checkpointing (the gradient-checkpointing check; `recompute` is its old name)
 
 
 _CHECKPOINT_CHOICES = {
-    "consistency": "rollout_consistency.checkpointing.checkpoint (torch non-reentrant, RNG preserved) [default]",
+    "consistency": "rollout_consistency.training.checkpointing.checkpoint (torch non-reentrant, RNG preserved) [default]",
     "torch": "torch.utils.checkpoint.checkpoint(use_reentrant=False)",
     "torch-reentrant": "torch.utils.checkpoint.checkpoint(use_reentrant=True)",
 }
 
 
-def _add_recompute_parser(subparsers: Any) -> None:
+def _add_checkpointing_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "recompute",
+        "checkpointing",
+        # The old name keeps users' CI scripts working; it prints a deprecation note.
+        aliases=["recompute"],
         help="check that gradient checkpointing recomputes the same forward (same loss and gradients)",
         description=(
             "Run one forward+backward of a module without and with gradient checkpointing from the same RNG "
@@ -176,7 +179,7 @@ def _add_recompute_parser(subparsers: Any) -> None:
             "'segments' (submodule names/patterns to checkpoint) and 'set_checkpointing' (fn(module, "
             "checkpoint_fn or None)); a (module, inputs) or (module, inputs, loss_fn) tuple also works."
         ),
-        epilog="Example: rollout-consistency recompute rollout_consistency._checkpoint_pitfall:toy_case --arg dropout=0.3",
+        epilog="Example: rollout-consistency checkpointing rollout_consistency.training.toy_denoiser:toy_case --arg dropout=0.3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", metavar="SPEC", help="factory spec, 'package.module:factory' or 'file.py:factory'")
@@ -202,7 +205,7 @@ def _add_recompute_parser(subparsers: Any) -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the repeat of the reference run")
     parser.add_argument("--top", type=int, default=10, help="gradients shown in the table (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    parser.set_defaults(run=_run_recompute)
+    parser.set_defaults(run=_run_checkpointing)
 
 
 def _resolve_checkpoint(name: str) -> Callable[..., Any]:
@@ -210,7 +213,7 @@ def _resolve_checkpoint(name: str) -> Callable[..., Any]:
 
     import torch.utils.checkpoint
 
-    from rollout_consistency.checkpointing import checkpoint
+    from rollout_consistency.training.checkpointing import checkpoint
 
     if name == "consistency":
         return checkpoint
@@ -228,7 +231,7 @@ def _resolve_checkpoint(name: str) -> Callable[..., Any]:
     return function
 
 
-def _recompute_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[str, Any]:
+def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[str, Any]:
     from torch import nn
 
     case = _call_factory(_load_spec(spec), spec, optional={"seed": seed}, required=factory_args)
@@ -247,15 +250,19 @@ def _recompute_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[
     return case
 
 
-def _run_recompute(args: argparse.Namespace) -> int:
-    from rollout_consistency.recompute import check_recompute_consistency
+def _run_checkpointing(args: argparse.Namespace) -> int:
+    from rollout_consistency.training.checkpoint_check import check_checkpointing
 
-    case = _recompute_case(args.spec, args.seed, _parse_factory_args(args.arg))
+    if args.command == "recompute":
+        print(
+            "rollout-consistency recompute: deprecated name, use 'rollout-consistency checkpointing'", file=sys.stderr
+        )
+    case = _checkpointing_case(args.spec, args.seed, _parse_factory_args(args.arg))
     checkpoint_fn = _resolve_checkpoint(args.checkpoint)
     segments = args.segments if args.segments is not None else case.get("segments")
     set_checkpointing = None if args.segments is not None else case.get("set_checkpointing")
     try:
-        report = check_recompute_consistency(
+        report = check_checkpointing(
             case["module"],
             case["inputs"],
             checkpoint_fn,
@@ -315,7 +322,7 @@ def _add_precision_parser(subparsers: Any) -> None:
 
 
 def _run_precision(args: argparse.Namespace) -> int:
-    from rollout_consistency.precision import PrecisionReport, audit_precision, diff_precision_reports
+    from rollout_consistency.training.precision import PrecisionReport, audit_precision, diff_precision_reports
 
     if args.diff:
         if args.spec:
@@ -376,7 +383,7 @@ def _add_check_parser(subparsers: Any) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from rollout_consistency.check import USAGE_ERRORS
+    from rollout_consistency.gate.check import USAGE_ERRORS
 
     try:
         return _run_check_command(args)
@@ -504,42 +511,19 @@ def config_from_args(args: argparse.Namespace) -> CheckConfig:
         if hasattr(args, field.name):
             overrides[field.name] = getattr(args, field.name)
     if "thresholds" in overrides:
-        overrides["thresholds"] = _parse_thresholds(overrides["thresholds"])
+        overrides["thresholds"] = parse_thresholds(overrides["thresholds"])
     return load_config(getattr(args, "config", None), **overrides)
-
-
-def _parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
-    from rollout_consistency.tolerances import metric_name_hint
-
-    out: dict[str, float | None] = {}
-    for pair in pairs:
-        metric, sep, text = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--threshold expects METRIC=VALUE, got {pair!r} (e.g. --threshold ppo_kl=5e-5).")
-        if metric not in METRIC_NAMES:
-            raise ConfigError(
-                f"--threshold: unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}."
-                f"{metric_name_hint(metric)}"
-            )
-        if text.strip().lower() in ("off", "none"):
-            out[metric] = None
-            continue
-        try:
-            out[metric] = float(text)
-        except ValueError as error:
-            raise ConfigError(f"--threshold {pair!r}: {text!r} is not a number (or 'off').") from error
-    return out
 
 
 def _run_check_command(args: argparse.Namespace) -> int:
     """Run the check for a parsed command line: print the table, write outputs, return the exit code.
 
     Raises:
-        ConfigError (and the other `rollout_consistency.check.USAGE_ERRORS`): bad settings — the caller maps them to
+        ConfigError (and the other `rollout_consistency.gate.check.USAGE_ERRORS`): bad settings — the caller maps them to
         exit code 2.
     """
     config = config_from_args(args)
-    from rollout_consistency.check import run_step1_check
+    from rollout_consistency.gate.check import run_step1_check
 
     report = run_step1_check(config)
     print(report.format_table(per_sample=args.per_sample))
@@ -579,12 +563,12 @@ def _run_lint(args: argparse.Namespace) -> int:
 # Registration order is the order in `--help`; the step-1 `check` command goes first.
 _COMMANDS: list[Callable[[Any], None]] = [
     _add_check_parser,
-    _add_recompute_parser,
+    _add_checkpointing_parser,
     _add_precision_parser,
     _add_lint_parser,
 ]
 
 # `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.
-from rollout_consistency.gate_cli import add_gate_parser  # noqa: E402
+from rollout_consistency.gate.cli import add_gate_parser  # noqa: E402
 
 _COMMANDS.insert(1, add_gate_parser)

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 # Gating the user's own tables or dump: the step1_gate fixture, marker and step1_gate_report fixture.
-from rollout_consistency.gate_pytest import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
+from rollout_consistency.gate.pytest_fixtures import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
 
 MARKER = "step1_check"
 
@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        f"{GATE_MARKER}(dump, **settings): gate this log-prob dump (rollout_consistency.gate keywords); the test "
+        f"{GATE_MARKER}(dump, **settings): gate this log-prob dump (rollout_consistency.gate.gate keywords); the test "
         f"fails unless it passes. Use with the step1_gate_report fixture.",
     )
 
@@ -76,14 +76,14 @@ def step1_check(request: pytest.FixtureRequest):
     Call as ``step1_check(config=None, **settings)``: `config` is a `CheckConfig` (default: the
     ``--step1-config`` file, else the built-in defaults), `settings` override single fields.
     """
-    from rollout_consistency.config import load_config
+    from rollout_consistency.gate.config import load_config
 
     base_file = _option(request.config, "step1_config")
     report_dir = _option(request.config, "step1_report_dir")
     calls = []
 
     def run(config: Any = None, **settings: Any):
-        from rollout_consistency.check import run_step1_check
+        from rollout_consistency.gate.check import run_step1_check
 
         settings.setdefault("progress", False)
         if config is None:

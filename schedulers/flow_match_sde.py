@@ -297,7 +297,7 @@ def _transition(
 ) -> tuple[float, float, float, float, float]:
     """One sample's transition `(a, b, std, -1/(2·std²), -log(std) - log(2π)/2)`, in float64.
 
-    The mean is `a·x + b·v` (DESIGN.md §2, rearranged), so the only float32 roundings on the latent are
+    The mean is `a·x + b·v` (the transition of docs/scheduler.md, rearranged), so the only float32 roundings on the latent are
     the two of `a·x + b·v`:
       sde:       std_dev = η·sqrt(σ / (1 − σ̃)), σ̃ = σ_max if σ == 1 else σ;
                  a = 1 + std_dev²·dt/(2σ),  b = (1 + std_dev²(1−σ)/(2σ))·dt,  std = std_dev·sqrt(−dt)

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rollout_consistency import nan_capture
-from rollout_consistency.nan_capture import NanCapture, grads_are_finite
-from rollout_consistency.rng_state import capture_rng_state, isolated_rng
+from rollout_consistency.training import nan_capture
+from rollout_consistency.training.nan_capture import NanCapture, grads_are_finite
+from rollout_consistency.training.rng_state import capture_rng_state, isolated_rng
 
 TARGET = 0.02
 PLAIN, CONTROL = "without hook", "without hook (A/A control)"
@@ -125,8 +125,8 @@ def main() -> None:
         "RNG snapshot (python, numpy, torch CPU"
         + (", CUDA)" if torch.cuda.is_initialized() else ")"): capture_rng_state,
         "finiteness check, _foreach_norm(2) + stack [used]": lambda: grads_are_finite(grads),
-        "finiteness check, _foreach_norm(inf) + stack": lambda: nan_capture._grads_are_finite_inf_norm(grads),
-        "finiteness check, per-tensor isfinite().all() stacked": lambda: nan_capture._grads_are_finite_stacked(grads),
+        "finiteness check, _foreach_norm(inf) + stack": lambda: nan_capture.grads_are_finite_inf_norm(grads),
+        "finiteness check, per-tensor isfinite().all() stacked": lambda: nan_capture.grads_are_finite_stacked(grads),
     }
     part_us = {name: micro_us(fn) for name, fn in parts.items()}
 

@@ -245,10 +245,9 @@ def main() -> None:
 
 def bench_batch_invariant(args: argparse.Namespace) -> None:
     """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family."""
-    from rollout_consistency.adapters import get_family
     from rollout_consistency.adapters.batch_invariance import batch_invariant
-    from rollout_consistency.backends import family_kit, resolve_device
-    from rollout_consistency.config import CheckConfig
+    from rollout_consistency.gate.backends import build_backend, encode_prompts, resolve_device
+    from rollout_consistency.gate.config import CheckConfig
 
     device = resolve_device(args.device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -269,19 +268,16 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
             device=device,
             progress=False,
         )
-        kit, family = family_kit(name), get_family(name)
-        model = kit.load_transformer(None, torch.float32, device)
-        prompts = (PROMPTS * args.batch)[: args.batch]
-        cond = kit.conditioning(kit.make_encoder(None, model, device), prompts, config)
-        options = kit.options(config)
-        setup = family.scheduler_setup(kit.scheduler_config(None), args.steps, model, options)
+        backend = build_backend(config)  # the checker's own set-up: model, encoder, scheduler, options
+        family, model = backend.family, backend.trainer_model
+        cond = encode_prompts(backend, (PROMPTS * args.batch)[: args.batch])
         common = dict(
-            scheduler_setup=setup,
+            scheduler_setup=backend.scheduler_setup,
             seeds=list(range(args.batch)),
             window=SDEWindow(start=1, size=args.window, num_steps=args.steps),
             noise_level=0.7,
-            guidance_scale=kit.guidance(config),
-            options=options,
+            guidance_scale=backend.guidance,
+            options=backend.options,
         )
         models = {"default": model, "invariant": batch_invariant(model, family)}
 

@@ -7,10 +7,10 @@ Trains the same small flow-matching denoiser with dropout (`ToyDenoiser`, residu
 checkpointed) twice from the same initial weights, the same batches and the same dropout RNG: once
 with `rng_unsafe_checkpoint` (a reproduction of the home-made helper that re-runs the forward in
 backward without restoring the RNG, so dropout draws a new mask) and once with
-`rollout_consistency.checkpointing.checkpoint`. Nothing crashes; the broken run just learns worse, because
+`rollout_consistency.training.checkpointing.checkpoint`. Nothing crashes; the broken run just learns worse, because
 its gradients belong to a different network than its loss. The script writes both training-loss
 curves and both held-out losses to a PNG, prints the final losses, and runs
-`check_recompute_consistency` on each helper, which tells them apart in one step.
+`check_checkpointing` on each helper, which tells them apart in one step.
 
 A demonstration, not a test: the figures depend on the CPU's float summation order only through
 ordinary rounding, and the run is seeded end to end.
@@ -25,12 +25,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rollout_consistency._checkpoint_pitfall import ToyDenoiser, rng_unsafe_checkpoint, toy_flow_matching_batch
-from rollout_consistency.checkpointing import checkpoint
-from rollout_consistency.recompute import check_recompute_consistency
-from rollout_consistency.rng_state import isolated_rng
+from rollout_consistency.training.checkpoint_check import check_checkpointing
+from rollout_consistency.training.checkpointing import checkpoint
+from rollout_consistency.training.rng_state import isolated_rng
+from rollout_consistency.training.toy_denoiser import ToyDenoiser, rng_unsafe_checkpoint, toy_flow_matching_batch
 
-HELPERS = {"broken (RNG not restored)": rng_unsafe_checkpoint, "fixed (rollout_consistency.checkpointing)": checkpoint}
+HELPERS = {
+    "broken (RNG not restored)": rng_unsafe_checkpoint,
+    "fixed (rollout_consistency.training.checkpointing)": checkpoint,
+}
 
 
 def train(checkpoint_fn, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -64,7 +67,7 @@ def train(checkpoint_fn, args: argparse.Namespace) -> dict[str, list[float]]:
                 history["eval_step"].append(step + 1)
                 # How far this helper's gradient is from the true one, on the current weights.
                 model.checkpoint_fn = None
-                report = check_recompute_consistency(
+                report = check_checkpointing(
                     model,
                     (x_t, t),
                     checkpoint_fn,

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-import rollout_consistency.check as check_module
+import rollout_consistency.gate.check as check_module
 from rollout_consistency import CheckConfig, ConfigError, Report, run_step1_check
-from rollout_consistency.backends import BackendError, run_batch
-from rollout_consistency.check import injection_settings
+from rollout_consistency.gate.backends import BackendError, run_batch
+from rollout_consistency.gate.check import injection_settings
 
 QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
 
@@ -79,7 +79,7 @@ def test_same_seeds_give_identical_reports():
 def test_bf16_latents_fails_with_the_design_signature_and_its_fix_passes():
     report = run_step1_check(inject="bf16-latents", clip_ratio=1e-4, **QUICK)
     o = report.metrics.overall
-    # DESIGN.md §1: ratio_mean below 1, clipping inflated and all of it on the lower side.
+    # The bf16-latent signature: ratio_mean below 1, clipping inflated and all of it on the lower side.
     assert o.ratio_mean < 1 and o.ppo_kl > 0
     assert o.pg_clipfrac_higher == 0 and o.pg_clipfrac_lower > 0
     assert {"ratio_mean", "ppo_kl", "pg_clipfrac_lower"} <= failed(report)

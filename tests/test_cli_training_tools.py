@@ -1,4 +1,4 @@
-"""Command line: `recompute` and `precision` subcommands (consistency/cli.py)."""
+"""Command line: `checkpointing` (old name `recompute`) and `precision` subcommands (consistency/cli.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from rollout_consistency.cli import main
-from rollout_consistency.precision import audit_precision
+from rollout_consistency.training.precision import audit_precision
 
 REPO = Path(__file__).resolve().parents[1]
-TOY = "rollout_consistency._checkpoint_pitfall:toy_case"
-UNSAFE = "rollout_consistency._checkpoint_pitfall:rng_unsafe_checkpoint"
+TOY = "rollout_consistency.training.toy_denoiser:toy_case"
+UNSAFE = "rollout_consistency.training.toy_denoiser:rng_unsafe_checkpoint"
 
 
 def test_help_is_fast_and_imports_no_torch() -> None:
@@ -27,38 +27,45 @@ def test_help_is_fast_and_imports_no_torch() -> None:
 
 def test_python_dash_m_runs_main() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "consistency", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "rollout_consistency", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0 and "recompute" in result.stdout and "precision" in result.stdout
+    assert result.returncode == 0 and "checkpointing" in result.stdout and "precision" in result.stdout
 
 
 def test_no_command_and_unknown_options_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
-    assert main(["recompute"]) == 2  # SPEC missing
+    assert main(["checkpointing"]) == 2  # SPEC missing
     assert main(["precision", "--bogus"]) == 2
     assert main(["--help"]) == 0
     capsys.readouterr()
 
 
 # ----------------------------------------------------------------------------------------------
-# recompute
+# checkpointing
 
 
-def test_recompute_fails_for_the_unsafe_helper_and_passes_for_the_fix(tmp_path: Path, capsys) -> None:
+def test_checkpointing_fails_for_the_unsafe_helper_and_passes_for_the_fix(tmp_path: Path, capsys) -> None:
     out = tmp_path / "report.json"
-    assert main(["recompute", TOY, "--arg", "dropout=0.3", "--checkpoint", UNSAFE, "--json", str(out)]) == 1
+    assert main(["checkpointing", TOY, "--arg", "dropout=0.3", "--checkpoint", UNSAFE, "--json", str(out)]) == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "does not restore the RNG state" in text
     data = json.loads(out.read_text())
     assert data["verdict"] == "FAIL" and data["global_relative_diff"] > 0.01
 
     for name in ("consistency", "torch", "torch-reentrant"):
-        assert main(["recompute", TOY, "--arg", "dropout=0.3", "--checkpoint", name]) == 0, name
+        assert main(["checkpointing", TOY, "--arg", "dropout=0.3", "--checkpoint", name]) == 0, name
     assert "PASS" in capsys.readouterr().out
 
 
-def test_recompute_segments_override_and_bitwise_tolerance(capsys) -> None:
-    assert main(["recompute", TOY, "--segments", "blocks.0", "--rtol", "0", "--no-baseline"]) == 0
+def test_old_name_recompute_still_runs_and_says_it_is_deprecated(capsys) -> None:
+    assert main(["recompute", TOY, "--no-baseline"]) == 0
+    captured = capsys.readouterr()
+    assert "PASS" in captured.out
+    assert "deprecated name, use 'rollout-consistency checkpointing'" in captured.err
+
+
+def test_checkpointing_segments_override_and_bitwise_tolerance(capsys) -> None:
+    assert main(["checkpointing", TOY, "--segments", "blocks.0", "--rtol", "0", "--no-baseline"]) == 0
     text = capsys.readouterr().out
     assert "1 checkpointed call(s)" in text and "bitwise equal: True" in text and "baseline" not in text
 
@@ -69,7 +76,7 @@ def write_module(tmp_path: Path, source: str) -> Path:
     return path
 
 
-def test_recompute_from_a_file_spec_with_a_tuple_factory(tmp_path: Path, capsys) -> None:
+def test_checkpointing_from_a_file_spec_with_a_tuple_factory(tmp_path: Path, capsys) -> None:
     path = write_module(
         tmp_path,
         """
@@ -82,22 +89,22 @@ def test_recompute_from_a_file_spec_with_a_tuple_factory(tmp_path: Path, capsys)
             return model, torch.randn(8, 4, requires_grad=True)
         """,
     )
-    assert main(["recompute", f"{path}:build", "--seed", "3"]) == 0
-    assert main(["recompute", f"{path}:build", "--checkpoint", UNSAFE]) == 1
+    assert main(["checkpointing", f"{path}:build", "--seed", "3"]) == 0
+    assert main(["checkpointing", f"{path}:build", "--checkpoint", UNSAFE]) == 1
     capsys.readouterr()
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["recompute", "no_such_module:factory"], "cannot import 'no_such_module'"),
-        (["recompute", "rollout_consistency._checkpoint_pitfall:nope"], "has no attribute 'nope'"),
-        (["recompute", "just_a_name"], "must look like"),
-        (["recompute", "missing/file.py:build"], "does not exist"),
-        (["recompute", TOY, "--arg", "width"], "name=value"),
-        (["recompute", TOY, "--arg", "width=3"], "does not accept width"),
-        (["recompute", TOY, "--checkpoint", "nonsense"], "must be one of"),
-        (["recompute", TOY, "--segments", "nowhere.*"], "matches no submodule"),
+        (["checkpointing", "no_such_module:factory"], "cannot import 'no_such_module'"),
+        (["checkpointing", "rollout_consistency.training.toy_denoiser:nope"], "has no attribute 'nope'"),
+        (["checkpointing", "just_a_name"], "must look like"),
+        (["checkpointing", "missing/file.py:build"], "does not exist"),
+        (["checkpointing", TOY, "--arg", "width"], "name=value"),
+        (["checkpointing", TOY, "--arg", "width=3"], "does not accept width"),
+        (["checkpointing", TOY, "--checkpoint", "nonsense"], "must be one of"),
+        (["checkpointing", TOY, "--segments", "nowhere.*"], "matches no submodule"),
         (["precision", "--arg", "x=1"], "--arg needs --spec"),
         (["precision", "--diff", "missing-a.json", "missing-b.json"], "cannot read JSON"),
     ],
@@ -107,9 +114,9 @@ def test_usage_errors_exit_2_with_a_message(argv, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def test_recompute_factory_returning_the_wrong_thing(tmp_path: Path, capsys) -> None:
+def test_checkpointing_factory_returning_the_wrong_thing(tmp_path: Path, capsys) -> None:
     path = write_module(tmp_path, "def build():\n    return {'model': None}\n")
-    assert main(["recompute", f"{path}:build"]) == 2
+    assert main(["checkpointing", f"{path}:build"]) == 2
     assert "'module' and 'inputs'" in capsys.readouterr().err
 
 

@@ -1,10 +1,10 @@
-"""rollout_consistency.config: names users know, YAML/TOML files, precedence, clear errors."""
+"""rollout_consistency.gate.config: names users know, YAML/TOML files, precedence, clear errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollout_consistency.config import CheckConfig, ConfigError, load_config, read_config_file
+from rollout_consistency.gate.config import CheckConfig, ConfigError, load_config, read_config_file
 
 
 def test_defaults_are_the_offline_tiny_check():
@@ -112,7 +112,7 @@ def test_replace_validates_and_to_dict_is_json_able():
 def test_name_lists_agree_with_the_modules_they_mirror():
     """config keeps torch-free copies of these names; they must not drift from the modules that define them."""
     from rollout_consistency.adapters.pitfalls import INJECTION_NAMES
-    from rollout_consistency.config import INJECTIONS, SDE_TYPES, WINDOW_KINDS
+    from rollout_consistency.gate.config import INJECTIONS, SDE_TYPES, WINDOW_KINDS
     from rollout_consistency.schedulers import SDE_TYPES as SCHEDULER_SDE_TYPES
     from rollout_consistency.schedulers.sde_window import WINDOW_KINDS as SCHEDULER_WINDOW_KINDS
 

@@ -1,4 +1,4 @@
-"""NaN capture and exact replay (consistency/nan_capture.py, consistency/rng_state.py)."""
+"""NaN capture and exact replay (consistency/training/nan_capture.py, consistency/training/rng_state.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from rollout_consistency import nan_capture
-from rollout_consistency.nan_capture import (
+from rollout_consistency.training import nan_capture
+from rollout_consistency.training.nan_capture import (
     CaptureDirectoryError,
     CaptureWriteError,
     NanCapture,
@@ -27,7 +27,7 @@ from rollout_consistency.nan_capture import (
     nan_capture_callback,
     replay,
 )
-from rollout_consistency.rng_state import (
+from rollout_consistency.training.rng_state import (
     capture_rng_state,
     isolated_rng,
     restore_rng_state,
@@ -320,7 +320,7 @@ def test_real_write_failure_from_a_file_size_limit(tmp_path: Path) -> None:
         f"""
         import os, resource, signal, sys
         import torch
-        from rollout_consistency.nan_capture import NanCapture, CaptureWriteError
+        from rollout_consistency.training.nan_capture import NanCapture, CaptureWriteError
         model = torch.nn.Linear(64, 64)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         capture = NanCapture(model, optimizer, {str(tmp_path)!r})
@@ -408,8 +408,8 @@ def test_check_without_begin_step_is_an_error(tmp_path: Path) -> None:
 )
 def test_grads_are_finite(tensors, expected) -> None:
     assert grads_are_finite(tensors) is expected
-    assert nan_capture._grads_are_finite_stacked(tensors) is expected
-    assert nan_capture._grads_are_finite_inf_norm(tensors) is expected
+    assert nan_capture.grads_are_finite_stacked(tensors) is expected
+    assert nan_capture.grads_are_finite_inf_norm(tensors) is expected
 
 
 def test_nan_in_any_position_of_many_tensors_is_found() -> None:

@@ -1,4 +1,4 @@
-"""DESIGN.md §1 stock behaviours reproduced beside their fixes (adapters side).
+"""Known stock behaviours reproduced beside their fixes (adapters side).
 
 Each test runs the stock reproduction (a `rollout_consistency.adapters.pitfalls` wrapper) and the default (fixed) path on the
 same model, seeds and conditioning, and asserts the pitfall's signature on one and exactness on the other.
@@ -25,7 +25,7 @@ from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow, draw_sde_window
 
-CLIP = 1e-4  # a public clip range (DESIGN.md §2)
+CLIP = 1e-4  # a public clip range (Flow-GRPO's)
 
 # The bf16 bias is E[δ²]/(2σ²) per element (δ the bf16 rounding of the stored sample, σ the step's noise
 # std) against a zero-mean cross term of size rms(δ)/(σ·sqrt(n)) over n latent elements. A 1024² Qwen-Image

@@ -1,4 +1,4 @@
-"""Precision audit and rollout-vs-trainer diff (consistency/precision.py)."""
+"""Precision audit and rollout-vs-trainer diff (consistency/training/precision.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from rollout_consistency.precision import (
+from rollout_consistency.training.precision import (
     PrecisionReport,
     audit_precision,
     diff_precision_reports,

@@ -1,4 +1,4 @@
-"""Checkpoint-recompute consistency (consistency/recompute.py, consistency/checkpointing.py)."""
+"""Checkpoint-recompute consistency (consistency/training/checkpoint_check.py, consistency/training/checkpointing.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from rollout_consistency._checkpoint_pitfall import (
+from rollout_consistency.training.checkpoint_check import check_checkpointing
+from rollout_consistency.training.checkpointing import checkpoint
+from rollout_consistency.training.rng_state import isolated_rng
+from rollout_consistency.training.toy_denoiser import (
     ToyDenoiser,
     rng_unsafe_checkpoint,
     toy_case,
     toy_flow_matching_batch,
 )
-from rollout_consistency.checkpointing import checkpoint
-from rollout_consistency.recompute import check_recompute_consistency
-from rollout_consistency.rng_state import isolated_rng
 
 TORCH_NON_REENTRANT = functools.partial(torch_checkpoint, use_reentrant=False)
 TORCH_REENTRANT = functools.partial(torch_checkpoint, use_reentrant=True)
@@ -27,7 +27,7 @@ TORCH_REENTRANT = functools.partial(torch_checkpoint, use_reentrant=True)
 
 def run_case(checkpoint_fn, dropout=0.1, seed=0, **kwargs):
     case = toy_case(seed=seed, dropout=dropout)
-    return check_recompute_consistency(
+    return check_checkpointing(
         case["module"],
         case["inputs"],
         checkpoint_fn,
@@ -53,7 +53,7 @@ def test_rng_unsafe_helper_fails_with_dropout() -> None:
     assert any(name.startswith("blocks.0.") for name in wrong)
     assert all(g.missing_in is None for g in report.gradients)
     assert any("does not restore the RNG state" in reason for reason in report.reasons)
-    assert "rollout_consistency.checkpointing.checkpoint" in report.reasons[0]
+    assert "rollout_consistency.training.checkpointing.checkpoint" in report.reasons[0]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def _grads_of_one_training_step(checkpoint_fn, seed: int = 3) -> dict[str, torch
 
 
 def test_swap_in_helper_matches_uncheckpointed_gradients_bit_for_bit() -> None:
-    # Independent of check_recompute_consistency: the model calls the helper itself, as in training.
+    # Independent of check_checkpointing: the model calls the helper itself, as in training.
     reference = _grads_of_one_training_step(None)
     checkpointed = _grads_of_one_training_step(checkpoint)
     assert reference.keys() == checkpointed.keys()
@@ -145,14 +145,14 @@ def test_set_checkpointing_hook_of_a_model_with_its_own_switch() -> None:
     def set_checkpointing(module, fn):
         module.checkpoint_fn = fn
 
-    broken = check_recompute_consistency(
+    broken = check_checkpointing(
         case["module"],
         case["inputs"],
         rng_unsafe_checkpoint,
         set_checkpointing=set_checkpointing,
         loss_fn=case["loss_fn"],
     )
-    fixed = check_recompute_consistency(
+    fixed = check_checkpointing(
         case["module"], case["inputs"], checkpoint, set_checkpointing=set_checkpointing, loss_fn=case["loss_fn"]
     )
     assert broken.mode == "set_checkpointing" and not broken.passed
@@ -185,9 +185,9 @@ def _unet_inputs() -> dict[str, torch.Tensor]:
 def test_diffusers_model_uses_its_own_gradient_checkpointing() -> None:
     # A real diffusers UNet with dropout in its resnets, checkpointed through enable_gradient_checkpointing.
     unet = _tiny_unet(dropout=0.2)
-    broken = check_recompute_consistency(unet, _unet_inputs(), rng_unsafe_checkpoint)
-    fixed = check_recompute_consistency(unet, _unet_inputs(), checkpoint)
-    reentrant = check_recompute_consistency(unet, _unet_inputs(), TORCH_REENTRANT)
+    broken = check_checkpointing(unet, _unet_inputs(), rng_unsafe_checkpoint)
+    fixed = check_checkpointing(unet, _unet_inputs(), checkpoint)
+    reentrant = check_checkpointing(unet, _unet_inputs(), TORCH_REENTRANT)
     assert broken.mode == fixed.mode == "diffusers"
     assert not broken.passed and broken.checkpoint_calls > 0
     assert fixed.passed and fixed.bitwise_equal
@@ -200,18 +200,18 @@ def test_diffusers_model_with_checkpointing_already_on_is_refused() -> None:
     unet = _tiny_unet(dropout=0.1)
     unet.enable_gradient_checkpointing()
     with pytest.raises(ValueError, match="disable_gradient_checkpointing"):
-        check_recompute_consistency(unet, _unet_inputs())
+        check_checkpointing(unet, _unet_inputs())
 
 
 def test_default_segments_are_the_direct_children() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 4))
-    report = check_recompute_consistency(model, torch.randn(5, 4), rng_unsafe_checkpoint)
+    report = check_checkpointing(model, torch.randn(5, 4), rng_unsafe_checkpoint)
     assert report.segments == ("0", "1", "2")
     # No segment input requires grad: the unsafe (reentrant-style) helper cuts the graph, so the
     # checkpointed run has no gradient at all; that is a failure, not an error.
     assert all(g.missing_in == "checkpointed" for g in report.gradients) and len(report.gradients) == 4
     assert not report.passed
-    assert check_recompute_consistency(model, torch.randn(5, 4), checkpoint).passed
+    assert check_checkpointing(model, torch.randn(5, 4), checkpoint).passed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_default_segments_are_the_direct_children() -> None:
 @pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True:UserWarning")
 def test_reentrant_checkpoint_losing_parameter_gradients_is_caught() -> None:
     case = toy_case(dropout=0.0)
-    report = check_recompute_consistency(
+    report = check_checkpointing(
         case["module"], case["inputs"], TORCH_REENTRANT, segments=["proj_in", "blocks.*"], loss_fn=case["loss_fn"]
     )
     assert not report.passed
@@ -239,7 +239,7 @@ def test_segments_never_called_fail_instead_of_passing_vacuously() -> None:
         def forward(self, x):
             return self.used(x)
 
-    report = check_recompute_consistency(WithUnused(), torch.randn(2, 4), checkpoint, segments=["unused"])
+    report = check_checkpointing(WithUnused(), torch.randn(2, 4), checkpoint, segments=["unused"])
     assert report.checkpoint_calls == 0
     assert not report.passed and "never called" in report.reasons[0]
 
@@ -257,7 +257,7 @@ def test_unreproducible_reference_step_fails() -> None:
             self.calls += 1
             return self.layer(x) * (1.0 + 1e-3 * self.calls)
 
-    report = check_recompute_consistency(Drifting(), torch.randn(2, 4), checkpoint, segments=["layer"])
+    report = check_checkpointing(Drifting(), torch.randn(2, 4), checkpoint, segments=["layer"])
     assert not report.passed
     assert report.baseline_max_relative_diff > 1e-6
     assert any("does not reproduce itself" in reason for reason in report.reasons)
@@ -267,7 +267,7 @@ def test_a_crash_under_checkpointing_is_a_failed_check() -> None:
     def exploding(function, *args):
         raise RuntimeError("helper bug")
 
-    report = check_recompute_consistency(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4), exploding)
+    report = check_checkpointing(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4), exploding)
     assert not report.passed and len(report.reasons) == 1
     assert "raised RuntimeError: helper bug" in report.reasons[0]
 
@@ -286,16 +286,14 @@ def test_torch_checkpoint_error_on_a_recompute_of_another_shape_is_a_failed_chec
             return self.layer(x if self.calls != 3 else x[:1])
 
     model = nn.Sequential(ShapeShifting())
-    report = check_recompute_consistency(model, torch.randn(2, 4), checkpoint, baseline=False)
+    report = check_checkpointing(model, torch.randn(2, 4), checkpoint, baseline=False)
     assert not report.passed
     assert "CheckpointError" in report.reasons[0]
 
 
 def test_non_finite_reference_loss_fails() -> None:
     model = nn.Sequential(nn.Linear(4, 4))
-    report = check_recompute_consistency(
-        model, torch.randn(2, 4), checkpoint, loss_fn=lambda out: out.sum() * float("nan")
-    )
+    report = check_checkpointing(model, torch.randn(2, 4), checkpoint, loss_fn=lambda out: out.sum() * float("nan"))
     assert not report.passed and any("not finite" in reason for reason in report.reasons)
 
 
@@ -312,7 +310,7 @@ def test_non_finite_reference_loss_fails() -> None:
 def test_bad_arguments_name_the_fix(kwargs, message) -> None:
     case = toy_case()
     with pytest.raises(ValueError, match=message):
-        check_recompute_consistency(case["module"], case["inputs"], checkpoint, **kwargs)
+        check_checkpointing(case["module"], case["inputs"], checkpoint, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,7 +327,7 @@ def test_check_leaves_module_grads_buffers_modes_and_rng_untouched() -> None:
     torch.manual_seed(11)
     expected_next = torch.rand(3)
     torch.manual_seed(11)
-    report = check_recompute_consistency(model, x, checkpoint, segments=["1", "3"], rtol=0.0)
+    report = check_checkpointing(model, x, checkpoint, segments=["1", "3"], rtol=0.0)
     assert torch.equal(torch.rand(3), expected_next)
 
     assert report.passed and report.bitwise_equal  # BatchNorm statistics updated twice are reset between runs

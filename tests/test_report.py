@@ -1,4 +1,4 @@
-"""rollout_consistency.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
+"""rollout_consistency.gate.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from rollout_consistency.config import CheckConfig
-from rollout_consistency.metrics import compute_metrics
-from rollout_consistency.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
-from rollout_consistency.tolerances import exact_tolerance, kernel_tolerance
-from rollout_consistency.verdict import Problem, decide
+from rollout_consistency.gate.config import CheckConfig
+from rollout_consistency.gate.metrics import compute_metrics
+from rollout_consistency.gate.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
+from rollout_consistency.gate.tolerances import exact_tolerance, kernel_tolerance
+from rollout_consistency.gate.verdict import Problem, decide
 
 STEPS = np.tile(np.float32([900, 750]), (4, 1))
 

@@ -31,7 +31,7 @@ def generators(seed: int, batch: int) -> list[torch.Generator]:
 
 
 def reference_transition(x, v, sigma, sigma_next, sigma_max, noise_level, sde_type):
-    """DESIGN.md §2, written out independently in float64: (mean, std of the Gaussian)."""
+    """The SDE transition of docs/scheduler.md, written out independently in float64: (mean, std of the Gaussian)."""
     x, v = x.double(), v.double()
     s, s1 = float(sigma), float(sigma_next)
     dt = s1 - s
@@ -157,7 +157,7 @@ def test_strict_entry_point_rejects_non_fp32(argument, dtype):
 
 
 def test_stock_bf16_stored_sample_biases_log_ratio_and_patched_path_is_exact():
-    """DESIGN.md §1 'precision loss in stored latents', at the scheduler level.
+    """The known pitfall 'precision loss in stored latents', at the scheduler level.
 
     Stock: the rollout scores its fp32 draw, then stores prev_sample cast to the model's bf16; the trainer
     re-scores the stored (rounded) sample. Rounding moves the sample off its draw, which lowers its

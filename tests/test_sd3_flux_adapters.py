@@ -16,10 +16,10 @@ from rollout_consistency.adapters import Trajectory, recompute_step_log_prob
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import StockRoundedLatents
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
-from rollout_consistency.metrics import compute_metrics
+from rollout_consistency.gate.metrics import compute_metrics
+from rollout_consistency.gate.tolerances import exact_tolerance
+from rollout_consistency.gate.verdict import decide
 from rollout_consistency.schedulers import SDEWindow
-from rollout_consistency.tolerances import exact_tolerance
-from rollout_consistency.verdict import decide
 
 
 def _verdict(rollout_log_probs, trainer_log_probs, trajectory):
@@ -161,7 +161,7 @@ def test_bf16_weights_with_fp32_storage_is_exact(family, model_bf16, cond):
 
 
 def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
-    """DESIGN.md §1 'precision loss in stored latents' through each adapter, beside its fix.
+    """The known pitfall 'precision loss in stored latents' through each adapter, beside its fix.
 
     Stock: each prev_sample is rounded to the model's bf16 after its log-prob was computed, and stored and fed
     on rounded. Per latent element the trainer then loses e²/(2σ²) on average (e the rounding error, σ the

@@ -1,4 +1,4 @@
-"""rollout_consistency.tolerances + rollout_consistency.verdict: profiles, overrides, and the fail-closed guards."""
+"""rollout_consistency.gate.tolerances + rollout_consistency.gate.verdict: profiles, overrides, and the fail-closed guards."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rollout_consistency.metrics import METRIC_NAMES, compute_metrics
-from rollout_consistency.tolerances import (
+from rollout_consistency.gate.metrics import METRIC_NAMES, compute_metrics
+from rollout_consistency.gate.tolerances import (
     KERNEL_MAX_LIMIT,
     KERNEL_MEAN_LIMIT,
     ToleranceError,
@@ -17,7 +17,7 @@ from rollout_consistency.tolerances import (
     kernel_tolerance,
     resolve_tolerance,
 )
-from rollout_consistency.verdict import GUARD_CHECKS, Problem, Verdict, decide
+from rollout_consistency.gate.verdict import GUARD_CHECKS, Problem, Verdict, decide
 
 STEPS = np.tile(np.float32([900, 750, 500]), (8, 1))
 
@@ -169,7 +169,7 @@ def test_calibrated_floor_of_zero_degenerates_to_exact_and_bad_floors_refuse():
 
 
 def test_bf16_latent_signature_is_reported_as_such():
-    """ratio_mean < 1 with all clipping on the lower side (DESIGN.md §1) — the reasons say which metrics."""
+    """ratio_mean < 1 with all clipping on the lower side (the bf16-latent signature) — the reasons say which metrics."""
     rollout, trainer = tables(bias=-4e-5, noise=1e-6)
     m = compute_metrics(rollout, trainer, clip_ratio=1e-5, timesteps=STEPS)
     assert m.overall.ratio_mean < 1 and m.overall.pg_clipfrac_higher == 0 and m.overall.pg_clipfrac_lower > 0.9

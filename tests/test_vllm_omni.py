@@ -110,7 +110,7 @@ def _collect(payloads, prompts):
 # ---------------------------------------------------------------------------------- import guarantees
 def test_importing_the_packages_imports_no_vllm():
     code = (
-        "import sys, rollout_consistency.adapters, rollout_consistency.backends, rollout_consistency.check, rollout_consistency.adapters.vllm_omni\n"
+        "import sys, rollout_consistency.adapters, rollout_consistency.gate.backends, rollout_consistency.gate.check, rollout_consistency.adapters.vllm_omni\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_omni') "
         "or m == 'rollout_consistency.adapters.vllm_omni_pipeline')\n"
         "assert not bad, bad\n"
@@ -682,7 +682,7 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
     order, and log-probs within the kernel floor (docs/vllm-omni.md)."""
     from rollout_consistency import CheckConfig, adapters
     from rollout_consistency.adapters.families import load_scheduler_config
-    from rollout_consistency.backends import pipeline_settings
+    from rollout_consistency.gate.backends import pipeline_settings
 
     path = str(gpu_model_dir)
     size = 64 if _MODEL_DIR is None else 256
@@ -729,7 +729,7 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
 
 @needs_engine
 def test_step1_check_with_the_vllm_omni_backend(gpu_model_dir):
-    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.backends selects
+    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.gate.backends selects
     `VllmOmniRollout.from_check_config`) and gates it with the kernel profile."""
     from rollout_consistency import run_step1_check
 

@@ -29,7 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tolerances import DEFAULT_CALIBRATION_MULTIPLE, PROFILES, ToleranceError, closest_name, resolve_tolerance
+from .metrics import METRIC_NAMES
+from .tolerances import (
+    DEFAULT_CALIBRATION_MULTIPLE,
+    PROFILES,
+    ToleranceError,
+    closest_name,
+    metric_name_hint,
+    resolve_tolerance,
+)
 
 MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
 ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
@@ -48,13 +56,13 @@ WINDOW_KINDS: tuple[str, ...] = (
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 
 #: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
-#: with the settings (by `CheckConfig` field name) its pitfall needs to show (DESIGN.md §1). A run with these
+#: with the settings (by `CheckConfig` field name) its pitfall needs to show (docs/checker.md). A run with these
 #: settings and no injection is the pitfall's *fixed* path.
 INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     # The stock cast rounds prev_sample to the model dtype: a no-op with float32 weights. Its bias (the
     # trainer scores a point ~ulp/sqrt(12) further from the mean) outgrows the zero-mean part of the
     # difference only with many latent dims or a small SDE std; on the tiny model that takes a 256 px image,
-    # noise_level 0.1 and a window on the late steps, where DESIGN.md's signature (ratio_mean < 1, all
+    # noise_level 0.1 and a window on the late steps, where the bf16-latent signature (ratio_mean < 1, all
     # clipping on the lower side) shows as it does on full-size latents.
     "bf16-latents": {
         "rollout_dtype": "bfloat16",
@@ -147,7 +155,7 @@ class CheckConfig:
             with a shared text width do) instead of to the batch's longest prompt.
         mask_text_padding: pass the text mask to attention (Qwen-Image; ``False`` = padded text keys are
             attended, as in a kernel without a key-padding mask).
-        noise_level, sde_type: the SDE step (DESIGN.md §2).
+        noise_level, sde_type: the SDE step (docs/scheduler.md).
         sde_window_size, sde_window_range, sde_window_kind: which steps are stochastic; the window of a
             prompt group is drawn from (seed, global_step, prompt group) only.
         guidance_scale, true_cfg_scale: FLUX/SD3 guidance and Qwen-Image's true CFG (1 = off).
@@ -551,3 +559,30 @@ def _validate(config: CheckConfig) -> None:
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "
             "cannot be combined with it."
         )
+
+
+def parse_thresholds(pairs: list[str]) -> dict[str, float | None]:
+    """``["ppo_kl=5e-5", "ratio_std=off"]`` (the CLI's ``--threshold`` values) -> per-metric limits (None: off).
+
+    Raises:
+        ConfigError: a pair without ``=``, an unknown metric (with the closest name), or a value that is not a
+            number or ``off``.
+    """
+    out: dict[str, float | None] = {}
+    for pair in pairs:
+        metric, sep, text = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--threshold expects METRIC=VALUE, got {pair!r} (e.g. --threshold ppo_kl=5e-5).")
+        if metric not in METRIC_NAMES:
+            raise ConfigError(
+                f"--threshold: unknown metric {metric!r}; expected one of {', '.join(METRIC_NAMES)}."
+                f"{metric_name_hint(metric)}"
+            )
+        if text.strip().lower() in ("off", "none"):
+            out[metric] = None
+            continue
+        try:
+            out[metric] = float(text)
+        except ValueError as error:
+            raise ConfigError(f"--threshold {pair!r}: {text!r} is not a number (or 'off').") from error
+    return out

@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Check that gradient checkpointing recomputes exactly the forward it replaced.
 
-`check_recompute_consistency` runs one forward+backward step of a module without and with gradient
+`check_checkpointing` runs one forward+backward step of a module without and with gradient
 checkpointing, each from the same seeded RNG state, and compares the loss and every parameter's
 gradient. A checkpoint helper that re-runs the forward during backward without restoring the RNG
 state gives dropout a different mask the second time; the gradients then belong to a different
@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollout_consistency.checkpointing import checkpoint as safe_checkpoint
-from rollout_consistency.nan_capture import bitwise_equal
-from rollout_consistency.rng_state import isolated_rng
+from rollout_consistency.training.checkpointing import checkpoint as safe_checkpoint
+from rollout_consistency.training.nan_capture import bitwise_equal
+from rollout_consistency.training.rng_state import isolated_rng
 
-__all__ = ["GradientDiff", "RecomputeReport", "check_recompute_consistency"]
+__all__ = ["CheckpointingReport", "GradientDiff", "check_checkpointing"]
 
 CheckpointFn = Callable[..., Any]
 SetCheckpointing = Callable[[nn.Module, "CheckpointFn | None"], None]
@@ -73,8 +73,8 @@ class GradientDiff:
 
 
 @dataclass(frozen=True)
-class RecomputeReport:
-    """Result of `check_recompute_consistency`.
+class CheckpointingReport:
+    """Result of `check_checkpointing`.
 
     Attributes:
         passed: loss and every gradient within tolerance, the checkpoint function was actually called,
@@ -160,7 +160,7 @@ class RecomputeReport:
         return "\n".join(lines)
 
 
-def check_recompute_consistency(
+def check_checkpointing(
     module: nn.Module,
     inputs: Any,
     checkpoint_fn: CheckpointFn | None = None,
@@ -173,7 +173,7 @@ def check_recompute_consistency(
     atol: float = 0.0,
     train: bool = True,
     baseline: bool = True,
-) -> RecomputeReport:
+) -> CheckpointingReport:
     """Compare one training step of `module` without and with gradient checkpointing.
 
     Three runs of forward + loss + backward, each from RNG seeded with `seed` (Python, NumPy, torch
@@ -187,7 +187,7 @@ def check_recompute_consistency(
         inputs: a Tensor (called as `module(inputs)`), a tuple/list (`module(*inputs)`) or a mapping
             (`module(**inputs)`). Input tensors that require grad are compared like parameters.
         checkpoint_fn: the checkpoint function to check, called as `checkpoint_fn(function, *args)`.
-            Default: `rollout_consistency.checkpointing.checkpoint`. For torch's variants pass
+            Default: `rollout_consistency.training.checkpointing.checkpoint`. For torch's variants pass
             `functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)` (or `True`).
         segments: submodules to checkpoint: module objects, dotted names from `named_modules()`, or
             patterns where `*` matches one name component (`"blocks.*"`, `"transformer_blocks.*"`).
@@ -205,7 +205,7 @@ def check_recompute_consistency(
             check cannot tell checkpointing apart from nondeterministic kernels).
 
     Returns:
-        RecomputeReport; `report.passed` is the verdict, `print(report.format())` explains it.
+        CheckpointingReport; `report.passed` is the verdict, `print(report.format())` explains it.
 
     An exception raised during the checkpointed run (e.g. torch's `CheckpointError` when the recompute
     differs in shapes) makes the report fail with the exception as its reason; exceptions of the
@@ -279,7 +279,7 @@ def check_recompute_consistency(
             baseline_diffs=baseline_diffs,
             checkpoint_name=checkpoint_name,
         )
-    return RecomputeReport(
+    return CheckpointingReport(
         passed=not reasons,
         reasons=tuple(reasons),
         checkpoint_fn=checkpoint_name,
@@ -647,7 +647,7 @@ def _reasons(
         reasons.append(
             f"{len(missing)} gradient(s) missing under checkpointing (e.g. {', '.join(missing[:3])}): a reentrant "
             "checkpoint drops parameter gradients when no input of the segment requires grad; use "
-            "rollout_consistency.checkpointing.checkpoint (use_reentrant=False)"
+            "rollout_consistency.training.checkpointing.checkpoint (use_reentrant=False)"
         )
     wrong = [d for d in diffs if not d.within_tolerance and d.missing_in is None]
     if wrong:
@@ -656,7 +656,7 @@ def _reasons(
             f"{len(wrong)} of {len(diffs)} gradients differ beyond tolerance (worst {worst.name}: relative "
             f"{worst.relative_diff:.3e}); the recompute in backward is not the forward that produced the loss, "
             "typically because the checkpoint helper does not restore the RNG state (dropout draws a new mask) — "
-            "swap in rollout_consistency.checkpointing.checkpoint"
+            "swap in rollout_consistency.training.checkpointing.checkpoint"
         )
     unreproducible = [d for d in baseline_diffs or [] if not d.within_tolerance]
     if unreproducible:

@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """`run_step1_check(config) -> Report`: the step-1 consistency check, end to end.
 
-Data flows one way (DESIGN.md §3): config → plan (prompts, groups, seeds, windows, batches) → rollout
+Data flows one way (docs/design.md): config → plan (prompts, groups, seeds, windows, batches) → rollout
 backend (float32 trajectory) → trainer backend (recomputed log-probs) → metrics → verdict → report. The
 CLI (`rollout-consistency check`), `scripts/step1_check.py` and the pytest plugin all call this function.
 

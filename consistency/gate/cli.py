@@ -1,5 +1,5 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.dump`) from the command line.
+"""`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.gate.dump`) from the command line.
 
 Exit codes: 0 PASS, 1 FAIL, 2 usage error (bad flag, unreadable or invalid dump, an output path that is the
 dump itself). Registered in `rollout_consistency.cli` by one line; imports nothing heavy until it runs.
@@ -22,7 +22,7 @@ def add_gate_parser(subparsers: Any) -> None:
         description=(
             "Read a log-prob dump (safetensors, format rollout-consistency/logprob-dump: rollout_log_probs and "
             "trainer_log_probs (N, T) float32, optional timesteps, sample_ids, prompt_groups, window_starts, "
-            "advantages; write it with rollout_consistency.write_dump or the in-loop recorder) and gate it "
+            "advantages; write it with rollout_consistency.gate.write_dump or the in-loop recorder) and gate it "
             "against a tolerance profile. Guards the dump cannot support are reported as not checked."
         ),
         epilog=(
@@ -59,10 +59,10 @@ def add_gate_parser(subparsers: Any) -> None:
 
 
 def run_gate(args: argparse.Namespace) -> int:
-    from rollout_consistency.cli import UsageError, _parse_thresholds
-    from rollout_consistency.config import ConfigError
-    from rollout_consistency.dump import DumpFormatError, read_dump
-    from rollout_consistency.gate_api import GateInputError
+    from rollout_consistency.cli import UsageError
+    from rollout_consistency.gate.api import GateInputError
+    from rollout_consistency.gate.config import ConfigError, parse_thresholds
+    from rollout_consistency.gate.dump import DumpFormatError, read_dump
 
     outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
     dump_path = os.path.realpath(args.dump)
@@ -77,7 +77,7 @@ def run_gate(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} and {seen[real]} both write {path}; give each output its own file.")
         seen[real] = flag
     try:
-        thresholds = _parse_thresholds(args.threshold) if args.threshold else None
+        thresholds = parse_thresholds(args.threshold) if args.threshold else None
         dump = read_dump(args.dump)
         report = dump.gate(
             profile=args.profile,

@@ -299,7 +299,7 @@ def build_backend(config: CheckConfig) -> Backend:
 def _precision_diff(rollout_model: Any, trainer_model: Any, device: str) -> Mapping[str, Any] | None:
     """The training tools' precision-audit diff of the two sides (None if that module is absent)."""
     try:
-        from .precision import audit_precision, diff_precision_reports
+        from rollout_consistency.training.precision import audit_precision, diff_precision_reports
     except ImportError:  # pragma: no cover - shipped together; tolerate a partial install
         return None
     rollout = audit_precision(model=rollout_model, autocast_dtype=None, device=device, label="rollout")
@@ -366,7 +366,7 @@ def score_trajectory(
     seconds, forwards = dict(seconds or {}), dict(forwards or {})
     cfg_passes = backend.cfg_passes
     start = time.perf_counter()
-    trainer = recompute(backend, trajectory, config.trainer_attention)
+    trainer = trainer_log_probs(backend, trajectory, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
     micro = config.resolved_micro_batch_size
     n_micro = -(-trajectory.batch_size // micro)
@@ -375,7 +375,7 @@ def score_trajectory(
     floor = None
     if backend.floor_kernel is not None:
         start = time.perf_counter()
-        floor = recompute(backend, trajectory, backend.floor_kernel)
+        floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
         seconds["floor"] = time.perf_counter() - start
         forwards["floor"] = forwards["trainer"]
 
@@ -496,7 +496,7 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, se
     )
 
 
-def recompute(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
+def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
     """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
     import torch
 

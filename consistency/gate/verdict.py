@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """PASS, or FAIL with every reason.
 
-The verdict is a list of checks. Six guard the comparison itself and fail closed (DESIGN.md §4):
+The verdict is a list of checks. Six guard the comparison itself and fail closed (a comparison that cannot be trusted never passes):
 
 ==============  ==============================================================================
 ``shapes``      both sides scored the same (samples, window steps); a mismatch is a FAIL

@@ -1,8 +1,9 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """REPRODUCTION OF A KNOWN PITFALL — never use `rng_unsafe_checkpoint` for training.
 
-This private module holds the pieces that tests, `scripts/demo_checkpoint_divergence.py` and
-docs/training-consistency.md share to show the checkpoint-recompute failure of DESIGN.md §1:
+This public module holds the pieces that tests, `scripts/demo_checkpoint_divergence.py`, the CLI example and
+docs/training-consistency.md share to show a known training failure: a home-made gradient checkpoint whose
+backward re-runs the forward with different random draws (dropout), so the gradients drift from the loss:
 
 - `rng_unsafe_checkpoint`: a realistic home-made gradient checkpoint (store the inputs, run the
   segment under `no_grad`, re-run it in backward) that forgets to restore the RNG state, so dropout
@@ -10,7 +11,7 @@ docs/training-consistency.md share to show the checkpoint-recompute failure of D
 - `ToyDenoiser`: a small flow-matching velocity model with dropout whose residual blocks go through
   an optional checkpoint function, like a diffusion transformer's blocks.
 - `toy_flow_matching_batch`: seeded flow-matching training batches (x_t, t, v_target).
-- `toy_case`: a factory for `rollout-consistency recompute` (see docs/training-consistency.md).
+- `toy_case`: a factory for `rollout-consistency checkpointing` (see docs/training-consistency.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollout_consistency.rng_state import isolated_rng
+from rollout_consistency.training.rng_state import isolated_rng
 
 __all__ = ["ToyDenoiser", "rng_unsafe_checkpoint", "toy_case", "toy_flow_matching_batch"]
 
@@ -148,7 +149,7 @@ def toy_flow_matching_batch(
 
 
 def toy_case(seed: int = 0, dropout: float = 0.1) -> dict[str, Any]:
-    """Factory for `check_recompute_consistency` and `rollout-consistency recompute`.
+    """Factory for `check_checkpointing` and `rollout-consistency checkpointing`.
 
     Returns a mapping with `module` (a `ToyDenoiser` seeded from `seed`), `inputs` ((x_t, t)),
     `loss_fn` (MSE to the flow-matching target) and `segments` (`["blocks.*"]`).

@@ -71,12 +71,12 @@ class LogProbDump:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The tensors present, by name (the keyword arguments of `rollout_consistency.gate`)."""
+        """The tensors present, by name (the keyword arguments of `rollout_consistency.gate.gate`)."""
         return {name: getattr(self, name) for name in _SPEC if getattr(self, name) is not None}
 
     def gate(self, **settings: Any) -> Any:
-        """`rollout_consistency.gate` on this dump's tables; `settings` are gate's keywords (profile, clip_ratio, ...)."""
-        from .gate_api import gate
+        """`rollout_consistency.gate.gate` on this dump's tables; `settings` are gate's keywords (profile, clip_ratio, ...)."""
+        from .api import gate
 
         extra = {k: v for k, v in self.metadata.items() if k not in ("format", "format_version")}
         notes = [f"dump metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()))}"] if extra else []
@@ -165,7 +165,7 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such dump file; write one with rollout_consistency.write_dump.")
+        raise FileNotFoundError(f"{path}: no such dump file; write one with rollout_consistency.gate.write_dump.")
     try:
         with safe_open(str(path), framework="numpy") as handle:
             meta = dict(handle.metadata() or {})
@@ -177,7 +177,7 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
             arrays = {name: handle.get_tensor(name) for name in header}
     except SafetensorError as error:
         raise DumpFormatError(
-            f"{path}: not a readable safetensors file ({error}); write it with rollout_consistency.write_dump."
+            f"{path}: not a readable safetensors file ({error}); write it with rollout_consistency.gate.write_dump."
         ) from error
     _check_values(arrays, where=str(path))
     return LogProbDump(**arrays, metadata=meta)
@@ -196,7 +196,7 @@ def _check_header(header: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mappi
     if found != DUMP_FORMAT:
         raise DumpFormatError(
             f"{where}: metadata 'format' is {found!r}, expected {DUMP_FORMAT!r}; write the file with "
-            f"rollout_consistency.write_dump (a trajectory file goes to `rollout-consistency check --trajectory`)."
+            f"rollout_consistency.gate.write_dump (a trajectory file goes to `rollout-consistency check --trajectory`)."
         )
     version = meta.get("format_version")
     if version != str(DUMP_FORMAT_VERSION):

@@ -20,8 +20,8 @@ optimizer, or a context manager's exit).
 
 At the end, with ``torch.distributed`` initialised, every rank's cells are gathered (``all_gather_object``;
 sample ids must be global), so every rank holds the same tables. The recorded samples become rows (sorted by
-id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency.dump`) when asked, and every
-rank gates the tables (`rollout_consistency.gate`) into ``recorder.report``.
+id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency.gate.dump`) when asked, and every
+rank gates the tables (`rollout_consistency.gate.gate`) into ``recorder.report``.
 
 Fails closed with a `RecorderError` naming the cell: a (sample, step) recorded twice (also across ranks), a
 recorded sample lacking a recorded step (or a step of ``range(num_steps)``), an expected sample never
@@ -69,7 +69,7 @@ class Step1Recorder:
             means ids ``0 .. N-1``).
         raise_on_fail (`bool`): raise `Step1GateFailed` from the optimizer step when the gate FAILs, before
             the weights change.
-        **gate_settings: `rollout_consistency.gate` keywords (``profile``, ``clip_ratio``, ...).
+        **gate_settings: `rollout_consistency.gate.gate` keywords (``profile``, ``clip_ratio``, ...).
     """
 
     def __init__(
@@ -191,9 +191,9 @@ class Step1Recorder:
         if self._dump is not None and _rank() == 0:
             from .dump import write_dump
 
-            write_dump(self._dump, **self.tables, metadata={"producer": "rollout_consistency.Step1Recorder"})
+            write_dump(self._dump, **self.tables, metadata={"producer": "rollout_consistency.gate.Step1Recorder"})
         if self._gate:
-            from .gate_api import gate
+            from .api import gate
 
             self.report = gate(**self.tables, source="Step1Recorder", **self._gate_settings)
             if self._raise_on_fail and not self.report.passed:

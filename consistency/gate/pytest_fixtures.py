@@ -2,7 +2,7 @@
 """pytest fixtures that gate the user's own log-prob tables or dump (part of the ``rollout_consistency`` plugin).
 
 * ``step1_gate`` fixture — ``step1_gate(dump)`` or ``step1_gate(rollout_log_probs, trainer_log_probs,
-  **settings)`` runs `rollout_consistency.gate` (settings: its keywords — ``profile``, ``clip_ratio``,
+  **settings)`` runs `rollout_consistency.gate.gate` (settings: its keywords — ``profile``, ``clip_ratio``,
   ``timesteps``, ...) and **fails the test** with the table and every reason unless it passes; returns the
   `GateReport`;
 * ``step1_gate`` marker — ``@pytest.mark.step1_gate("dump.safetensors", profile="kernel")``; the test
@@ -39,8 +39,8 @@ def step1_gate(request: pytest.FixtureRequest):
     calls: list[Any] = []
 
     def run(*tables: Any, **settings: Any):
-        from rollout_consistency.dump import read_dump
-        from rollout_consistency.gate_api import gate
+        from rollout_consistency.gate.api import gate
+        from rollout_consistency.gate.dump import read_dump
 
         if len(tables) == 1 and isinstance(tables[0], (str, os.PathLike)):
             report = read_dump(tables[0]).gate(source=str(tables[0]), **settings)

@@ -26,7 +26,7 @@ Profiles (the reasoning is in docs/checker.md):
 
 ``calibrated``
     The floor measured on *this* setup: the trainer is run against itself with the other attention kernel
-    (see ``rollout_consistency.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
+    (see ``rollout_consistency.gate.check``), and each limit is ``multiple`` times the floor's own figure (``multiple²``
     for the quadratic ``approx_kl``). Mean-type limits use the larger of the floor's figure and its
     ``mean_abs_dlogp`` (a signed mean near 0 by chance must not make the gate 0). If the kernels agree bit
     for bit here, every limit is 0 and the profile is ``exact``.
@@ -44,7 +44,7 @@ from .metrics import METRIC_NAMES, MetricValues
 
 PROFILES: tuple[str, ...] = ("exact", "kernel", "calibrated")
 
-#: Published KL floor between vLLM-omni and PyTorch attention after every known fix (DESIGN.md §1).
+#: Published KL floor between vLLM-omni and PyTorch attention after every known fix (docs/checker.md).
 PUBLISHED_KERNEL_FLOOR_KL = 3e-5
 #: `kernel` profile: bound on mean-type figures (≈3x the floor; the tightest common clip range 1e-4).
 KERNEL_MEAN_LIMIT = 1e-4

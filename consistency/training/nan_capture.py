@@ -8,7 +8,7 @@ before the update, the optimizer state, the input batch, the step index and the 
 (Python, NumPy, torch CPU, CUDA when initialised) as they were when the step began — and stops the
 run with a message naming the file. `replay` restores all of it and re-runs the step::
 
-    from rollout_consistency.nan_capture import NanCapture, replay
+    from rollout_consistency.training.nan_capture import NanCapture, replay
 
     def forward_backward(batch):            # the same code in training and in replay
         loss = compute_loss(model, batch)
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from rollout_consistency.rng_state import (
+from rollout_consistency.training.rng_state import (
     RngState,
     capture_rng_state,
     restore_rng_state,
@@ -69,6 +69,8 @@ __all__ = [
     "ReplayResult",
     "bitwise_equal",
     "grads_are_finite",
+    "grads_are_finite_inf_norm",
+    "grads_are_finite_stacked",
     "load_capture",
     "nan_capture_callback",
     "replay",
@@ -144,14 +146,14 @@ def _exactly_finite(group: list[torch.Tensor]) -> bool:
     return bool(torch.stack([tensor.isfinite().all() for tensor in group]).all())
 
 
-def _grads_are_finite_inf_norm(tensors: Sequence[torch.Tensor]) -> bool:
-    """Alternative kept for the benchmark: exact single pass with the inf-norm (max |x|)."""
+def grads_are_finite_inf_norm(tensors: Sequence[torch.Tensor]) -> bool:
+    """`grads_are_finite`'s alternative (benchmarked beside it): exact single pass with the inf-norm (max |x|)."""
     return all(
         bool(torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()) for group in _by_device(tensors)
     )
 
 
-def _grads_are_finite_stacked(tensors: Sequence[torch.Tensor]) -> bool:
+def grads_are_finite_stacked(tensors: Sequence[torch.Tensor]) -> bool:
     """Exact, per-tensor isfinite().all() stacked: confirms a non-finite norm (also benchmarked)."""
     return all(_exactly_finite(group) for group in _by_device(tensors))
 
@@ -233,7 +235,7 @@ class NanCapture:
         if grad_norm is None:
             finite = grads_are_finite(grads)
         else:
-            finite = math.isfinite(float(grad_norm)) or _grads_are_finite_stacked(grads)
+            finite = math.isfinite(float(grad_norm)) or grads_are_finite_stacked(grads)
         if finite:
             return True
         if self.captured_path is not None:
@@ -257,7 +259,7 @@ class NanCapture:
         raise NonFiniteGradientError(
             f"non-finite gradients at step {step} in {len(bad)} parameter(s) ({_names(bad)}). Captured the weights "
             f"before the update, optimizer state, batch and RNG states to {path}; reproduce the step with "
-            f"rollout_consistency.nan_capture.replay({str(path)!r}, step_fn, model=model, optimizer=optimizer).",
+            f"rollout_consistency.training.nan_capture.replay({str(path)!r}, step_fn, model=model, optimizer=optimizer).",
             step=step,
             path=path,
             parameters=bad,
@@ -390,7 +392,7 @@ def load_capture(
             ) from error
         raise
     if not isinstance(data, dict) or data.get("format") != CAPTURE_FORMAT:
-        raise ValueError(f"{path} is not a NaN-capture file written by rollout_consistency.nan_capture")
+        raise ValueError(f"{path} is not a NaN-capture file written by rollout_consistency.training.nan_capture")
     if data.get("version") != CAPTURE_VERSION:
         raise ValueError(f"{path} has capture format version {data.get('version')}; this code reads {CAPTURE_VERSION}")
     return NanCaptureRecord(

@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Step-1 consistency metrics: rollout log-probs against the trainer's recomputation of them.
 
-The definitions are the ones GRPO trainers log (DESIGN.md §2, verl conventions; Flow-GRPO's approx_kl),
+The definitions are the ones GRPO trainers log (verl conventions; Flow-GRPO's approx_kl),
 with ``Δlogp = logp_trainer − logp_rollout``:
 
 ==================== ==============================================================

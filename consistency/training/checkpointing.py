@@ -4,13 +4,13 @@
 Home-made checkpoint helpers (store the inputs, run the segment under `torch.no_grad()`, re-run it
 in backward) usually forget the random-number state: the re-run draws new dropout masks, so the
 gradients no longer belong to the loss that was computed. Nothing crashes; the run looks healthy for
-thousands of steps and then the loss creeps up (DESIGN.md §1). `checkpoint` below is
+thousands of steps and then the loss creeps up. `checkpoint` below is
 `torch.utils.checkpoint.checkpoint` with the two settings that avoid this fixed:
 `use_reentrant=False` and `preserve_rng_state=True`.
 
 Usage (inside a model's forward)::
 
-    from rollout_consistency.checkpointing import checkpoint
+    from rollout_consistency.training.checkpointing import checkpoint
 
     for block in self.blocks:
         hidden = checkpoint(block, hidden, temb) if self.training else block(hidden, temb)
@@ -79,7 +79,7 @@ def checkpoint(
     fixed = [name for name in _FIXED_OPTIONS if name in kwargs]
     if fixed:
         raise TypeError(
-            f"rollout_consistency.checkpointing.checkpoint always uses use_reentrant=False and "
+            f"rollout_consistency.training.checkpointing.checkpoint always uses use_reentrant=False and "
             f"preserve_rng_state=True; remove {', '.join(fixed)} from the call (or call "
             "torch.utils.checkpoint.checkpoint directly if you need other settings)"
         )

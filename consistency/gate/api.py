@@ -1,13 +1,13 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """`gate(rollout_log_probs, trainer_log_probs, ...) -> GateReport`: gate the user's own two log-prob tables.
 
-The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.dump`,
-or the in-loop recorder, `rollout_consistency.recorder`); the metrics, tolerance profiles, verdict and
+The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.gate.dump`,
+or the in-loop recorder, `rollout_consistency.gate.recorder`); the metrics, tolerance profiles, verdict and
 report are the step-1 checker's. What the inputs cannot support is shown as **not checked**, never as
 passed: the ``workers`` guard (the tables did not come from the checker's workers) always, and the
 ``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given.
 
-`GateReport` is a `Report` plus the mismatch statistics (`rollout_consistency.mismatch`), the guards that
+`GateReport` is a `Report` plus the mismatch statistics (`rollout_consistency.gate.mismatch`), the guards that
 were not checked, and the sample ids; its table, JSON (same schema, extra keys ``mismatch``,
 ``not_checked``, ``sample_ids``), JUnit XML (a ``<skipped>`` testcase per guard not checked, the
 statistics as ``<properties>``) and plot carry all of it.
@@ -45,7 +45,7 @@ class GateReport(Report):
     """A `Report` of gated tables, with the mismatch statistics and the guards that were not checked.
 
     Attributes:
-        mismatch: the statistics of `rollout_consistency.mismatch` (``None`` when the tables could not be
+        mismatch: the statistics of `rollout_consistency.gate.mismatch` (``None`` when the tables could not be
             compared).
         not_checked: guard name -> why the inputs cannot support it.
         sample_ids: the caller's id of each row (default ``0..N-1``).

@@ -1,0 +1,293 @@
+"""The layout's rules, checked: one top-level package in the wheel, every package listed, and the import rules
+between our packages (no bare folder names, no private names across packages, adapters never import the
+checker, schedulers import nothing of ours). See docs/design.md for why each rule exists."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = "rollout_consistency"
+# folder -> the package it installs as (pyproject's [tool.setuptools.package-dir]).
+MAPPED = {"consistency": TOP, "adapters": f"{TOP}.adapters", "schedulers": f"{TOP}.schedulers"}
+SCANNED = ("consistency", "adapters", "schedulers", "scripts", "tests")
+BARE = {"adapters", "consistency", "schedulers"}
+# The gate and the training tools; the adapters must work without them (and without their config).
+CHECKER = (f"{TOP}.gate", f"{TOP}.training", f"{TOP}.cli", f"{TOP}.pytest_plugin")
+SPLIT_IN_PROGRESS = "issue 14: adapters split in progress"
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _package_folders() -> dict[str, Path]:
+    """Installed package name -> folder, for every folder under the mapped ones that holds an __init__.py."""
+    found = {}
+    for folder, package in MAPPED.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            if "__pycache__" not in parts:
+                found[".".join((package, *parts))] = init.parent
+    return found
+
+
+def _module_name(path: Path) -> tuple[str, str]:
+    """(module name, package it belongs to) of a scanned file; scripts/tests are not packages of ours."""
+    rel = path.relative_to(ROOT)
+    folder = rel.parts[0]
+    if folder not in MAPPED:
+        return ".".join(rel.with_suffix("").parts), folder
+    parts = [MAPPED[folder], *rel.with_suffix("").parts[1:]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    package = ".".join(parts) if path.name == "__init__.py" else ".".join(parts[:-1])
+    return ".".join(parts), package
+
+
+def _scanned_files() -> Iterator[Path]:
+    for folder in SCANNED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).parts
+            # lint_fixtures are deliberately bad user code, the lint's test input, not ours to import from.
+            if "__pycache__" in rel or rel[:2] == ("tests", "lint_fixtures"):
+                continue
+            yield path
+
+
+def _imports(source: str, package: str) -> Iterator[tuple[int, str, str | None]]:
+    """(line, absolute module, imported name or None) for every import statement of a module of `package`, and
+    for every private attribute read from a module of ours bound by an import (`nan_capture._helper`)."""
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # local name -> module of ours it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+                yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                if _is_module(f"{module}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{module}.{alias.name}"
+                yield node.lineno, module, alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and _private(node.attr)
+        ):
+            yield node.lineno, modules[node.value.id], node.attr
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _violations(rule) -> list[str]:
+    found = []
+    for path in _scanned_files():
+        for line, module, name in _imports(path.read_text(), _module_name(path)[1]):
+            why = rule(path, module, name)
+            if why:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {why}")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------
+# The wheel and the package list
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    assert listed == set(_package_folders()), (
+        "[tool.setuptools] packages must list exactly the folders with __init__.py"
+    )
+    assert _pyproject()["tool"]["setuptools"]["package-dir"] == {
+        TOP: "consistency",
+        f"{TOP}.adapters": "adapters",
+        f"{TOP}.schedulers": "schedulers",
+    }
+
+
+@pytest.mark.slow
+def test_wheel_has_one_top_level_package_holding_every_package(tmp_path: Path) -> None:
+    # Built from a copy, so the repository gets no build/ or egg-info of this test's making.
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for folder in MAPPED:
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", "dist", "."]
+    result = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = (source / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+
+    top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top == {TOP}
+    packages = {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")}
+    assert packages == set(_package_folders())
+    for package in (TOP, f"{TOP}.adapters", f"{TOP}.schedulers"):
+        assert f"{package.replace('.', '/')}/py.typed" in names, package
+    # The console script and the pytest plugin point into the one namespace.
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+    assert b"rollout-consistency = rollout_consistency.cli:main" in entry_points
+    assert b"rollout_consistency = rollout_consistency.pytest_plugin" in entry_points
+
+
+# ----------------------------------------------------------------------------------------------------
+# Imports
+
+
+def test_no_bare_folder_imports() -> None:
+    """`python -m pytest` puts the repository root on sys.path: a bare `import adapters` would load a second copy."""
+
+    def rule(path: Path, module: str, name: str | None) -> str | None:
+        return f"bare import of {module!r}" if module.split(".")[0] in BARE else None
+
+    assert _violations(rule) == []
+
+
+def _source(module: str) -> Path | None:
+    """The file a `rollout_consistency...` module name maps to (a package's __init__.py), if it exists."""
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        for folder, package in MAPPED.items():
+            if ".".join(parts[:depth]) == package:
+                base = ROOT / folder / Path(*parts[depth:])
+                for candidate in (base / "__init__.py", base.with_suffix(".py")):
+                    if candidate.is_file():
+                        return candidate
+                return None
+    return None
+
+
+def _is_package(module: str) -> bool:
+    source = _source(module)
+    return source is not None and source.name == "__init__.py"
+
+
+def _is_module(module: str) -> bool:
+    return _source(module) is not None
+
+
+def _cross_package_private(path: Path, module: str, name: str | None) -> str | None:
+    """A private name belongs to the package that holds it: `pkg._mod`, `pkg.mod._x` and `pkg._x` to `pkg`."""
+    if module.split(".")[0] != TOP:
+        return None
+    _, package = _module_name(path)
+    parts = module.split(".")
+    for depth, part in enumerate(parts):
+        if _private(part) and package != ".".join(parts[:depth]):
+            return f"imports private module {module!r}"
+    if name is not None and _private(name):
+        owner = module if _is_package(module) else module.rsplit(".", 1)[0]
+        if package != owner:
+            return f"imports private name {name!r} from {module!r}"
+    return None
+
+
+def test_no_module_imports_another_packages_private_names() -> None:
+    violations = _violations(_cross_package_private)
+    in_adapters_split = [v for v in violations if _touches_adapters(v)]
+    assert [v for v in violations if v not in in_adapters_split] == []
+
+
+@pytest.mark.xfail(strict=True, reason=SPLIT_IN_PROGRESS)
+def test_no_module_imports_the_adapters_private_names() -> None:
+    assert [v for v in _violations(_cross_package_private) if _touches_adapters(v)] == []
+
+
+def _touches_adapters(violation: str) -> bool:
+    return violation.startswith("adapters/") or f"'{TOP}.adapters" in violation
+
+
+def test_adapters_never_import_the_checker() -> None:
+    def rule(path: Path, module: str, name: str | None) -> str | None:
+        if path.relative_to(ROOT).parts[0] != "adapters":
+            return None
+        if module == TOP and name not in ("adapters", "schedulers"):
+            return f"imports {name!r} from the root package (the checker's API)"
+        if module.startswith(CHECKER) and (module in CHECKER or module.startswith(tuple(f"{c}." for c in CHECKER))):
+            return f"imports the checker ({module})"
+        return None
+
+    assert _violations(rule) == []
+
+
+@pytest.mark.xfail(strict=True, reason=SPLIT_IN_PROGRESS)
+def test_adapters_never_name_the_checkers_config() -> None:
+    """The checker translates its config into adapters-level arguments, never the other way round."""
+    named = []
+    for path in sorted((ROOT / "adapters").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            identifier = getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", None)
+            if identifier in ("CheckConfig", "from_check_config"):
+                named.append(f"{path.relative_to(ROOT)}:{node.lineno}: {identifier}")
+    assert named == []
+
+
+def test_production_adapters_never_import_the_tiny_models() -> None:
+    """The tiny offline models are for tests and the checker's default; production code never needs them."""
+
+    def rule(path: Path, module: str, name: str | None) -> str | None:
+        rel = path.relative_to(ROOT).parts
+        if rel[0] != "adapters" or rel[1] == "tiny" or rel[-1].startswith("tiny"):
+            return None
+        if module.split(".")[:2] != [TOP, "adapters"]:
+            return None
+        imported = f"{module}.{name}" if name and _is_module(f"{module}.{name}") else module
+        tiny = any(part.startswith("tiny") for part in imported.split(".")[2:])
+        return f"imports {imported}" if tiny else None
+
+    assert _violations(rule) == []
+
+
+def test_schedulers_import_nothing_of_ours() -> None:
+    def rule(path: Path, module: str, name: str | None) -> str | None:
+        if path.relative_to(ROOT).parts[0] != "schedulers":
+            return None
+        ours = module.split(".")[0] == TOP and not (module + ".").startswith(f"{TOP}.schedulers.")
+        return f"imports {module}" if ours else None
+
+    assert _violations(rule) == []
+
+
+def test_the_rules_catch_what_they_are_for() -> None:
+    """The scanner itself: relative imports resolve to the right package, private names are told apart."""
+    backends = ROOT / "consistency" / "gate" / "backends.py"
+    assert _module_name(backends) == (f"{TOP}.gate.backends", f"{TOP}.gate")
+    assert _module_name(ROOT / "consistency" / "gate" / "__init__.py") == (f"{TOP}.gate", f"{TOP}.gate")
+    assert _cross_package_private(backends, f"{TOP}.gate.config", "_private_helper") is None  # same package
+    script = ROOT / "scripts" / "bench_step1.py"
+    assert _cross_package_private(script, f"{TOP}.gate.config", "_private_helper")
+    assert _cross_package_private(script, f"{TOP}.training._hidden", "x")
+    assert _cross_package_private(script, f"{TOP}.gate.config", "__all__") is None
+    source = "from rollout_consistency.training import nan_capture as nc\nfrom .config import x\nnc._helper()\n"
+    assert sorted(_imports(source, f"{TOP}.gate"), key=str) == [
+        (1, f"{TOP}.training", "nan_capture"),
+        (2, f"{TOP}.gate.config", "x"),
+        (3, f"{TOP}.training.nan_capture", "_helper"),
+    ]
