@@ -38,7 +38,14 @@ from safetensors.torch import save as save_safetensors_bytes
 
 from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Trajectory", "TrajectoryFormatError", "stack_trajectories"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "Trajectory",
+    "TrajectoryFormatError",
+    "stack_trajectories",
+    "tensors_sha256",
+]
 
 FORMAT_NAME = "rollout-consistency/trajectory"
 FORMAT_VERSION = "1"
@@ -361,7 +368,7 @@ class Trajectory:
         """Validate, then write atomically (temp file + rename) to `path`. Returns the path."""
         self.validate()
         tensors, fields_ = self.to_parts()
-        metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "sha256": _digest(tensors)}
+        metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "sha256": tensors_sha256(tensors)}
         metadata.update({name: json.dumps(value, allow_nan=False) for name, value in fields_.items()})
         data = save_safetensors_bytes(tensors, metadata=metadata)
         path = Path(path)
@@ -395,7 +402,7 @@ class Trajectory:
                 f"{path}: the safetensors body cannot be read ({error}); the file is corrupted or truncated — "
                 f"re-export the trajectory from the rollout."
             ) from error
-        if metadata.get("sha256") != _digest(tensors):
+        if metadata.get("sha256") != tensors_sha256(tensors):
             raise TrajectoryFormatError(
                 f"{path}: checksum mismatch — the tensor data changed after it was written (corruption or a "
                 f"tool that rewrote the file). Re-export the trajectory from the rollout."
@@ -415,8 +422,11 @@ _FIELDS = tuple(
 )
 
 
-def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order; layout-independent."""
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The file format's `sha256` metadata: SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order.
+
+    A writer of its own trajectory files stores this; `Trajectory.load` recomputes it and rejects a mismatch.
+    """
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].detach().cpu().contiguous()

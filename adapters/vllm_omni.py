@@ -1106,29 +1106,6 @@ class VllmOmniRollout:
         self._omni = Omni(model=self.model_path, **kwargs)
         self._finalizer = weakref.finalize(self, _close_engine, self._omni)
 
-    @classmethod
-    def from_check_config(cls, config: Any) -> VllmOmniRollout:
-        """The engine a step-1 check (`rollout_consistency.CheckConfig`, read by attribute) asks for."""
-        if config.model_path is None:
-            raise ValueError(
-                "rollout_backend 'vllm-omni' loads a model directory: set model_path to a local diffusers Qwen-Image "
-                "directory (the built-in tiny model is a transformer only, with no text encoder or VAE to serve)."
-            )
-        schedule = SDEWindowSchedule(
-            kind=config.sde_window_kind,
-            num_steps=config.num_inference_steps,
-            window_size=config.sde_window_size,
-            window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
-        )
-        return cls(
-            config.model_path,
-            dtype=config.rollout_dtype,
-            step_execution=config.step_execution,
-            max_num_seqs=config.max_num_seqs,
-            launcher_seed=config.seed,
-            window_schedule=schedule,
-        )
-
     def __enter__(self) -> VllmOmniRollout:
         return self
 
@@ -1266,5 +1243,5 @@ def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **k
     require_vllm_omni()
     raise ValueError(
         "rollout_consistency.adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
-        "(the checker builds it with VllmOmniRollout.from_check_config(config))."
+        "(the checker builds it from its config in rollout_consistency.gate.backends)."
     )

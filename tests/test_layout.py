@@ -27,7 +27,6 @@ SCANNED = ("consistency", "adapters", "schedulers", "scripts", "tests")
 BARE = {"adapters", "consistency", "schedulers"}
 # The gate and the training tools; the adapters must work without them (and without their config).
 CHECKER = (f"{TOP}.gate", f"{TOP}.training", f"{TOP}.cli", f"{TOP}.pytest_plugin")
-SPLIT_IN_PROGRESS = "issue 14: adapters split in progress"
 
 
 def _pyproject() -> dict:
@@ -210,18 +209,7 @@ def _cross_package_private(path: Path, module: str, name: str | None) -> str | N
 
 
 def test_no_module_imports_another_packages_private_names() -> None:
-    violations = _violations(_cross_package_private)
-    in_adapters_split = [v for v in violations if _touches_adapters(v)]
-    assert [v for v in violations if v not in in_adapters_split] == []
-
-
-@pytest.mark.xfail(strict=True, reason=SPLIT_IN_PROGRESS)
-def test_no_module_imports_the_adapters_private_names() -> None:
-    assert [v for v in _violations(_cross_package_private) if _touches_adapters(v)] == []
-
-
-def _touches_adapters(violation: str) -> bool:
-    return violation.startswith("adapters/") or f"'{TOP}.adapters" in violation
+    assert _violations(_cross_package_private) == []
 
 
 def test_adapters_never_import_the_checker() -> None:
@@ -237,7 +225,6 @@ def test_adapters_never_import_the_checker() -> None:
     assert _violations(rule) == []
 
 
-@pytest.mark.xfail(strict=True, reason=SPLIT_IN_PROGRESS)
 def test_adapters_never_name_the_checkers_config() -> None:
     """The checker translates its config into adapters-level arguments, never the other way round."""
     named = []

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from rollout_consistency.adapters import Trajectory, TrajectoryFormatError, qwen_image, stack_trajectories
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
-from rollout_consistency.adapters.trajectory import _digest
+from rollout_consistency.adapters.trajectory import tensors_sha256
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 
@@ -114,7 +114,7 @@ def _rewrite(trajectory: Trajectory, path, **changes) -> None:
     """Write a file in the trajectory format with some tensors replaced (a buggy writer)."""
     tensors, fields_ = trajectory.to_parts()
     tensors.update(changes)
-    metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": _digest(tensors)}
+    metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": tensors_sha256(tensors)}
     metadata.update({name: json.dumps(value) for name, value in fields_.items()})
     save_file(tensors, str(path), metadata=metadata)
 
@@ -136,7 +136,7 @@ def test_wrong_dtype_in_file_is_rejected(trajectory, tmp_path):
 
 def test_missing_metadata_field_is_rejected(trajectory, tmp_path):
     tensors, fields_ = trajectory.to_parts()
-    metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": _digest(tensors)}
+    metadata = {"format": "rollout-consistency/trajectory", "format_version": "1", "sha256": tensors_sha256(tensors)}
     metadata.update({k: json.dumps(v) for k, v in fields_.items() if k != "seeds"})
     save_file(tensors, str(tmp_path / "m.safetensors"), metadata=metadata)
     with pytest.raises(TrajectoryFormatError, match="'seeds' is missing"):

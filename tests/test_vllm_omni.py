@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,10 +135,13 @@ def test_engine_start_checks_model_directory_and_config_first(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model_index.json"):
         vo.VllmOmniRollout(tmp_path)
     from rollout_consistency import CheckConfig
+    from rollout_consistency.gate.backends import BackendError, vllm_omni_engine_arguments
 
     config = CheckConfig(rollout_backend="vllm-omni", device="cuda")
-    with pytest.raises(ValueError, match="model_path"):
-        vo.VllmOmniRollout.from_check_config(config)
+    with pytest.raises(BackendError, match="model_path"):
+        vllm_omni_engine_arguments(config)
+    arguments = vllm_omni_engine_arguments(replace(config, model_path=str(tmp_path), sde_window_size=3))
+    assert arguments["model_path"] == str(tmp_path) and arguments["window_schedule"].window_size == 3
     with pytest.raises(ValueError, match="dtype"):
         vo.VllmOmniRollout(tmp_path, dtype="bf16")
 
@@ -730,7 +734,7 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
 @needs_engine
 def test_step1_check_with_the_vllm_omni_backend(gpu_model_dir):
     """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.gate.backends selects
-    `VllmOmniRollout.from_check_config`) and gates it with the kernel profile."""
+    `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
     from rollout_consistency import run_step1_check
 
     size = 64 if _MODEL_DIR is None else 256

@@ -240,10 +240,40 @@ def load_rollout_engine(config: CheckConfig) -> Any:
         vllm_omni.require_vllm_omni()
     except ImportError as error:
         raise BackendError(str(error)) from error
+    arguments = vllm_omni_engine_arguments(config)
     try:
-        return vllm_omni.VllmOmniRollout.from_check_config(config)
+        return vllm_omni.VllmOmniRollout(**arguments)
     except (ValueError, FileNotFoundError) as error:
         raise BackendError(f"the vLLM-omni engine cannot start: {error}") from error
+
+
+def vllm_omni_engine_arguments(config: CheckConfig) -> dict[str, Any]:
+    """The `VllmOmniRollout` keyword arguments `config` asks for (validated here; starts nothing, imports no vLLM).
+
+    Raises:
+        BackendError: no ``model_path`` (the engine serves a whole diffusers directory, not the tiny transformer).
+    """
+    from rollout_consistency.schedulers import SDEWindowSchedule
+
+    if config.model_path is None:
+        raise BackendError(
+            "rollout_backend 'vllm-omni' loads a model directory: set model_path to a local diffusers Qwen-Image "
+            "directory (the built-in tiny model is a transformer only, with no text encoder or VAE to serve)."
+        )
+    schedule = SDEWindowSchedule(
+        kind=config.sde_window_kind,
+        num_steps=config.num_inference_steps,
+        window_size=config.sde_window_size,
+        window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
+    )
+    return {
+        "model_path": config.model_path,
+        "dtype": config.rollout_dtype,
+        "step_execution": config.step_execution,
+        "max_num_seqs": config.max_num_seqs,
+        "launcher_seed": config.seed,
+        "window_schedule": schedule,
+    }
 
 
 def build_backend(config: CheckConfig) -> Backend:
