@@ -121,3 +121,12 @@ def test_wheel_and_sdist_install_into_a_fresh_venv_and_run(tmp_path):
             )
             assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
             assert "PASS" in check.stdout
+
+
+def test_torch_requirement_is_a_range_admitting_newer_releases():
+    """A trainer's newer torch resolves against the declared range (the resolve itself: `pip install --dry-run`)."""
+    from packaging.requirements import Requirement
+
+    torch_req = next(Requirement(r) for r in metadata.requires("rollout-consistency") if r.startswith("torch"))
+    assert all(torch_req.specifier.contains(v) for v in ("2.13.0", "2.14.1", "2.15.0"))
+    assert not torch_req.specifier.contains("2.12.1")
