@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
+from rollout_consistency.cli_io import installed_version, quiet_broken_pipe
 from rollout_consistency.gate.config import (
     DEVICES,
     DTYPES,
@@ -46,7 +47,16 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 pass, 1 fail, 2 usage error)."""
+    """Run the command line; returns the exit code (0 pass, 1 fail, 2 usage error, 141 reader closed the pipe)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:  # `rollout-consistency check --help | head`: no traceback
+        return quiet_broken_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
@@ -93,6 +103,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Consistency checks for diffusion RL training (rollout vs trainer, and within a training run).",
         epilog="Exit codes: 0 pass, 1 fail, 2 usage error. Docs: docs/training-consistency.md",
     )
+    parser.add_argument("--version", action="version", version=f"rollout-consistency {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_parser in _COMMANDS:
         add_parser(subparsers)

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
+from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
 from diffusers.utils import BaseOutput
 
@@ -48,22 +50,33 @@ class FlowMatchSDESchedulerOutput(BaseOutput):
         prev_sample_mean (`torch.Tensor` of shape `(B, ...)`, float32):
             Mean of the transition. Carries the gradient to the model output when one is required.
         prev_sample_std (`torch.Tensor` of shape `(B,)`, float32):
-            Standard deviation of the noise added to `prev_sample_mean` (0 for a deterministic step).
+            Standard deviation of the noise actually added to `prev_sample_mean`: the transition's std, the
+            number in `log_prob`'s Gaussian (0 for a deterministic step). For `"sde"` this is
+            `std_dev_t·sqrt(−dt)`, NOT Flow-GRPO's `std_dev_t`.
+        std_dev_t (`torch.Tensor` of shape `(B,)`, float32):
+            Flow-GRPO's `std_dev_t`, the per-unit-time noise scale its trainers reuse in their KL term
+            (`‖Δmean‖² / (2·std_dev_t²)`): `η·sqrt(σ/(1−σ̃))` for `"sde"` (so `prev_sample_std =
+            std_dev_t·sqrt(−dt)`), `σ'·sin(ηπ/2)` for `"cps"` (equal to `prev_sample_std`), `η` for
+            `"dance_sde"` (`prev_sample_std = η·sqrt(−dt)`); 0 for a deterministic step.
     """
 
     prev_sample: torch.Tensor
     log_prob: torch.Tensor | None
     prev_sample_mean: torch.Tensor
     prev_sample_std: torch.Tensor
+    std_dev_t: torch.Tensor | None = None
 
 
 class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
     """Flow-matching Euler scheduler with SDE steps and log-probabilities for RL.
 
-    Configuration is exactly that of [`~diffusers.FlowMatchEulerDiscreteScheduler`] (this class adds no
-    config keys), so any saved FlowMatchEuler scheduler config loads with `from_config` /
-    `from_pretrained(path, subfolder="scheduler")`. Only the default, non-stochastic-sampling config is
-    supported by the SDE steps: `stochastic_sampling=True` and `invert_sigmas=True` are rejected at `step`.
+    Configuration is that of [`~diffusers.FlowMatchEulerDiscreteScheduler`] plus two keys, `noise_level`
+    (default 0: the Euler step) and `sde_type` (default `"sde"`), the defaults of [`step`] when a call
+    does not give them. Any saved FlowMatchEuler scheduler config loads with `from_config` /
+    `from_pretrained(path, subfolder="scheduler")`, and a stock diffusers pipeline runs unchanged with
+    this scheduler swapped in (`pipe.scheduler = FlowMatchSDEDiscreteScheduler.from_config(pipe.scheduler.config)`).
+    Only the default, non-stochastic-sampling config is supported by the SDE steps:
+    `stochastic_sampling=True` and `invert_sigmas=True` are rejected at `step`.
 
     Guarantees:
         * `prev_sample`, `prev_sample_mean`, `log_prob` and `prev_sample_std` are float32, whatever the
@@ -76,23 +89,77 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         * Bit-equality across devices or across torch versions (kernels differ).
     """
 
+    # Schedulers a pipeline may swap for this one (and back) through `from_config`: the same config keys.
+    _compatibles: ClassVar[list[str]] = ["FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler"]
+
+    @register_to_config
+    def __init__(
+        self,
+        num_train_timesteps: int = 1000,
+        shift: float = 1.0,
+        use_dynamic_shifting: bool = False,
+        base_shift: float | None = 0.5,
+        max_shift: float | None = 1.15,
+        base_image_seq_len: int = 256,
+        max_image_seq_len: int = 4096,
+        invert_sigmas: bool = False,
+        shift_terminal: float | None = None,
+        use_karras_sigmas: bool = False,
+        use_exponential_sigmas: bool = False,
+        use_beta_sigmas: bool = False,
+        time_shift_type: Literal["exponential", "linear"] = "exponential",
+        stochastic_sampling: bool = False,
+        noise_level: float = 0.0,
+        sde_type: str = "sde",
+    ):
+        _check_noise_settings(noise_level, sde_type)
+        super().__init__(
+            num_train_timesteps=num_train_timesteps,
+            shift=shift,
+            use_dynamic_shifting=use_dynamic_shifting,
+            base_shift=base_shift,
+            max_shift=max_shift,
+            base_image_seq_len=base_image_seq_len,
+            max_image_seq_len=max_image_seq_len,
+            invert_sigmas=invert_sigmas,
+            shift_terminal=shift_terminal,
+            use_karras_sigmas=use_karras_sigmas,
+            use_exponential_sigmas=use_exponential_sigmas,
+            use_beta_sigmas=use_beta_sigmas,
+            time_shift_type=time_shift_type,
+            stochastic_sampling=stochastic_sampling,
+        )
+
     def step(
         self,
         model_output: torch.Tensor,
         timestep: float | torch.Tensor,
         sample: torch.Tensor,
-        *,
-        noise_level: float,
-        sde_type: str = "sde",
-        prev_sample: torch.Tensor | None = None,
+        s_churn: float = 0.0,
+        s_tmin: float = 0.0,
+        s_tmax: float = float("inf"),
+        s_noise: float = 1.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
-        include_normalizer: bool = True,
+        per_token_timesteps: torch.Tensor | None = None,
         return_dict: bool = True,
+        *,
+        noise_level: float | None = None,
+        sde_type: str | None = None,
+        prev_sample: torch.Tensor | None = None,
+        include_normalizer: bool = True,
     ) -> FlowMatchSDESchedulerOutput | tuple:
         """One denoising step from `timestep` to the next timestep of the schedule.
 
-        Inputs of any floating dtype are upcast to float32 (use [`sample_previous_step`] to reject
-        anything that is not float32 instead).
+        The positional signature and keywords are those of diffusers' `FlowMatchEulerDiscreteScheduler.step`,
+        so a stock pipeline calls it unchanged; `noise_level`, `sde_type`, `prev_sample` and
+        `include_normalizer` are keyword-only additions. Inputs of any floating dtype are upcast to float32
+        when `noise_level` is given (use [`sample_previous_step`] to reject anything that is not float32
+        instead).
+
+        `step_index` advances by one per call as in diffusers (initialised on the first call from
+        `begin_index` or the timestep). The sigmas are those of `timesteps[step_index]` when that is the
+        given timestep, else those of the timestep's exact value (a trainer may pass timesteps in any order,
+        or one per sample).
 
         Args:
             model_output (`torch.Tensor` of shape `(B, ...)`):
@@ -102,31 +169,59 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
                 one batch hold samples at different steps.
             sample (`torch.Tensor` of shape `(B, ...)`):
                 The current latents `x` at `timestep`.
-            noise_level (`float`):
+            s_churn, s_tmin, s_tmax, s_noise, per_token_timesteps:
+                diffusers' keywords. They have no meaning for this step (diffusers' FlowMatchEuler step
+                ignores the first four too); accepted at their defaults, a `ValueError` otherwise.
+            generator (`torch.Generator` or list of `B` generators, *optional*):
+                Source of the float32 noise when a sample is drawn. A list draws each sample from its own
+                generator, so a sample's noise does not depend on its batch-mates.
+            return_dict (`bool`, defaults to `True`):
+                Return a [`FlowMatchSDESchedulerOutput`] rather than its `to_tuple()` (which, as diffusers'
+                outputs, leaves out `None` fields: no `log_prob` for a deterministic step).
+            noise_level (`float`, *optional*, defaults to `config.noise_level`):
                 SDE noise level (Flow-GRPO's `noise_level`, DanceGRPO's eta). `0` is the Euler ODE step.
-            sde_type (`str`, defaults to `"sde"`):
+            sde_type (`str`, *optional*, defaults to `config.sde_type`):
                 One of `"sde"` (Flow-GRPO), `"cps"` (coefficient-preserving), `"dance_sde"` (DanceGRPO).
             prev_sample (`torch.Tensor` of shape `(B, ...)`, *optional*):
                 A sample to score instead of drawing one (the trainer's recompute path). It is detached:
                 gradients reach the model only through the transition mean.
-            generator (`torch.Generator` or list of `B` generators, *optional*):
-                Source of the float32 noise when a sample is drawn. A list draws each sample from its own
-                generator, so a sample's noise does not depend on its batch-mates.
             include_normalizer (`bool`, defaults to `True`):
                 Include the Gaussian normaliser `-log(std) - log(2π)/2` in `log_prob` (`"sde"` and
                 `"dance_sde"`; `"cps"` has none). It cancels in log-ratios whenever both sides use the
                 same noise settings.
-            return_dict (`bool`, defaults to `True`):
-                Return a [`FlowMatchSDESchedulerOutput`] rather than a tuple.
 
         Returns:
-            [`FlowMatchSDESchedulerOutput`], or the tuple
-            `(prev_sample, log_prob, prev_sample_mean, prev_sample_std)`.
+            [`FlowMatchSDESchedulerOutput`], or its `to_tuple()`.
+
+        Raises:
+            TypeError: called the diffusers way (no `noise_level`) with a `sample` or `model_output` that is
+                not float32: a stock low-precision pipeline, which would store the rounded latents (or crash
+                inside its transformer on the float32 result). Use the rollout adapters instead.
+            ValueError: a diffusers keyword set to a value this step cannot honour, or a bad setting.
         """
+        _check_diffusers_keywords(s_churn, s_tmin, s_tmax, s_noise, per_token_timesteps)
+        if noise_level is None:
+            # The diffusers calling convention: the loop feeds `prev_sample` back to the transformer as is.
+            _check_drop_in_dtypes(model_output, sample)
+            noise_level = self.config.noise_level
+        if sde_type is None:
+            sde_type = self.config.sde_type
         model_output, sample, prev_sample = (
             None if t is None else t.float() for t in (model_output, sample, prev_sample)
         )
-        return self._sde_step(
+        sigma_pairs = None
+        scalar = torch.as_tensor(timestep).numel() == 1
+        if scalar and getattr(self, "num_inference_steps", None) is not None:
+            value = float(timestep)
+            if self.step_index is None and bool((self.timesteps == value).any()):
+                self._init_step_index(timestep)  # diffusers' own initialisation (begin_index, repeated values)
+            index = self.step_index
+            # diffusers steps by its counter; where the counter's timestep is the one given (always, in a
+            # pipeline) its sigmas are used, which also resolves repeated timestep values as diffusers does.
+            # Anything else goes through the exact-value lookup and its errors.
+            if index is not None and index + 1 < len(self.sigmas) and self.timesteps[index].item() == value:
+                sigma_pairs = [(self.sigmas[index].item(), self.sigmas[index + 1].item())] * sample.shape[0]
+        out = self._sde_step(
             model_output,
             timestep,
             sample,
@@ -136,7 +231,11 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             generator=generator,
             include_normalizer=include_normalizer,
             return_dict=return_dict,
+            sigma_pairs=sigma_pairs,
         )
+        if self.step_index is not None:
+            self._step_index += 1  # diffusers' counter; it has no public setter
+        return out
 
     def sample_previous_step(
         self,
@@ -228,11 +327,9 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         generator: torch.Generator | list[torch.Generator] | None,
         include_normalizer: bool,
         return_dict: bool,
+        sigma_pairs: list[tuple[float, float]] | None = None,
     ) -> FlowMatchSDESchedulerOutput | tuple:
-        if sde_type not in SDE_TYPES:
-            raise ValueError(f"Unknown sde_type {sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
-        if not math.isfinite(noise_level) or noise_level < 0:
-            raise ValueError(f"noise_level must be a finite number >= 0, got {noise_level!r}.")
+        _check_noise_settings(noise_level, sde_type)
         if self.config.stochastic_sampling or self.config.invert_sigmas:
             raise ValueError(
                 "FlowMatchSDEDiscreteScheduler supports neither `stochastic_sampling` nor `invert_sigmas`; "
@@ -248,7 +345,7 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
                 )
 
         batch = sample.shape[0]
-        step_sigmas = self.step_sigmas(timestep, batch)
+        step_sigmas = self.step_sigmas(timestep, batch) if sigma_pairs is None else sigma_pairs
         view = (batch,) + (1,) * (sample.dim() - 1)
 
         if noise_level == 0:
@@ -257,7 +354,7 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             dt = torch.tensor([s_next - s for s, s_next in step_sigmas], dtype=torch.float32)
             mean = sample + dt.to(sample.device).view(view) * model_output
             std = torch.zeros(batch, dtype=torch.float32, device=sample.device)
-            return self._output(mean if prev_sample is None else prev_sample, None, mean, std, return_dict)
+            return self._output(mean if prev_sample is None else prev_sample, None, mean, std, std, return_dict)
 
         sigma_max = self.sigmas[1].item()
         params = torch.tensor(
@@ -281,21 +378,22 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             log_prob = mean_sq * params[:, 3]
             if include_normalizer:
                 log_prob = log_prob + params[:, 4]
-        return self._output(prev_sample, log_prob.to(torch.float32), mean, std, return_dict)
+        std_dev_t = params[:, 5].to(torch.float32)
+        return self._output(prev_sample, log_prob.to(torch.float32), mean, std, std_dev_t, return_dict)
 
     @staticmethod
-    def _output(prev_sample, log_prob, mean, std, return_dict):
-        if not return_dict:
-            return prev_sample, log_prob, mean, std
-        return FlowMatchSDESchedulerOutput(
-            prev_sample=prev_sample, log_prob=log_prob, prev_sample_mean=mean, prev_sample_std=std
+    def _output(prev_sample, log_prob, mean, std, std_dev_t, return_dict):
+        out = FlowMatchSDESchedulerOutput(
+            prev_sample=prev_sample, log_prob=log_prob, prev_sample_mean=mean, prev_sample_std=std, std_dev_t=std_dev_t
         )
+        # diffusers' contract: the tuple form is the output's `to_tuple()` (None fields left out).
+        return out if return_dict else out.to_tuple()
 
 
 def _transition(
     sigma: float, sigma_next: float, sigma_max: float, noise_level: float, sde_type: str
-) -> tuple[float, float, float, float, float]:
-    """One sample's transition `(a, b, std, -1/(2·std²), -log(std) - log(2π)/2)`, in float64.
+) -> tuple[float, float, float, float, float, float]:
+    """One sample's transition `(a, b, std, -1/(2·std²), -log(std) - log(2π)/2, std_dev_t)`, in float64.
 
     The mean is `a·x + b·v` (the transition of docs/scheduler.md, rearranged), so the only float32 roundings on the latent are
     the two of `a·x + b·v`:
@@ -305,7 +403,8 @@ def _transition(
                  mean = x̂0(1−σ') + x̂1·k  →  a = (1−σ') + k,  b = −σ(1−σ') + (1−σ)k
       dance_sde: score = −(x − x̂0(1−σ))/σ² = −(x + (1−σ)v)/σ; mean = x + dt·v − ½η²·score·dt
                  →  a = 1 + ½η²dt/σ,  b = dt + ½η²dt(1−σ)/σ,  std = η·sqrt(σ − σ')
-    The last two entries are the Gaussian's log-density terms (unused by `cps`, which has none).
+    Entries 4 and 5 are the Gaussian's log-density terms (unused by `cps`, which has none); the last is
+    Flow-GRPO's `std_dev_t` (see `FlowMatchSDESchedulerOutput`).
     """
     dt = sigma_next - sigma
     if sde_type == "sde":
@@ -318,13 +417,59 @@ def _transition(
         k = math.sqrt(max(sigma_next**2 - std**2, 0.0))
         a = (1 - sigma_next) + k
         b = -sigma * (1 - sigma_next) + (1 - sigma) * k
-        return a, b, std, 0.0, 0.0
+        return a, b, std, 0.0, 0.0, std
     else:  # dance_sde
         half_eta_sq = 0.5 * noise_level**2
         a = 1 + half_eta_sq * dt / sigma
         b = dt + half_eta_sq * dt * (1 - sigma) / sigma
         std = noise_level * math.sqrt(sigma - sigma_next)
-    return a, b, std, -0.5 / std**2, -math.log(std) - _HALF_LOG_2PI
+        std_dev = noise_level
+    return a, b, std, -0.5 / std**2, -math.log(std) - _HALF_LOG_2PI, std_dev
+
+
+def _check_noise_settings(noise_level: float, sde_type: str) -> None:
+    if sde_type not in SDE_TYPES:
+        raise ValueError(f"Unknown sde_type {sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
+    if not math.isfinite(noise_level) or noise_level < 0:
+        raise ValueError(f"noise_level must be a finite number >= 0, got {noise_level!r}.")
+
+
+def _check_diffusers_keywords(
+    s_churn: float, s_tmin: float, s_tmax: float, s_noise: float, per_token_timesteps: torch.Tensor | None
+) -> None:
+    """diffusers' keywords are accepted at their defaults; a value this step cannot honour is an error, not ignored."""
+    given = {
+        "s_churn": (s_churn, 0.0),
+        "s_tmin": (s_tmin, 0.0),
+        "s_tmax": (s_tmax, float("inf")),
+        "s_noise": (s_noise, 1.0),
+    }
+    for name, (value, default) in given.items():
+        if value != default:
+            raise ValueError(
+                f"FlowMatchSDEDiscreteScheduler.step: {name}={value!r} has no meaning for a flow-matching SDE step; "
+                f"drop it (set the noise with noise_level=... and sde_type=...)."
+            )
+    if per_token_timesteps is not None:
+        raise ValueError(
+            "FlowMatchSDEDiscreteScheduler.step: per_token_timesteps is not supported; pass one timestep, or one "
+            "per sample (shape (B,)), or use diffusers' FlowMatchEulerDiscreteScheduler for per-token schedules."
+        )
+
+
+def _check_drop_in_dtypes(model_output: torch.Tensor, sample: torch.Tensor) -> None:
+    """A stock pipeline in low precision feeds `prev_sample` straight back to its transformer: this step returns
+    float32 (it never rounds a stored sample), which the transformer's first layer would refuse one step later.
+    Stop here, at the first step, and name what keeps latents float32 around a low-precision forward."""
+    for name, tensor in (("sample", sample), ("model_output", model_output)):
+        if tensor.dtype != torch.float32:
+            raise TypeError(
+                f"FlowMatchSDEDiscreteScheduler.step: `{name}` is {tensor.dtype} in a stock-pipeline call (no "
+                f"noise_level=): this scheduler returns float32 latents and never rounds them back, so a "
+                f"{tensor.dtype} pipeline cannot feed them on; run the rollout adapter instead "
+                f"(rollout_consistency.adapters.qwen_image.rollout / sd3.rollout / flux.rollout: float32 latents, "
+                f"{tensor.dtype} forward), or run the pipeline in float32."
+            )
 
 
 def _standard_normal(
