@@ -64,7 +64,8 @@ def _main(argv: Sequence[str]) -> int:
     try:
         return args.run(args)
     except UsageError as error:
-        print(f"rollout-consistency {args.command}: error: {error}", file=sys.stderr)
+        one_line = " ".join(line.strip() for line in str(error).splitlines() if line.strip())  # parser messages wrap
+        print(f"rollout-consistency {args.command}: error: {one_line}", file=sys.stderr)
         return EXIT_USAGE
 
 
