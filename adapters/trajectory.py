@@ -43,6 +43,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Trajectory",
     "TrajectoryFormatError",
+    "read_header_metadata",
     "stack_trajectories",
     "tensors_sha256",
 ]
@@ -393,7 +394,7 @@ class Trajectory:
                 non-float32 latents / log-probs / timesteps / embeddings, or a checksum mismatch.
         """
         path = Path(path)
-        data = path.read_bytes()
+        data = _read_checked_bytes(path)
         metadata = _read_header_metadata(data, path)
         try:
             tensors = load_safetensors_bytes(data)
@@ -402,6 +403,12 @@ class Trajectory:
                 f"{path}: the safetensors body cannot be read ({error}); the file is corrupted or truncated — "
                 f"re-export the trajectory from the rollout."
             ) from error
+        unknown = sorted(name for name in tensors if name not in _TENSOR_NAMES and not name.startswith(_COND_PREFIX))
+        if unknown:
+            raise TrajectoryFormatError(
+                f"{path}: unknown tensor {unknown[0]!r}; a trajectory holds {', '.join(_TENSOR_NAMES)} and "
+                f"'conditioning.<name>' tensors. Rename it to 'conditioning.{unknown[0]}' if the model needs it."
+            )
         if metadata.get("sha256") != tensors_sha256(tensors):
             raise TrajectoryFormatError(
                 f"{path}: checksum mismatch — the tensor data changed after it was written (corruption or a "
@@ -422,6 +429,60 @@ _FIELDS = tuple(
 )
 
 
+_TENSOR_NAMES = ("latents", "log_probs", "timesteps", "final_latents")
+
+
+def read_header_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The validated header metadata of a trajectory file (format, version, fields as JSON strings), read
+    without reading the tensor data. Raises FileNotFoundError or [`TrajectoryFormatError`]."""
+    path = Path(path)
+    with _open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        header_len = _header_length(prefix, size, path)
+        return _read_header_metadata(prefix + handle.read(header_len), path, file_size=size)
+
+
+def _open_regular(path: Path) -> Any:
+    """`open(path, "rb")` with a one-line error for a directory, a symlink loop or an unreadable file."""
+    if path.is_dir():
+        raise TrajectoryFormatError(f"{path} is a directory; name the trajectory .safetensors file inside it.")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise TrajectoryFormatError(
+            f"{path}: cannot be read ({error.strerror or error}); check the path and its permissions."
+        ) from error
+
+
+def _header_length(prefix: bytes, size: int, path: Path) -> int:
+    if len(prefix) < 8:
+        raise TrajectoryFormatError(f"{path}: {size} bytes — too short to be a safetensors file (truncated?).")
+    header_len = int.from_bytes(prefix, "little")
+    if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+        raise TrajectoryFormatError(
+            f"{path}: the header claims {header_len} bytes but the file has {size - 8} after the length "
+            f"prefix; the file is truncated or not a safetensors file."
+        )
+    return header_len
+
+
+def _read_checked_bytes(path: Path) -> bytes:
+    """The whole file, read only after its header was validated and no larger than the header says."""
+    with _open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        header_len = _header_length(prefix, size, path)
+        head = prefix + handle.read(header_len)
+        _read_header_metadata(head, path, file_size=size)  # raises before the data is read
+        body = handle.read(size - len(head))
+    if len(head) + len(body) != size:
+        raise TrajectoryFormatError(f"{path}: the file changed size while it was read; write it completely first.")
+    return head + body
+
+
 def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     """The file format's `sha256` metadata: SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order.
 
@@ -435,14 +496,18 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
-    """Parse the safetensors header ourselves so a damaged file gets a precise message."""
+def _read_header_metadata(data: bytes, path: Path, file_size: int | None = None) -> dict[str, str]:
+    """Parse the safetensors header ourselves so a damaged file gets a precise message.
+
+    `data` holds at least the length prefix and the header; `file_size` is the file's size when `data` is
+    not the whole file (default: ``len(data)``)."""
+    file_size = len(data) if file_size is None else file_size
     if len(data) < 8:
         raise TrajectoryFormatError(f"{path}: {len(data)} bytes — too short to be a safetensors file (truncated?).")
     header_len = int.from_bytes(data[:8], "little")
-    if header_len > _MAX_HEADER_BYTES or 8 + header_len > len(data):
+    if header_len > _MAX_HEADER_BYTES or 8 + header_len > min(len(data), file_size):
         raise TrajectoryFormatError(
-            f"{path}: the header claims {header_len} bytes but the file has {len(data) - 8} after the length "
+            f"{path}: the header claims {header_len} bytes but the file has {file_size - 8} after the length "
             f"prefix; the file is truncated or not a safetensors file."
         )
     try:
@@ -464,11 +529,14 @@ def _read_header_metadata(data: bytes, path: Path) -> dict[str, str]:
             f"{path}: trajectory format version {metadata.get('format_version')!r}; this reader understands "
             f"{FORMAT_VERSION!r}. Upgrade rollout-consistency or re-export with this version."
         )
-    end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
-    if 8 + header_len + end != len(data):
+    try:
+        end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
+    except (TypeError, ValueError, KeyError, IndexError) as error:
+        raise TrajectoryFormatError(f"{path}: a tensor entry of the header is malformed ({error!r}).") from error
+    if 8 + header_len + end != file_size:
         raise TrajectoryFormatError(
             f"{path}: the header describes {end} bytes of tensor data but the file holds "
-            f"{len(data) - 8 - header_len}; the file is truncated or has trailing bytes."
+            f"{file_size - 8 - header_len}; the file is truncated or has trailing bytes."
         )
     return metadata
 

@@ -1,7 +1,8 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Command line: `rollout-consistency <command>` (also `python -m rollout_consistency <command>`).
 
-Exit codes for every command: 0 pass, 1 fail, 2 usage error (bad arguments, unloadable spec or file).
+Exit codes for every command: 0 pass, 1 fail, 2 could not run (bad arguments, unloadable spec or file, resource
+limit, unreachable cluster), 130 interrupted; never a traceback (`--debug` shows it; see `cli_guard`).
 
 Each command is one `_add_<name>_parser(subparsers)` + `_run_<name>(args) -> int` pair registered in
 `_COMMANDS`. Heavy imports (torch, the checks) happen inside `_run_<name>`, so `--help` stays fast.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
-from rollout_consistency.cli_io import installed_version, quiet_broken_pipe
+from rollout_consistency import __version__
 from rollout_consistency.gate.config import (
     DEVICES,
     DTYPES,
@@ -47,16 +48,13 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 pass, 1 fail, 2 usage error, 141 reader closed the pipe)."""
-    try:
-        code = _main(argv)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
-        return code
-    except BrokenPipeError:  # `rollout-consistency check --help | head`: no traceback
-        return quiet_broken_pipe()
+    """Run the command line; returns the exit code (0 pass, 1 fail, 2 could not run, 130 interrupted)."""
+    from rollout_consistency.cli_guard import guarded
+
+    return guarded(_main, argv, "rollout-consistency")
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str]) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
@@ -68,7 +66,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return args.run(args)
     except UsageError as error:
-        print(f"rollout-consistency {args.command}: error: {error}", file=sys.stderr)
+        one_line = " ".join(line.strip() for line in str(error).splitlines() if line.strip())  # parser messages wrap
+        print(f"rollout-consistency {args.command}: error: {one_line}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -101,9 +100,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="rollout-consistency",
         description="Consistency checks for diffusion RL training (rollout vs trainer, and within a training run).",
-        epilog="Exit codes: 0 pass, 1 fail, 2 usage error. Docs: docs/training-consistency.md",
+        epilog="Exit codes: 0 pass, 1 fail, 2 could not run, 130 interrupted. Docs: docs/training-consistency.md",
     )
-    parser.add_argument("--version", action="version", version=f"rollout-consistency {installed_version()}")
+    parser.add_argument("--version", action="version", version=f"rollout-consistency {__version__}")
+    # Stripped from the command line before parsing (`cli_guard.split_debug`), so any command takes it.
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (any command)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_parser in _COMMANDS:
         add_parser(subparsers)
@@ -132,6 +133,12 @@ def _call_factory(factory: Any, spec: str, optional: dict[str, Any], required: d
         return call_with_supported_kwargs(factory, optional=optional, required=required)
     except SpecError as error:
         raise UsageError(f"{spec}: {error}") from error
+    except (TypeError, ValueError) as error:  # the factory refused its arguments (e.g. --arg dropout=abc)
+        given = ", ".join(f"{k}={v!r}" for k, v in required.items()) or "no --arg"
+        raise UsageError(
+            f"{spec} raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
+            f"(called with {given}); check the --arg values."
+        ) from error
 
 
 def _parse_factory_args(pairs: Sequence[str]) -> dict[str, Any]:
@@ -143,16 +150,19 @@ def _parse_factory_args(pairs: Sequence[str]) -> dict[str, Any]:
             raise UsageError(f"--arg expects name=value, got {pair!r}")
         try:
             kwargs[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
             kwargs[name] = text
     return kwargs
 
 
 def _write_json(path: str | None, data: dict[str, Any]) -> None:
+    from rollout_consistency.atomic_write import write_all
+
     if path is None:
         return
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     try:
-        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_all([(path, lambda temporary: Path(temporary).write_text(text))])
     except OSError as error:
         raise UsageError(f"cannot write {path}: {error}") from error
 
@@ -261,6 +271,21 @@ def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any]) -> d
     return case
 
 
+def _check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
+    from rollout_consistency.atomic_write import OutputPathError, check_output_paths
+
+    try:
+        check_output_paths(outputs, inputs)
+    except OutputPathError as error:
+        raise UsageError(str(error)) from error
+
+
+def _spec_file(spec: str | None) -> str | None:
+    """The file a 'path/to/file.py:factory' spec names (None for a module spec)."""
+    module_part = (spec or "").rpartition(":")[0]
+    return module_part if module_part.endswith(".py") else None
+
+
 def _run_checkpointing(args: argparse.Namespace) -> int:
     from rollout_consistency.training.checkpoint_check import check_checkpointing
 
@@ -268,6 +293,11 @@ def _run_checkpointing(args: argparse.Namespace) -> int:
         print(
             "rollout-consistency recompute: deprecated name, use 'rollout-consistency checkpointing'", file=sys.stderr
         )
+    _check_outputs({"--json": args.json}, {"SPEC": _spec_file(args.spec)})
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed {args.seed} must lie in [0, 2**63-1].")
+    if not 0 <= args.top <= 100000:
+        raise UsageError(f"--top {args.top} must lie in [0, 100000].")
     case = _checkpointing_case(args.spec, args.seed, _parse_factory_args(args.arg))
     checkpoint_fn = _resolve_checkpoint(args.checkpoint)
     segments = args.segments if args.segments is not None else case.get("segments")
@@ -335,6 +365,8 @@ def _add_precision_parser(subparsers: Any) -> None:
 def _run_precision(args: argparse.Namespace) -> int:
     from rollout_consistency.training.precision import PrecisionReport, audit_precision, diff_precision_reports
 
+    diff_a, diff_b = args.diff or (None, None)
+    _check_outputs({"--json": args.json}, {"--diff A": diff_a, "--diff B": diff_b, "--spec": _spec_file(args.spec)})
     if args.diff:
         if args.spec:
             raise UsageError("--diff compares two saved reports; it takes no --spec")
@@ -449,6 +481,7 @@ FIELD_HELP: dict[str, str] = {
     "trajectory": "check this saved trajectory file against the trainer instead of sampling",
     "workers": "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
     "ray_address": "join this Ray cluster ('auto', 'ray://host:10001')",
+    "ray_timeout_s": "seconds to reach --ray-address before giving up (exit 2)",
     "progress": "progress bar on stderr",
 }
 
@@ -533,23 +566,42 @@ def _run_check_command(args: argparse.Namespace) -> int:
         ConfigError (and the other `rollout_consistency.gate.check.USAGE_ERRORS`): bad settings — the caller maps them to
         exit code 2.
     """
+    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
+
     config = config_from_args(args)
+    outputs = {"--json": args.json, "--junit": args.junit, "--plot": args.plot}
+    try:  # before any work: a report must never replace an input or another report
+        check_output_paths(outputs, {"--config": args.config, "--trajectory": config.trajectory})
+    except OutputPathError as error:
+        raise ConfigError(str(error)) from error
+    if config.trajectory is not None:
+        from rollout_consistency.gate.trajectory_checks import check_explicit_family
+
+        check_explicit_family(config.trajectory, _explicit_family(args))
     from rollout_consistency.gate.check import run_step1_check
 
     report = run_step1_check(config)
     print(report.format_table(per_sample=args.per_sample))
-    for path, write in (
-        (args.json, report.write_json),
-        (args.junit, report.write_junit),
-        (args.plot, report.write_plot),
-    ):
-        if path:
-            try:
-                write(path)
-            except OSError as error:
-                raise ConfigError(f"cannot write {path}: {error}") from error
-            print(f"wrote {path}", file=sys.stderr)
+    writers = {"--json": report.write_json, "--junit": report.write_junit, "--plot": report.write_plot}
+    requested = [(path, writers[flag]) for flag, path in outputs.items() if path]
+    try:  # all or nothing: no report may be left that disagrees with the exit code
+        written = write_all(requested)
+    except OSError as error:
+        raise ConfigError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
     return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _explicit_family(args: argparse.Namespace) -> str | None:
+    """The model family the user named (flag, else config file), or None when it is the default."""
+    if getattr(args, "model_family", None) is not None:
+        return args.model_family
+    if getattr(args, "config", None):
+        from rollout_consistency.gate.config import read_config_file
+
+        return read_config_file(args.config).get("model_family")
+    return None
 
 
 # lint: static, pure AST (imports neither torch nor the linted code); the command lives in lint/cli.py.

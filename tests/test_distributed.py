@@ -76,6 +76,7 @@ def test_dead_worker_is_retried_once_and_then_succeeds(ray_session, tmp_path):
     assert out.ok
     assert list(out.results) == [sum(s["items"]) for s in shards]
     assert (tmp_path / "died").exists()  # it really died once
+    assert any("shard 1 was retried" in note for note in out.notes)  # the retry is named in the report
 
 
 def test_worker_that_dies_twice_fails_naming_the_shard(ray_session):

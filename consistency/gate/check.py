@@ -94,6 +94,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
             setup=functools.partial(build_backend, config),
             workers=config.workers,
             ray_address=config.ray_address,
+            ray_timeout_s=config.ray_timeout_s,
             on_result=lambda _index, result: progress.update(len(result.sample_indices)),
         )
     finally:
@@ -141,6 +142,9 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         trajectory = Trajectory.load(config.trajectory)
     except TrajectoryFormatError as error:
         raise ConfigError(f"--trajectory {config.trajectory}: {error}") from error
+    from .trajectory_checks import check_family_options
+
+    check_family_options(trajectory.model_family, trajectory.family_options, config.trajectory)
     if trajectory.model_family != config.model_family:
         notes.append(f"model_family {trajectory.model_family!r} taken from the trajectory file")
     # Only the trainer side is built: the rollout side is the file.

@@ -59,23 +59,19 @@ def add_gate_parser(subparsers: Any) -> None:
 
 
 def run_gate(args: argparse.Namespace) -> int:
+    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
     from rollout_consistency.cli import UsageError
     from rollout_consistency.gate.api import GateInputError
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
     from rollout_consistency.gate.dump import DumpFormatError, read_dump
 
     outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
-    dump_path = os.path.realpath(args.dump)
-    seen: dict[str, str] = {}
-    for flag, path in outputs:
-        if path is None:
-            continue
-        real = os.path.realpath(path)
-        if real == dump_path:
-            raise UsageError(f"{flag} {path} is the dump itself; write the report to another file.")
-        if real in seen:
-            raise UsageError(f"{flag} and {seen[real]} both write {path}; give each output its own file.")
-        seen[real] = flag
+    try:
+        check_output_paths(dict(outputs), {"DUMP": args.dump})
+    except OutputPathError as error:
+        raise UsageError(str(error)) from error
+    if os.path.isdir(args.dump):
+        raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")
     try:
         thresholds = parse_thresholds(args.threshold) if args.threshold else None
         dump = read_dump(args.dump)
@@ -91,11 +87,12 @@ def run_gate(args: argparse.Namespace) -> int:
     except (FileNotFoundError, DumpFormatError, GateInputError, ConfigError) as error:
         raise UsageError(str(error)) from error
     print(report.format_table(per_sample=args.per_sample))
-    for (flag, path), write in zip(outputs, (report.write_json, report.write_junit, report.write_plot), strict=True):
-        if path:
-            try:
-                write(path)
-            except OSError as error:
-                raise UsageError(f"cannot write {flag} {path}: {error}") from error
-            print(f"wrote {path}", file=sys.stderr)
+    writers = (report.write_json, report.write_junit, report.write_plot)
+    requested = [(path, write) for (_, path), write in zip(outputs, writers, strict=True) if path]
+    try:  # all or nothing: no report may be left that disagrees with the exit code
+        written = write_all(requested)
+    except OSError as error:
+        raise UsageError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
     return EXIT_PASS if report.passed else EXIT_FAIL

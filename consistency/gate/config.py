@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bounds import check_bounds
 from .metrics import METRIC_NAMES
+from .safe_yaml import SafeYamlError, load_yaml, read_limited
 from .tolerances import (
     DEFAULT_CALIBRATION_MULTIPLE,
     PROFILES,
@@ -172,7 +174,9 @@ class CheckConfig:
 
     Run:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
-        file instead of sampling. workers / ray_address: Ray distribution. progress: show a progress bar.
+        file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
+        the cluster at ray_address before failing (exit 2). progress: show a progress bar.
+        Every numeric setting has a documented bound (`rollout_consistency.gate.bounds.BOUNDS`).
     """
 
     model_family: str = "qwen-image"
@@ -222,6 +226,7 @@ class CheckConfig:
     trajectory: str | None = None
     workers: int = 1
     ray_address: str | None = None
+    ray_timeout_s: float = 30.0
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -285,15 +290,14 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             unknown key.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path!r} is a directory; name the .yaml or .toml file inside it.")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist.")
     extension = os.path.splitext(path)[1].lower()
     try:
         if extension in (".yaml", ".yml"):
-            import yaml
-
-            with open(path, encoding="utf-8") as handle:
-                data = yaml.safe_load(handle)
+            data = load_yaml(read_limited(path), path)
         elif extension == ".toml":
             data = _load_toml(path)
         else:
@@ -302,7 +306,13 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             )
     except ConfigError:
         raise
-    except Exception as error:  # yaml.YAMLError, tomllib.TOMLDecodeError
+    except SafeYamlError as error:
+        raise ConfigError(str(error)) from error
+    except OSError as error:
+        raise ConfigError(
+            f"config file {path!r} cannot be read ({error.strerror or error}); check its permissions."
+        ) from error
+    except Exception as error:  # yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError
         raise ConfigError(f"config file {path!r} could not be parsed: {error}") from error
     if data is None:
         data = {}
@@ -336,8 +346,8 @@ def _load_toml(path: str) -> Any:
             raise ConfigError(
                 "reading TOML on Python 3.10 needs the `tomli` package (`pip install tomli`), or use a YAML file."
             ) from error
-    with open(path, "rb") as handle:
-        return tomllib.load(handle)
+    # tomllib refuses duplicate keys itself; the size limit is ours.
+    return tomllib.loads(read_limited(path).decode("utf-8"))
 
 
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -381,7 +391,14 @@ _INT_FIELDS = {
     "workers",
 }
 _OPTIONAL_INT_FIELDS = {"micro_batch_size"}
-_FLOAT_FIELDS = {"noise_level", "guidance_scale", "true_cfg_scale", "clip_ratio", "calibration_multiple"}
+_FLOAT_FIELDS = {
+    "noise_level",
+    "guidance_scale",
+    "true_cfg_scale",
+    "clip_ratio",
+    "calibration_multiple",
+    "ray_timeout_s",
+}
 _OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
 _BOOL_FIELDS = {
     "step_execution",
@@ -559,6 +576,7 @@ def _validate(config: CheckConfig) -> None:
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "
             "cannot be combined with it."
         )
+    check_bounds(config, ConfigError)
 
 
 def parse_thresholds(pairs: list[str]) -> dict[str, float | None]:

@@ -98,6 +98,7 @@ def run_sharded(
     ray_address: str | None = None,
     max_attempts: int = 2,
     on_result: Callable[[int, R], None] | None = None,
+    ray_timeout_s: float = 30.0,
 ) -> ShardedResults[R]:
     """Run ``work(state, shard)`` for every shard, with ``state = setup()`` once per worker.
 
@@ -111,6 +112,8 @@ def run_sharded(
         ray_address: a Ray cluster to join (``"auto"`` or ``"ray://host:10001"``); a local one otherwise.
         max_attempts: tries per shard when its worker dies (default 2: retried once).
         on_result: called as ``on_result(shard_index, result)`` as each shard completes (progress bars).
+        ray_timeout_s: seconds to reach `ray_address` before raising DistributedError (Ray itself would
+            retry for minutes).
 
     Raises:
         DistributedError: Ray is required (`use_ray=True` or `ray_address`) but not installed, or a worker's
@@ -132,6 +135,10 @@ def run_sharded(
     if not use_ray:
         notes = (RAY_MISSING_NOTE,) if workers > 1 and not have_ray else ()
         return _run_in_process(work, shards, setup, on_result, notes)
+    if ray_address is not None:
+        from .ray_connect import check_reachable
+
+        check_reachable(ray_address, ray_timeout_s)
     return _run_on_ray(work, shards, setup, min(workers, len(shards)), ray_address, max_attempts, on_result)
 
 
@@ -187,16 +194,28 @@ def _start_ray(ray: Any, ray_address: str | None) -> tuple[bool, str | None, tup
     if ray.is_initialized():
         return False, None, ()
     if ray_address is not None:
-        ray.init(address=ray_address, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            ray.init(address=ray_address, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
+            ray.shutdown()
+            raise DistributedError(
+                f"cannot join the Ray cluster at {ray_address!r} ({_first_line(error)}); start it (`ray start "
+                f"--head`) or fix --ray-address."
+            ) from error
         return True, None, (f"joined the Ray cluster at {ray_address}",)
     temp_dir = tempfile.mkdtemp(prefix="rc-ray-")
-    ray.init(
-        num_cpus=os.cpu_count() or 1,
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+    try:
+        ray.init(
+            num_cpus=os.cpu_count() or 1,
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    except BaseException:  # Ctrl-C during start-up: no Ray processes, no temp directory left behind
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
     return True, temp_dir, ()
 
 
@@ -205,7 +224,8 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
     from ray.exceptions import RayActorError
 
     t0 = time.perf_counter()
-    started, temp_dir, notes = _start_ray(ray, ray_address)
+    started, temp_dir, start_notes = _start_ray(ray, ray_address)
+    notes = list(start_notes)
     try:
         options, threads = _placement(ray, workers)
         actor_class = ray.remote(_ShardWorker).options(max_restarts=0, max_task_retries=0, **options)
@@ -242,6 +262,11 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
                 ray.kill(actor, no_restart=True)
                 if attempts[index] < max_attempts:
                     pending.insert(0, index)
+                    # Named in the report: a retry can hide a flaky node or an OOM the user should know about.
+                    notes.append(
+                        f"shard {index} was retried on a new worker after its worker died on attempt "
+                        f"{attempts[index]} ({_first_line(error)})"
+                    )
                 else:
                     failures.append(ShardFailure(index, attempts[index], _first_line(error)))
                 if pending or running:
@@ -258,7 +283,7 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
             failures=tuple(sorted(failures, key=lambda f: f.shard)),
             mode="ray",
             workers=workers,
-            notes=notes,
+            notes=tuple(notes),
             timings_s={"startup": startup_s, "setup": 0.0, "work": time.perf_counter() - t1},
         )
     finally:

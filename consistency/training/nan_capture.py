@@ -77,7 +77,8 @@ __all__ = [
 ]
 
 CAPTURE_FORMAT = "rollout-consistency/nan-capture"
-CAPTURE_VERSION = 1
+#: 2: a one-line JSON header (format, version, sha256 and size of the payload) before the torch.save payload.
+CAPTURE_VERSION = 2
 
 
 class NonFiniteGradientError(RuntimeError):
@@ -242,7 +243,8 @@ class NanCapture:
             return False  # stop=False and already captured the first one
         bad = tuple(name for name, p in self._params if p.grad is not None and not grads_are_finite([p.grad]))
         try:
-            path = _atomic_save(self._payload(step, rng, batch, bad), self.directory, f"nonfinite-step{step:08d}.pt")
+            payload = {**self._payload(step, rng, batch, bad), "grad_norm_given": grad_norm is not None}
+            path = _atomic_save(payload, self.directory, f"nonfinite-step{step:08d}.pt")
         except OSError as error:
             raise CaptureWriteError(
                 f"non-finite gradients at step {step} in {len(bad)} parameter(s) ({_names(bad)}), but the capture "
@@ -300,7 +302,9 @@ def _probe_writable(directory: Path) -> None:
 
 
 def _serialize(payload: dict[str, Any], file: BinaryIO) -> None:
-    torch.save(payload, file)
+    from .capture_file import write_checked
+
+    write_checked(payload, file, CAPTURE_FORMAT, CAPTURE_VERSION)
 
 
 def _atomic_save(payload: dict[str, Any], directory: Path, filename: str) -> Path:
@@ -365,6 +369,7 @@ class NanCaptureRecord:
     grads: dict[str, torch.Tensor]
     nonfinite_parameters: tuple[str, ...]
     torch_version: str
+    grad_norm_given: bool = False
 
 
 def load_capture(
@@ -381,8 +386,11 @@ def load_capture(
     Raises:
         ValueError: not a capture file, an unsupported version, or objects that need `trust_pickle=True`.
     """
+    from .capture_file import CaptureFormatError, read_checked
+
+    payload = read_checked(path, CAPTURE_FORMAT, CAPTURE_VERSION)  # CaptureFormatError before unpickling
     try:
-        data = torch.load(path, map_location=map_location, weights_only=not trust_pickle)
+        data = torch.load(payload, map_location=map_location, weights_only=not trust_pickle)
     except Exception as error:
         if not trust_pickle and "weights_only" in str(error).lower():
             detail = next((line.strip() for line in str(error).splitlines() if "Unsupported" in line), "")
@@ -390,11 +398,16 @@ def load_capture(
                 f"{path} holds objects that safe loading refuses, probably in the batch ({detail}); if you trust "
                 "the file, pass trust_pickle=True"
             ) from error
-        raise
+        raise CaptureFormatError(
+            f"{path}: the capture passed its checksum but cannot be unpickled ({error})"
+        ) from error
     if not isinstance(data, dict) or data.get("format") != CAPTURE_FORMAT:
         raise ValueError(f"{path} is not a NaN-capture file written by rollout_consistency.training.nan_capture")
     if data.get("version") != CAPTURE_VERSION:
         raise ValueError(f"{path} has capture format version {data.get('version')}; this code reads {CAPTURE_VERSION}")
+    missing = [k for k in _RECORD_KEYS if k not in data]
+    if missing:
+        raise CaptureFormatError(f"{path}: the capture lacks {', '.join(missing)}; it was not written by NanCapture")
     return NanCaptureRecord(
         step=data["step"],
         model_state=data["model_state"],
@@ -404,7 +417,11 @@ def load_capture(
         grads=data["grads"],
         nonfinite_parameters=tuple(data["nonfinite_parameters"]),
         torch_version=data["torch_version"],
+        grad_norm_given=bool(data.get("grad_norm_given", False)),
     )
+
+
+_RECORD_KEYS = ("step", "model_state", "optimizer_state", "batch", "rng", "grads", "nonfinite_parameters")
 
 
 @dataclass(frozen=True)
@@ -418,6 +435,9 @@ class ReplayResult:
         mismatched_parameters: names whose gradients differ (or exist on one side only).
         nonfinite_parameters: names whose recomputed gradients are not finite.
         output: whatever `step_fn` returned (e.g. the loss).
+        compared: what was compared, in words (which gradients, how).
+        expected_differences: reasons a difference can be expected on this replay (e.g. the step was checked
+            after clip-grad-norm, another torch version, a GPU); empty when bit-exactness is promised.
     """
 
     step: int
@@ -425,6 +445,15 @@ class ReplayResult:
     mismatched_parameters: tuple[str, ...]
     nonfinite_parameters: tuple[str, ...]
     output: Any
+    compared: str = ""
+    expected_differences: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """What was compared, the outcome, and why a difference could be expected."""
+        outcome = "bit-identical" if self.grads_bitwise_equal else f"DIFFERENT in {_names(self.mismatched_parameters)}"
+        lines = [f"step {self.step}: {self.compared}: {outcome}"]
+        lines += [f"  a difference can be expected: {reason}" for reason in self.expected_differences]
+        return "\n".join(lines)
 
 
 def replay(
@@ -480,7 +509,26 @@ def replay(
         mismatched_parameters=mismatched,
         nonfinite_parameters=nonfinite,
         output=output,
+        compared=(
+            f"the gradients of {len(set(recomputed) | set(record.grads))} parameter(s) as step_fn left them, bit "
+            f"for bit (dtype, shape, bit pattern) against the {len(record.grads)} captured at check()"
+        ),
+        expected_differences=_expected_differences(record, recomputed),
     )
+
+
+def _expected_differences(record: NanCaptureRecord, recomputed: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    reasons = []
+    if record.grad_norm_given:
+        reasons.append(
+            "the training step passed grad_norm= (clip_grad_norm_ ran before check): the captured gradients are "
+            "the clipped ones, so step_fn must clip the same way"
+        )
+    if record.torch_version != str(torch.__version__):
+        reasons.append(f"captured with torch {record.torch_version}, replayed with {torch.__version__}")
+    if any(g.device.type != "cpu" for g in list(record.grads.values()) + list(recomputed.values())):
+        reasons.append("gradients on a GPU are bit-exact only with torch.use_deterministic_algorithms(True)")
+    return tuple(reasons)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

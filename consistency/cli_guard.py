@@ -1,0 +1,150 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The command line's last line of defence: one exit code per outcome, never a traceback.
+
+[`guarded`] runs a command's ``main`` and maps what escapes it:
+
+* 0 PASS, 1 FAIL: returned by the command itself (1 only when the two sides disagree);
+* 2 could not run: a usage error, an unreadable or invalid input, a resource limit (disk full, file-size
+  limit, out of memory), an unreachable cluster, or an unexpected error — printed as one line naming the
+  problem and the fix; ``--debug`` prints the traceback too;
+* 130 interrupted: Ctrl-C or SIGTERM (the commands' ``finally`` blocks and the all-or-nothing report
+  writer remove their temporary files and Ray processes on the way out).
+
+A closed stdout (``rollout-consistency --help | head``) is not an error: further output is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+
+__all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_PASS", "EXIT_USAGE", "guarded", "split_debug"]
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_RESOURCE_FIXES = {
+    errno.ENOSPC: "free disk space or write the reports elsewhere",
+    errno.EFBIG: "raise the file-size limit (ulimit -f) or write the reports elsewhere",
+    errno.EDQUOT: "free space in your quota or write the reports elsewhere",
+    errno.EACCES: "check the permissions of the path",
+    errno.EROFS: "write to a writable file system",
+    errno.ELOOP: "fix the symlink loop",
+    errno.EISDIR: "name a file, not a directory",
+}
+
+
+def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """`argv` without its ``--debug`` flags (before a ``--``), and whether one was given."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:end]
+    return [a for i, a in enumerate(argv) if i >= end or a != "--debug"], debug
+
+
+def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
+    """``run(argv)`` with every escaping exception turned into an exit code and one line on stderr."""
+    argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
+    try:
+        with _sigterm_as_interrupt(), _tolerate_closed_stdout():
+            return run(argv)
+    except KeyboardInterrupt:
+        _say(prog, "interrupted; no report was written (reports are written all at once at the end).", debug)
+        return EXIT_INTERRUPTED
+    except MemoryError:
+        _say(prog, "out of memory; lower the image size, batch size or number of samples.", debug)
+        return EXIT_USAGE
+    except OSError as error:
+        where = f" {error.filename}" if error.filename else ""
+        fix = _RESOURCE_FIXES.get(error.errno or 0, "check the path and try again")
+        _say(prog, f"cannot access{where}: {error.strerror or error}; {fix}.", debug)
+        return EXIT_USAGE
+    except RecursionError:
+        _say(prog, "input nested too deeply to process; simplify it.", debug)
+        return EXIT_USAGE
+    except Exception as error:  # a bug or an input no check anticipated: could not run, never a FAIL
+        _say(prog, f"could not run ({type(error).__name__}: {_first_line(error)}); {_debug_hint(debug)}", debug)
+        return EXIT_USAGE
+
+
+def _say(prog: str, message: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):
+        print(f"{prog}: error: {message}", file=sys.stderr)
+
+
+def _debug_hint(debug: bool) -> str:
+    return "the traceback is above; please report it." if debug else "run again with --debug for the traceback."
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:500] if lines else "no message"
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    # SIGTERM (CI cancelling a job) cleans up like Ctrl-C; signal handlers can only be set on the main thread.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _ClosedPipeSafe:
+    """A stdout that drops output once the reader went away (and stops Python's exit-time flush error)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._stream.write(text)  # type: ignore[attr-defined]
+            except BrokenPipeError:
+                self._close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._stream.flush()  # type: ignore[attr-defined]
+            except BrokenPipeError:
+                self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # type: ignore[attr-defined]
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _tolerate_closed_stdout() -> Iterator[None]:
+    original = sys.stdout
+    sys.stdout = _ClosedPipeSafe(original)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            sys.stdout.flush()
+        sys.stdout = original

@@ -1,0 +1,541 @@
+"""Fail closed (issue 12): a corpus of bad inputs and faults, each asserting the exit code, the one-line message
+and the files left on disk.
+
+Every case runs the CLI in-process through `main(argv)` (cheap: they fail before any model is built) except the
+ones that need a real pipe or signal. The shared check: stderr is exactly one line (no traceback), it names the
+problem, and the directory holds exactly what it held before (nothing overwritten, no temporary file left).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rollout_consistency.atomic_write import TEMP_PREFIX, write_all
+from rollout_consistency.cli import main
+from rollout_consistency.gate.bounds import BOUNDS
+from rollout_consistency.training.capture_file import CaptureFormatError
+from rollout_consistency.training.nan_capture import NanCapture, NonFiniteGradientError, load_capture, replay
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = ["check", "--no-progress"]
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under `root` (symlinks by their target text)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _no_temp_files(root: Path) -> None:
+    assert not [p for p in root.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+# ------------------------------------------------------------------------------------------------
+# shared inputs (built once: a tiny trajectory, a dump, a YAML config)
+
+
+@pytest.fixture(scope="module")
+def trajectory_file(tmp_path_factory) -> Path:
+    from rollout_consistency.adapters import qwen_image
+    from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
+    from rollout_consistency.schedulers import SDEWindow
+
+    model = load_qwen_image()
+    cond = TinyPromptEncoder().conditioning(["a red cat", "a dog"], [" ", " "])
+    trajectory = qwen_image.rollout(
+        model,
+        cond,
+        height=32,
+        width=32,
+        num_inference_steps=6,
+        seeds=[11, 12],
+        window=SDEWindow(start=1, size=2, num_steps=6),
+        noise_level=0.7,
+        guidance_scale=1.0,
+        prompt_groups=[0, 1],
+        global_step=0,
+    )
+    return trajectory.save(tmp_path_factory.mktemp("traj") / "t.safetensors")
+
+
+def _rewrite_trajectory(source: Path, target: Path, *, extra_tensor: bool = False, options: dict | None = None) -> None:
+    """A copy of `source` with an extra tensor or other family_options (the tensors' checksum stays valid)."""
+    from safetensors import safe_open
+
+    from rollout_consistency.adapters.trajectory import read_header_metadata
+
+    metadata = read_header_metadata(source)
+    with safe_open(str(source), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    if extra_tensor:
+        tensors["rewards"] = torch.zeros(2)
+    if options is not None:
+        metadata = {**metadata, "family_options": json.dumps(options)}
+    save_file(tensors, str(target), metadata=metadata)
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch) -> Path:
+    """A directory with a config, a trajectory-like file and a JSON report; cwd moves there."""
+    (tmp_path / "c.yaml").write_text("noise_level: 0.7\n")
+    (tmp_path / "old.json").write_text('{"status": "PASS"}\n')
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------------------
+# the corpus: (id, setup(dir) -> argv, exit code, message substring)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    setup: Callable[[Path], list[str]]
+    code: int
+    message: str
+
+
+def _file(name: str, content: bytes | str) -> Callable[[Path], Path]:
+    def make(root: Path) -> Path:
+        path = root / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return path
+
+    return make
+
+
+def _config_case(id_: str, name: str, content: bytes | str, message: str) -> Case:
+    return Case(id_, lambda d: [*CHECK, "--config", str(_file(name, content)(d))], 2, message)
+
+
+def _traj_case(id_: str, content: bytes, message: str) -> Case:
+    return Case(id_, lambda d: [*CHECK, "--trajectory", str(_file("t.safetensors", content)(d))], 2, message)
+
+
+def _symlink_loop(root: Path) -> list[str]:
+    (root / "loop").symlink_to(root / "loop")
+    return [*CHECK, "--trajectory", str(root / "loop")]
+
+
+def _link_to_config(root: Path) -> list[str]:
+    (root / "link.json").symlink_to(root / "c.yaml")
+    return [*CHECK, "--config", "c.yaml", "--json", "link.json"]
+
+
+def _spec(body: str) -> Callable[[Path], list[str]]:
+    def setup(root: Path) -> list[str]:
+        (root / "case.py").write_text(body)
+        return ["checkpointing", f"{root / 'case.py'}:make"]
+
+    return setup
+
+
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+    for i in range(9)
+)
+
+CORPUS = [
+    # -- exit codes and no tracebacks: numeric settings out of bounds, checked before anything is built
+    Case("global-step-65-bits", lambda d: [*CHECK, "--global-step", str(2**64)], 2, "'global_step' is"),
+    Case("seed-65-bits", lambda d: [*CHECK, "--seed", str(2**64)], 2, "'seed' is"),
+    Case("negative-global-step", lambda d: [*CHECK, "--global-step", "-1"], 2, "global_step"),
+    Case("huge-height", lambda d: [*CHECK, "--height", "1000000"], 2, "'height' is 1000000"),
+    Case("huge-steps", lambda d: [*CHECK, "--num-inference-steps", str(10**9)], 2, "'num_inference_steps' is"),
+    Case("huge-prompts", lambda d: [*CHECK, "--num-prompts", str(10**7)], 2, "'num_prompts' is"),
+    Case(
+        "too-many-samples", lambda d: [*CHECK, "--num-prompts", "65536", "--num-images-per-prompt", "2"], 2, "rollouts"
+    ),
+    Case("huge-workers", lambda d: [*CHECK, "--workers", "100000"], 2, "'workers' is"),
+    Case("huge-noise", lambda d: [*CHECK, "--noise-level", "1e300"], 2, "'noise_level' is"),
+    Case("huge-seq-len", lambda d: [*CHECK, "--max-sequence-length", str(10**8)], 2, "'max_sequence_length' is"),
+    Case("huge-guidance", lambda d: [*CHECK, "--guidance-scale", "1e12"], 2, "'guidance_scale' is"),
+    Case("ray-timeout-zero", lambda d: [*CHECK, "--ray-timeout-s", "0"], 2, "'ray_timeout_s' is"),
+    Case("checkpointing-seed-65-bits", lambda d: ["checkpointing", "x:y", "--seed", str(2**64)], 2, "--seed"),
+    Case(
+        "recompute-arg-not-a-number",
+        lambda d: ["checkpointing", "rollout_consistency.training.toy_denoiser:toy_case", "--arg", "dropout=abc"],
+        2,
+        "check the --arg values",
+    ),
+    Case(
+        "factory-raises-runtime-error",
+        _spec("def make(seed=0):\n    raise RuntimeError('kaput')\n"),
+        2,
+        "could not run (RuntimeError: kaput); run again with --debug",
+    ),
+    Case("factory-out-of-memory", _spec("def make(seed=0):\n    raise MemoryError\n"), 2, "out of memory"),
+    Case("factory-interrupted", _spec("def make(seed=0):\n    raise KeyboardInterrupt\n"), 130, "interrupted"),
+    Case(
+        "factory-disk-full",
+        _spec("import errno\ndef make(seed=0):\n    raise OSError(errno.ENOSPC, 'No space left on device', 'x.bin')\n"),
+        2,
+        "free disk space",
+    ),
+    # -- unreachable or malformed Ray address: fails within --ray-timeout-s
+    Case(
+        "ray-address-refused",
+        lambda d: [
+            *CHECK,
+            "--ray-address",
+            "127.0.0.1:1",
+            "--ray-timeout-s",
+            "1",
+            "--num-prompts",
+            "1",
+            "--num-images-per-prompt",
+            "1",
+            "--rollout-batch-size",
+            "1",
+        ],
+        2,
+        "cannot be reached within 1 s",
+    ),
+    Case(
+        "ray-address-bad-scheme",
+        lambda d: [
+            *CHECK,
+            "--ray-address",
+            "http://x:1",
+            "--num-prompts",
+            "1",
+            "--num-images-per-prompt",
+            "1",
+            "--rollout-batch-size",
+            "1",
+        ],
+        2,
+        "use 'auto', 'host:port'",
+    ),
+    # -- outputs never overwrite an input or each other (usage error before any work)
+    Case(
+        "json-is-config",
+        lambda d: [*CHECK, "--config", "c.yaml", "--json", "c.yaml"],
+        2,
+        "is the file given to --config",
+    ),
+    Case("junit-is-config", lambda d: [*CHECK, "--config", "c.yaml", "--junit", "c.yaml"], 2, "--config"),
+    Case("plot-is-trajectory", lambda d: [*CHECK, "--trajectory", "old.json", "--plot", "old.json"], 2, "--trajectory"),
+    Case("json-equals-junit", lambda d: [*CHECK, "--json", "r.out", "--junit", "r.out"], 2, "both write r.out"),
+    Case("json-symlink-to-config", _link_to_config, 2, "is the file given to --config"),
+    Case("json-is-directory", lambda d: [*CHECK, "--json", str(d)], 2, "is a directory"),
+    Case("gate-json-is-dump", lambda d: ["gate", "old.json", "--json", "old.json"], 2, "is the file given to DUMP"),
+    Case("gate-plot-equals-json", lambda d: ["gate", "d.safetensors", "--json", "r", "--plot", "r"], 2, "both write"),
+    Case("gate-dump-is-directory", lambda d: ["gate", str(d)], 2, "is a directory"),
+    Case(
+        "precision-json-is-diff-input",
+        lambda d: ["precision", "--diff", "old.json", "c.yaml", "--json", "old.json"],
+        2,
+        "--diff A",
+    ),
+    Case(
+        "checkpointing-json-is-spec-file", lambda d: ["checkpointing", "case.py:make", "--json", "case.py"], 2, "SPEC"
+    ),
+    # -- config files: safe YAML, duplicate keys, size limit, a directory
+    _config_case("yaml-alias-bomb", "bomb.yaml", ALIAS_BOMB, "aliases"),
+    _config_case("yaml-simple-alias", "a.yaml", "seed: &s 3\nglobal_step: *s\n", "aliases (*s)"),
+    _config_case(
+        "yaml-duplicate-key", "dup.yaml", "noise_level: 0.7\nnoise_level: 0.3\n", "'noise_level' is given twice"
+    ),
+    _config_case("yaml-duplicate-nested-key", "dupn.yaml", "thresholds:\n  ppo_kl: 1\n  ppo_kl: 2\n", "given twice"),
+    _config_case("toml-duplicate-key", "dup.toml", "seed = 1\nseed = 2\n", "could not be parsed"),
+    _config_case("yaml-too-large", "big.yaml", "# " + "x" * (2 << 20) + "\n", "larger than"),
+    _config_case("yaml-not-utf8", "bin.yaml", b"seed: \xff\xfe\n", "could not be parsed"),
+    _config_case("yaml-deep-nesting", "deep.yaml", "a: " + "[" * 20000 + "]" * 20000 + "\n", "config file"),
+    _config_case("yaml-list-document", "list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    _config_case("yaml-seed-65-bits", "s.yaml", f"seed: {2**70}\n", "'seed' is"),
+    Case("config-is-directory", lambda d: [*CHECK, "--config", str(d)], 2, "is a directory"),
+    # -- trajectory files: validated header first, never read larger than the header says
+    Case("trajectory-is-directory", lambda d: [*CHECK, "--trajectory", str(d)], 2, "is a directory"),
+    Case("trajectory-symlink-loop", _symlink_loop, 2, "cannot be read"),
+    _traj_case("trajectory-empty", b"", "too short"),
+    _traj_case("trajectory-endless-header", (2**60).to_bytes(8, "little") + b"{", "header claims"),
+    _traj_case("trajectory-random-bytes", os.urandom(64), "trajectory"),
+    _traj_case("trajectory-not-json-header", (4).to_bytes(8, "little") + b"\xff\xff\xff\xff", "not valid JSON"),
+    _traj_case(
+        "trajectory-other-format",
+        (2).to_bytes(8, "little") + b"{}",
+        "not a rollout-consistency trajectory",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
+def test_corpus(case, work, capsys, monkeypatch):
+    argv = case.setup(work)
+    before = _snapshot(work)
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == case.code, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert case.message in lines[0], lines[0]
+    assert _snapshot(work) == before  # nothing written, nothing overwritten
+    _no_temp_files(work)
+
+
+def test_a_bound_itself_is_accepted():
+    from rollout_consistency.gate.config import load_config
+
+    assert load_config(height=8192, width=8192, seed=2**63 - 1, global_step=2**63 - 1).height == 8192
+
+
+def test_debug_shows_the_traceback(work, capsys):
+    argv = _spec("def make(seed=0):\n    raise RuntimeError('kaput')\n")(work)
+    assert main([*argv, "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "RuntimeError: kaput" in err
+    assert err.rstrip().splitlines()[-1].startswith("rollout-consistency: error: could not run")
+
+
+def test_unreachable_ray_address_fails_within_its_timeout(work, capsys):
+    start = time.monotonic()
+    argv = [*CHECK, "--ray-address", "127.0.0.1:1", "--ray-timeout-s", "2", "--num-prompts", "1"]
+    assert main([*argv, "--num-images-per-prompt", "1", "--rollout-batch-size", "1"]) == 2
+    assert time.monotonic() - start < 30  # the default bound; Ray alone retried for minutes
+    assert "cannot be reached within 2 s" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# soft false PASS: the trajectory's family, unknown tensors and family_options keys
+
+
+def test_explicit_family_that_disagrees_with_the_trajectory_is_a_usage_error(trajectory_file, work, capsys):
+    before = _snapshot(work)
+    assert main([*CHECK, "--trajectory", str(trajectory_file), "--model-family", "sd3", "--json", "r.json"]) == 2
+    assert "written by a 'qwen-image' rollout; drop --model-family" in capsys.readouterr().err
+    (work / "f.yaml").write_text("model_family: flux\n")
+    assert main([*CHECK, "--trajectory", str(trajectory_file), "--config", "f.yaml"]) == 2
+    assert "--model-family flux" in capsys.readouterr().err
+    assert _snapshot(work) == {**before, "f.yaml": _snapshot(work)["f.yaml"]}
+
+
+def test_unknown_tensor_in_a_trajectory_is_refused(trajectory_file, work, capsys):
+    _rewrite_trajectory(trajectory_file, work / "x.safetensors", extra_tensor=True)
+    assert main([*CHECK, "--trajectory", "x.safetensors"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown tensor 'rewards'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_family_option_in_a_trajectory_is_refused(trajectory_file, work, capsys):
+    options = {"height": 32, "width": 32, "mask_txt_padding": False}
+    _rewrite_trajectory(trajectory_file, work / "o.safetensors", options=options)
+    assert main([*CHECK, "--trajectory", "o.safetensors"]) == 2
+    assert "family_options key 'mask_txt_padding' is not read by the 'qwen-image' family" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing-bytes"])
+def test_damaged_trajectory_is_refused_before_its_data_is_read(trajectory_file, work, capsys, damage):
+    data = trajectory_file.read_bytes()
+    (work / "d.safetensors").write_bytes(data[:-100] if damage == "truncated" else data + b"\0" * 100)
+    assert main([*CHECK, "--trajectory", "d.safetensors"]) == 2
+    assert "truncated or has trailing bytes" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# all-or-nothing reports
+
+
+def _gate_dump(root: Path) -> Path:
+    from rollout_consistency.gate.dump import write_dump
+
+    table = torch.full((4, 2), -1.5).numpy()
+    return write_dump(root / "d.safetensors", table, table.copy())
+
+
+def test_gate_writes_every_report_or_none(work, capsys):
+    dump = _gate_dump(work)
+    assert main(["gate", str(dump), "--json", "r.json", "--junit", "r.xml"]) == 0
+    assert json.loads((work / "r.json").read_text())["status"] == "PASS"
+    (work / "blocker").write_text("a file where a directory should be\n")
+    before = _snapshot(work)
+    # The JUnit target cannot be created: the (complete) JSON must not be left either, and r.json stays whole.
+    assert main(["gate", str(dump), "--json", "r.json", "--junit", "blocker/r.xml"]) == 2
+    err = capsys.readouterr().err
+    assert "none was written" in err.strip().splitlines()[-1]
+    assert _snapshot(work) == before
+    _no_temp_files(work)
+
+
+@pytest.mark.parametrize("fault", [errno.ENOSPC, errno.EFBIG, "interrupt"])
+def test_write_all_leaves_nothing_on_a_fault(tmp_path, fault):
+    (tmp_path / "a.json").write_text("previous report\n")
+    before = _snapshot(tmp_path)
+
+    def failing(temporary: str) -> None:
+        Path(temporary).write_text("half a rep")
+        if fault == "interrupt":
+            raise KeyboardInterrupt
+        raise OSError(fault, os.strerror(fault))
+
+    expected = KeyboardInterrupt if fault == "interrupt" else OSError
+    with pytest.raises(expected):
+        write_all([(tmp_path / "a.json", lambda t: Path(t).write_text("new\n")), (tmp_path / "b.xml", failing)])
+    assert _snapshot(tmp_path) == before
+    _no_temp_files(tmp_path)
+
+
+def test_concurrent_writers_never_tear_a_report(tmp_path):
+    target = tmp_path / "r.json"
+    contents = ["A" * 300_000, "B" * 300_000]
+    stop = threading.Event()
+
+    def writer(text: str) -> None:
+        while not stop.is_set():
+            write_all([(target, lambda t, text=text: Path(t).write_text(text))])
+
+    threads = [threading.Thread(target=writer, args=(c,)) for c in contents]
+    for thread in threads:
+        thread.start()
+    try:
+        seen = set()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if target.exists():
+                seen.add(target.read_text())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert seen and seen <= set(contents)  # every read saw one complete report
+    _no_temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# NaN-capture files: checksum and format version; replay says what it compared
+
+
+@pytest.fixture
+def capture(tmp_path) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    nan_capture = NanCapture(model, optimizer, directory=tmp_path / "caps")
+    nan_capture.begin_step(7)
+    model(torch.tensor([[float("nan"), 1.0, 2.0]])).sum().backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with pytest.raises(NonFiniteGradientError) as info:
+        nan_capture.check({"x": torch.tensor([[float("nan"), 1.0, 2.0]])}, grad_norm=grad_norm)
+    return info.value.path
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("zero-bytes", "is empty"),
+        ("truncated", "truncated"),
+        ("trailing", "trailing bytes"),
+        ("bit-flip", "checksum mismatch"),
+        ("version", "format version 99"),
+        ("unversioned", "not a NaN-capture file"),
+    ],
+)
+def test_damaged_capture_is_refused(capture, damage, message):
+    data = capture.read_bytes()
+    header, _, payload = data.partition(b"\n")
+    if damage == "zero-bytes":
+        data = b""
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "trailing":
+        data += b"\0"
+    elif damage == "bit-flip":
+        flipped = bytearray(payload)
+        flipped[len(flipped) // 2] ^= 0x01
+        data = header + b"\n" + bytes(flipped)
+    elif damage == "version":
+        data = header.replace(b'"version": 2', b'"version": 99') + b"\n" + payload
+    else:  # what format version 1 wrote: a bare torch.save with no checksum
+        data = payload
+    capture.write_bytes(data)
+    with pytest.raises(CaptureFormatError, match=message):
+        load_capture(capture)
+
+
+def test_replay_says_what_it_compared_and_why_a_difference_can_be_expected(capture):
+    torch.manual_seed(1)
+    model = torch.nn.Linear(3, 2)
+
+    def step_fn(batch):
+        loss = model(batch["x"]).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        return loss
+
+    result = replay(capture, step_fn, model=model)
+    assert result.step == 7
+    assert "gradients of 2 parameter(s)" in result.compared and "bit for bit" in result.compared
+    assert any("clip_grad_norm_" in reason for reason in result.expected_differences)
+    assert result.describe().startswith("step 7: ")
+
+
+# ------------------------------------------------------------------------------------------------
+# pipes and signals (subprocesses)
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollout_consistency", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def test_help_into_a_closed_pipe_is_not_an_error():
+    proc = _cli("check", "--help")
+    proc.stdout.close()  # the reader went away (`| head -0`)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_interrupt_leaves_no_report_and_no_temp_files(tmp_path):
+    (tmp_path / "r.json").write_text("previous\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = _cli("check", "--no-progress", "--json", "r.json", "--junit", "r.xml", cwd=tmp_path, env=env)
+    time.sleep(3)  # inside the import of torch or the run: either way it must exit 130 and leave nothing
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()
+    assert (
+        err.decode()
+        .strip()
+        .splitlines()[-1]
+        .endswith("no report was written (reports are written all at once at the end).")
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    assert (tmp_path / "r.json").read_text() == "previous\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# documentation
+
+
+def test_docs_list_exit_codes_and_every_bound():
+    text = (REPO / "docs" / "checker.md").read_text()
+    for line in ("| 0 |", "| 1 |", "| 2 |", "| 130 |"):
+        assert line in text
+    for name in BOUNDS:
+        assert f"`{name}`" in text, name
