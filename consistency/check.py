@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tolerance_model
 from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
@@ -205,26 +206,39 @@ def _judge(
         problems.append(Problem("shapes", str(error)))
         return None, _fallback_tolerance(config, profile)
 
-    floor = None
+    floor, floor_parts = None, {}
     if profile == "calibrated":
         floor_tables = [r.floor_log_probs for r in results]
         if any(t is None for t in floor_tables):
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
         else:
             try:
-                floor = compute_metrics(trainer, _stack(floor_tables, "floor log-probs"), **settings).overall
-            except MetricsInputError as error:
+                tables = {"kernel": _stack(floor_tables, "floor log-probs")}
+                for source in results[0].floor_tables:
+                    tables[source] = _stack([r.floor_tables[source] for r in results], f"{source} floor log-probs")
+                floor, floor_parts = tolerance_model.calibration_floor(trainer, tables, **settings)
+            except (MetricsInputError, KeyError) as error:
                 problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
     try:
-        tolerance = resolve_tolerance(profile, config.thresholds, floor=floor, multiple=config.calibration_multiple)
+        tolerance = resolve_tolerance(
+            profile,
+            config.thresholds,
+            floor=floor,
+            multiple=config.calibration_multiple,
+            floor_sources=" + ".join(floor_parts) or None,
+        )
     except ToleranceError as error:
         problems.append(Problem("calibration", str(error)))
         tolerance = _fallback_tolerance(config, profile)
-    if floor is not None:
+    for source, part in floor_parts.items():
         notes.append(
-            f"calibrated floor (trainer '{config.trainer_attention}' vs itself with the other attention kernel): "
-            f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g}, ppo_kl {floor.ppo_kl:.3g}"
+            f"calibrated floor, {source} (trainer '{config.trainer_attention}' vs itself with the {source} changed): "
+            f"mean |dlogp| {part.mean_abs_dlogp:.3g}, max {part.max_abs_dlogp:.3g}, ppo_kl {part.ppo_kl:.3g}"
         )
+    if profile == "exact":
+        tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
+        if advice:
+            problems.append(Problem("exact", advice))
     return metrics, tolerance
 
 
