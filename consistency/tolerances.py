@@ -48,6 +48,9 @@ PROFILES: tuple[str, ...] = ("exact", "implementation", "kernel", "calibrated")
 PUBLISHED_KERNEL_FLOOR_KL = 3e-5
 #: `kernel` profile: bound on mean-type figures (≈3x the floor; the tightest common clip range 1e-4).
 KERNEL_MEAN_LIMIT = 1e-4
+#: `kernel` profile: bound on the spread figures (mean |Δlogp|, ratio_std): a zero-mean kernel noise moves
+#: no update, and bf16 attention on small latents spreads up to ~1.2e-4 (scripts/measure_floors.py).
+KERNEL_SPREAD_LIMIT = 3e-4
 #: `kernel` profile: bound on any single |Δlogp| (the widest published clip range, 1e-3).
 KERNEL_MAX_LIMIT = 1e-3
 #: `kernel` and `implementation`: root-mean-square |Δlogp| (``approx_kl = ½·rms²``) may reach this many
@@ -154,21 +157,26 @@ def exact_tolerance() -> Tolerance:
     )
 
 
-def kernel_tolerance(mean_limit: float = KERNEL_MEAN_LIMIT, max_limit: float = KERNEL_MAX_LIMIT) -> Tolerance:
+def kernel_tolerance(
+    mean_limit: float = KERNEL_MEAN_LIMIT,
+    max_limit: float = KERNEL_MAX_LIMIT,
+    spread_limit: float = KERNEL_SPREAD_LIMIT,
+) -> Tolerance:
     """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring)."""
     return Tolerance(
         "kernel",
         {
             "ratio_mean": mean_limit,
-            "ratio_std": mean_limit,
+            "ratio_std": spread_limit,
             "ppo_kl": mean_limit,
-            "approx_kl": 0.5 * (RMS_TO_MEAN * mean_limit) ** 2,
-            "mean_abs_dlogp": mean_limit,
+            "approx_kl": 0.5 * (RMS_TO_MEAN * spread_limit) ** 2,
+            "mean_abs_dlogp": spread_limit,
             "max_abs_dlogp": max_limit,
         },
         basis=(
-            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL: pooled mean-type "
-            f"figures <= {mean_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * mean_limit:g}, any |dlogp| <= {max_limit:g}"
+            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL: pooled bias "
+            f"(|ppo_kl|, |ratio_mean - 1|) <= {mean_limit:g}, spread (mean |dlogp|, ratio_std) <= "
+            f"{spread_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * spread_limit:g}, any |dlogp| <= {max_limit:g}"
         ),
         pooled=True,
     )

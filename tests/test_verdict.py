@@ -11,6 +11,7 @@ from rollout_consistency.metrics import METRIC_NAMES, compute_metrics
 from rollout_consistency.tolerances import (
     KERNEL_MAX_LIMIT,
     KERNEL_MEAN_LIMIT,
+    RMS_TO_MEAN,
     ToleranceError,
     calibrated_tolerance,
     exact_tolerance,
@@ -68,7 +69,7 @@ def test_kernel_profile_passes_noise_below_the_floor_and_fails_a_bias():
 def test_kernel_profile_limits_follow_the_published_floor():
     limits = kernel_tolerance().limits
     assert limits["ppo_kl"] == KERNEL_MEAN_LIMIT == 1e-4 and limits["max_abs_dlogp"] == KERNEL_MAX_LIMIT == 1e-3
-    assert limits["approx_kl"] == pytest.approx(0.5 * 1e-4**2)
+    assert limits["approx_kl"] == pytest.approx(0.5 * (RMS_TO_MEAN * 3e-4) ** 2)  # rms <= 2x the mean-type limit
     assert "pg_clipfrac" not in limits  # reported, not gated
 
 
