@@ -29,6 +29,7 @@ from rollout_consistency.gate.config import (
     MODEL_FAMILIES,
     ROLLOUT_BACKENDS,
     SDE_TYPES,
+    STEP_IMPLEMENTATIONS,
     TRAINER_BACKENDS,
     WINDOW_KINDS,
     CheckConfig,
@@ -477,6 +478,7 @@ FIELD_HELP: dict[str, str] = {
     "profile": "tolerance profile (default: exact for the torch rollout, kernel for vllm-omni)",
     "thresholds": "override one metric's limit (repeatable; VALUE 'off' reports without gating)",
     "calibration_multiple": "calibrated gate, in multiples of the measured floor",
+    "trainer_step_implementation": "the trainer's SDE-step code (flow-grpo: same maths, other operation order)",
     "inject": "reproduce a stock pitfall to see what a failing run looks like",
     "trajectory": "check this saved trajectory file against the trainer instead of sampling",
     "workers": "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
@@ -496,6 +498,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "sde_window_kind": WINDOW_KINDS,
     "profile": PROFILES,
     "inject": INJECTIONS,
+    "trainer_step_implementation": STEP_IMPLEMENTATIONS,
 }
 
 

@@ -55,6 +55,7 @@ def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: s
             return run(argv)
     except KeyboardInterrupt:
         _say(prog, "interrupted; no report was written (reports are written all at once at the end).", debug)
+        _forget_interrupt_inside_exec()
         return EXIT_INTERRUPTED
     except MemoryError:
         _say(prog, "out of memory; lower the image size, batch size or number of samples.", debug)
@@ -70,6 +71,14 @@ def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: s
     except Exception as error:  # a bug or an input no check anticipated: could not run, never a FAIL
         _say(prog, f"could not run ({type(error).__name__}: {_first_line(error)}); {_debug_hint(debug)}", debug)
         return EXIT_USAGE
+
+
+def _forget_interrupt_inside_exec() -> None:
+    # CPython marks the process as "killed by Ctrl-C" when a KeyboardInterrupt leaves any exec() of a string
+    # (dataclasses and namedtuple build their methods that way, so a Ctrl-C during imports often lands there),
+    # even though we catch it; at exit the interpreter then kills itself with SIGINT instead of returning 130.
+    # Every exec() of a string clears that mark before it runs, so one harmless exec() restores our exit code.
+    exec("None", {})
 
 
 def _say(prog: str, message: str, debug: bool) -> None:

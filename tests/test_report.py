@@ -88,7 +88,7 @@ def test_json_schema_keys_are_stable():
     assert list(data["metrics"]) == METRICS_KEYS
     assert list(data["metrics"]["overall"]) == VALUE_KEYS
     assert list(data["verdict"]["checks"][0]) == CHECK_KEYS
-    assert list(data["tolerance"]) == ["profile", "limits", "floor", "multiple", "overridden", "basis"]
+    assert list(data["tolerance"]) == ["profile", "limits", "floor", "multiple", "overridden", "basis", "pooled"]
     assert list(data["samples"][0]) == ["index", "prompt_index", "prompt_group", "seed", "window_start", "window_size"]
     assert data["status"] == "FAIL" and data["passed"] is False and data["reasons"]
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from .config import CheckConfig, ConfigError
 from .plan import BatchSpec
+from .tolerance_model import measure_floor_tables, recompute_variant
 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
 
@@ -63,6 +64,9 @@ class BatchResult:
     seconds: Mapping[str, float] = field(default_factory=dict)
     precision: Mapping[str, Any] | None = None
     problems: tuple[str, ...] = ()
+    #: ``calibrated``: the trainer's log-probs with each other source of difference changed (batch
+    #: composition, implementation; `rollout_consistency.gate.tolerance_model`), by source name.
+    floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -402,12 +406,13 @@ def score_trajectory(
     n_micro = -(-trajectory.batch_size // micro)
     forwards["trainer"] = n_micro * trajectory.window_size * cfg_passes
 
-    floor = None
+    floor, floor_tables = None, {}
     if backend.floor_kernel is not None:
         start = time.perf_counter()
         floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
+        floor_tables = measure_floor_tables(backend, trajectory)
         seconds["floor"] = time.perf_counter() - start
-        forwards["floor"] = forwards["trainer"]
+        forwards["floor"] = forwards["trainer"] * (1 + len(floor_tables))
 
     return BatchResult(
         batch=batch,
@@ -422,6 +427,7 @@ def score_trajectory(
         forwards=forwards,
         seconds=seconds,
         precision=backend.precision,
+        floor_tables=floor_tables,
     )
 
 
@@ -532,6 +538,8 @@ def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndar
 
     from rollout_consistency import adapters
 
+    if backend.config.trainer_step_implementation != "reference":
+        return recompute_variant(backend, trajectory, kernel=kernel)
     micro = backend.config.resolved_micro_batch_size
     parts = []
     with torch.no_grad(), attention(kernel):

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from . import tolerance_model
 from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
-from .exactness import with_batch_composition_hint
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .plan import make_plan, window_problems
 from .report import Report, SampleInfo
@@ -124,7 +124,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
     return Report(
-        verdict=with_batch_composition_hint(decide(metrics, tolerance, problems), config, metrics),
+        verdict=decide(metrics, tolerance, problems),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
@@ -210,26 +210,39 @@ def _judge(
         problems.append(Problem("shapes", str(error)))
         return None, _fallback_tolerance(config, profile)
 
-    floor = None
+    floor, floor_parts = None, {}
     if profile == "calibrated":
         floor_tables = [r.floor_log_probs for r in results]
         if any(t is None for t in floor_tables):
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
         else:
             try:
-                floor = compute_metrics(trainer, _stack(floor_tables, "floor log-probs"), **settings).overall
-            except MetricsInputError as error:
+                tables = {"kernel": _stack(floor_tables, "floor log-probs")}
+                for source in results[0].floor_tables:
+                    tables[source] = _stack([r.floor_tables[source] for r in results], f"{source} floor log-probs")
+                floor, floor_parts = tolerance_model.calibration_floor(trainer, tables, **settings)
+            except (MetricsInputError, KeyError) as error:
                 problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
     try:
-        tolerance = resolve_tolerance(profile, config.thresholds, floor=floor, multiple=config.calibration_multiple)
+        tolerance = resolve_tolerance(
+            profile,
+            config.thresholds,
+            floor=floor,
+            multiple=config.calibration_multiple,
+            floor_sources=" + ".join(floor_parts) or None,
+        )
     except ToleranceError as error:
         problems.append(Problem("calibration", str(error)))
         tolerance = _fallback_tolerance(config, profile)
-    if floor is not None:
+    for source, part in floor_parts.items():
         notes.append(
-            f"calibrated floor (trainer '{config.trainer_attention}' vs itself with the other attention kernel): "
-            f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g}, ppo_kl {floor.ppo_kl:.3g}"
+            f"calibrated floor, {source} (trainer '{config.trainer_attention}' vs itself with the {source} changed): "
+            f"mean |dlogp| {part.mean_abs_dlogp:.3g}, max {part.max_abs_dlogp:.3g}, ppo_kl {part.ppo_kl:.3g}"
         )
+    if profile == "exact":
+        tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
+        if advice:
+            problems.append(Problem("exact", advice))
     return metrics, tolerance
 
 

@@ -56,6 +56,7 @@ WINDOW_KINDS: tuple[str, ...] = (
     "progressive",
 )  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
+STEP_IMPLEMENTATIONS: tuple[str, ...] = ("reference", "flow-grpo")  # rollout_consistency.schedulers.flow_grpo_step
 
 #: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
 #: with the settings (by `CheckConfig` field name) its pitfall needs to show (docs/checker.md). A run with these
@@ -171,6 +172,8 @@ class CheckConfig:
             rollout and ``kernel`` for vLLM-omni.
         thresholds: per-metric overrides (``None`` value: report, don't gate).
         calibration_multiple: the ``calibrated`` gate, in multiples of the measured floor.
+        trainer_step_implementation: the trainer's SDE-step code: ``"reference"`` (the rollout's) or
+            ``"flow-grpo"`` (the same maths in Flow-GRPO's operation order; docs/checker.md).
 
     Run:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
@@ -221,6 +224,7 @@ class CheckConfig:
     profile: str | None = None
     thresholds: Mapping[str, float | None] = field(default_factory=dict)
     calibration_multiple: float = DEFAULT_CALIBRATION_MULTIPLE
+    trainer_step_implementation: str = "reference"
 
     inject: str | None = None
     trajectory: str | None = None
@@ -419,6 +423,7 @@ _STR_FIELDS = {
     "device",
     "sde_type",
     "sde_window_kind",
+    "trainer_step_implementation",
 }
 _OPTIONAL_STR_FIELDS = {"model_path", "profile", "inject", "trajectory", "ray_address", "calibration_attention"}
 
@@ -506,6 +511,7 @@ def _validate(config: CheckConfig) -> None:
     _choice("sde_type", config.sde_type, SDE_TYPES)
     _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
     _choice("device", config.device, DEVICES)
+    _choice("trainer_step_implementation", config.trainer_step_implementation, STEP_IMPLEMENTATIONS)
     if config.profile is not None:
         _choice("profile", config.profile, PROFILES)
     if config.inject is not None:

@@ -42,14 +42,23 @@ from typing import Any
 
 from .metrics import METRIC_NAMES, MetricValues
 
-PROFILES: tuple[str, ...] = ("exact", "kernel", "calibrated")
+PROFILES: tuple[str, ...] = ("exact", "implementation", "kernel", "calibrated")
 
 #: Published KL floor between vLLM-omni and PyTorch attention after every known fix (docs/checker.md).
 PUBLISHED_KERNEL_FLOOR_KL = 3e-5
 #: `kernel` profile: bound on mean-type figures (≈3x the floor; the tightest common clip range 1e-4).
 KERNEL_MEAN_LIMIT = 1e-4
+#: `kernel` profile: bound on the spread figures (mean |Δlogp|, ratio_std): a zero-mean kernel noise moves
+#: no update, and bf16 attention on small latents spreads up to ~1.2e-4 (scripts/measure_floors.py).
+KERNEL_SPREAD_LIMIT = 3e-4
 #: `kernel` profile: bound on any single |Δlogp| (the widest published clip range, 1e-3).
 KERNEL_MAX_LIMIT = 1e-3
+#: `kernel` and `implementation`: root-mean-square |Δlogp| (``approx_kl = ½·rms²``) may reach this many
+#: times the mean-type limit (a Gaussian's rms is 1.25x its mean |x|; 2x leaves room for heavier tails).
+RMS_TO_MEAN = 2.0
+#: `implementation` profile: the same maths in other code, float32 rounding (~1e-7 per log-prob).
+IMPLEMENTATION_MEAN_LIMIT = 1e-6
+IMPLEMENTATION_MAX_LIMIT = 1e-5
 #: `calibrated` profile: default multiple of the measured floor.
 DEFAULT_CALIBRATION_MULTIPLE = 4.0
 
@@ -103,12 +112,15 @@ class Tolerance:
     """A resolved profile: one limit per gated metric.
 
     Attributes:
-        profile: ``"exact"``, ``"kernel"`` or ``"calibrated"``.
+        profile: ``"exact"``, ``"implementation"``, ``"kernel"`` or ``"calibrated"``.
         limits: metric name -> largest allowed deviation; metrics absent here are not gated.
         floor: the measured floor (``calibrated`` only).
         multiple: the floor multiple (``calibrated`` only).
         overridden: metric names whose limit the user set explicitly.
         basis: one line saying where the limits come from.
+        pooled: gate the figures over all samples and steps only (per-step figures are reported, not
+            gated: a cell of a few samples is too noisy for a limit sized for the pooled figure). ``exact``
+            gates every view (0 is 0 everywhere).
     """
 
     profile: str
@@ -117,6 +129,7 @@ class Tolerance:
     multiple: float | None = None
     overridden: tuple[str, ...] = ()
     basis: str = ""
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -139,6 +152,7 @@ class Tolerance:
             "multiple": self.multiple,
             "overridden": list(self.overridden),
             "basis": self.basis,
+            "pooled": self.pooled,
         }
 
     @classmethod
@@ -150,6 +164,7 @@ class Tolerance:
             multiple=data.get("multiple"),
             overridden=tuple(data.get("overridden", ())),
             basis=data.get("basis", ""),
+            pooled=bool(data.get("pooled", False)),
         )
 
 
@@ -162,31 +177,64 @@ def exact_tolerance() -> Tolerance:
     )
 
 
-def kernel_tolerance(mean_limit: float = KERNEL_MEAN_LIMIT, max_limit: float = KERNEL_MAX_LIMIT) -> Tolerance:
+def kernel_tolerance(
+    mean_limit: float = KERNEL_MEAN_LIMIT,
+    max_limit: float = KERNEL_MAX_LIMIT,
+    spread_limit: float = KERNEL_SPREAD_LIMIT,
+) -> Tolerance:
     """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring)."""
     return Tolerance(
         "kernel",
         {
             "ratio_mean": mean_limit,
+            "ratio_std": spread_limit,
+            "ppo_kl": mean_limit,
+            "approx_kl": 0.5 * (RMS_TO_MEAN * spread_limit) ** 2,
+            "mean_abs_dlogp": spread_limit,
+            "max_abs_dlogp": max_limit,
+        },
+        basis=(
+            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL: pooled bias "
+            f"(|ppo_kl|, |ratio_mean - 1|) <= {mean_limit:g}, spread (mean |dlogp|, ratio_std) <= "
+            f"{spread_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * spread_limit:g}, any |dlogp| <= {max_limit:g}"
+        ),
+        pooled=True,
+    )
+
+
+def implementation_tolerance(
+    mean_limit: float = IMPLEMENTATION_MEAN_LIMIT, max_limit: float = IMPLEMENTATION_MAX_LIMIT
+) -> Tolerance:
+    """Same maths, other code: both sides compute the same float32 transition, in another operation order."""
+    return Tolerance(
+        "implementation",
+        {
+            "ratio_mean": mean_limit,
             "ratio_std": mean_limit,
             "ppo_kl": mean_limit,
-            "approx_kl": 0.5 * mean_limit**2,
+            "approx_kl": 0.5 * (RMS_TO_MEAN * mean_limit) ** 2,
             "mean_abs_dlogp": mean_limit,
             "max_abs_dlogp": max_limit,
         },
         basis=(
-            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL: mean-type figures "
-            f"<= {mean_limit:g}, any |dlogp| <= {max_limit:g}"
+            f"same maths, other code (float32 rounding): pooled mean-type figures <= {mean_limit:g}, "
+            f"rms |dlogp| <= {RMS_TO_MEAN * mean_limit:g}, any |dlogp| <= {max_limit:g}"
         ),
+        pooled=True,
     )
 
 
-def calibrated_tolerance(floor: MetricValues, multiple: float = DEFAULT_CALIBRATION_MULTIPLE) -> Tolerance:
+def calibrated_tolerance(
+    floor: MetricValues,
+    multiple: float = DEFAULT_CALIBRATION_MULTIPLE,
+    sources: str = "trainer vs itself, other attention kernel",
+) -> Tolerance:
     """Limits at `multiple` times a floor measured on this setup (trainer vs itself, other kernel).
 
     Args:
         floor: metrics of the trainer against itself with the other attention kernel.
         multiple: how many times the floor a figure may reach (``approx_kl``: ``multiple**2``).
+        sources: what the floor measured, for the report's basis line.
 
     Raises:
         ToleranceError: the floor is not finite or has no entries (a floor that cannot be measured cannot
@@ -209,12 +257,12 @@ def calibrated_tolerance(floor: MetricValues, multiple: float = DEFAULT_CALIBRAT
         "max_abs_dlogp": multiple * floor.max_abs_dlogp,
     }
     basis = (
-        f"{multiple:g}x the floor measured here (trainer vs itself, other attention kernel: "
+        f"{multiple:g}x the floor measured here ({sources}: "
         f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g})"
     )
     if floor.max_abs_dlogp == 0:
         basis += "; the kernels agree bit for bit on this setup, so every limit is 0 (as `exact`)"
-    return Tolerance("calibrated", limits, floor=floor, multiple=float(multiple), basis=basis)
+    return Tolerance("calibrated", limits, floor=floor, multiple=float(multiple), basis=basis, pooled=True)
 
 
 def resolve_tolerance(
@@ -223,22 +271,29 @@ def resolve_tolerance(
     *,
     floor: MetricValues | None = None,
     multiple: float = DEFAULT_CALIBRATION_MULTIPLE,
+    floor_sources: str | None = None,
 ) -> Tolerance:
     """The profile's limits with per-metric overrides applied.
 
     Args:
-        profile: ``"exact"``, ``"kernel"`` or ``"calibrated"`` (which needs `floor`).
+        profile: ``"exact"``, ``"implementation"``, ``"kernel"`` or ``"calibrated"`` (which needs `floor`).
         overrides: metric -> limit; ``None`` removes the metric's gate (reported only).
-        floor, multiple: see [`calibrated_tolerance`].
+        floor, multiple: see [`calibrated_tolerance`]; floor_sources: its ``sources``.
     """
     if profile == "exact":
         base = exact_tolerance()
     elif profile == "kernel":
         base = kernel_tolerance()
+    elif profile == "implementation":
+        base = implementation_tolerance()
     elif profile == "calibrated":
         if floor is None:
             raise ToleranceError("profile 'calibrated' needs the measured floor (run the calibration first).")
-        base = calibrated_tolerance(floor, multiple)
+        base = (
+            calibrated_tolerance(floor, multiple)
+            if floor_sources is None
+            else calibrated_tolerance(floor, multiple, floor_sources)
+        )
     else:
         raise ToleranceError(
             f"Unknown profile {profile!r}; expected one of {', '.join(PROFILES)}.{closest_name(profile, PROFILES)}"
@@ -258,6 +313,7 @@ def resolve_tolerance(
         floor=base.floor,
         multiple=base.multiple,
         overridden=tuple(m for m in METRIC_NAMES if m in overrides),
+        pooled=base.pooled,
         basis=base.basis
         + "; overridden: "
         + ", ".join(f"{m}={overrides[m]!r}" for m in METRIC_NAMES if m in overrides),

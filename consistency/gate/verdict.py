@@ -12,9 +12,11 @@ The verdict is a list of checks. Six guard the comparison itself and fail closed
 ``windows``     all rollouts of a prompt group share one SDE window, the one the launcher's seed draws
 ==============  ==============================================================================
 
-Then one check per gated metric: the overall figure *and* the figure at every window position (and at
-every timestep value) must be within the limit; the reason names the figure, its limit, how far over it
-is, and the steps where it is over. NaN is never within a limit. A tolerance that gates no metric fails:
+Then one check per gated metric: the overall figure *and* (``exact``) the figure at every window position
+(and at every timestep value) must be within the limit — a pooled tolerance (``kernel``, ``implementation``,
+``calibrated``) gates the overall figure, whose false-alarm rate is measured (docs/checker.md), and a pooled
+bias only beyond `BIAS_NOISE_Z` standard errors of its mean over samples; the
+reason names the figure, its limit, how far over it is, and the steps where it is over. NaN is never within a limit. A tolerance that gates no metric fails:
 a check that checks nothing must not pass.
 """
 
@@ -29,6 +31,12 @@ from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
 from .tolerances import Tolerance, deviation
 
 GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "finite", "complete", "workers", "windows")
+
+#: Under a pooled tolerance a bias (``|ppo_kl|``, ``|ratio_mean − 1|``) fails only when it exceeds its limit by
+#: more than this many standard errors of its mean over samples: the mean of a few samples' kernel noise is
+#: not zero (a bug's bias is the same in every sample, so its standard error is small).
+BIAS_NOISE_Z = 3.0
+_BIAS_METRICS = ("ratio_mean", "ppo_kl")
 
 
 @dataclass(frozen=True)
@@ -178,12 +186,14 @@ def decide(
             )
         )
     for metric, limit in tolerance.limits.items():
-        checks.append(_metric_check(metric, limit, metrics, tolerance.profile))
+        checks.append(_metric_check(metric, limit, metrics, tolerance.profile, pooled=tolerance.pooled))
     return Verdict(tuple(checks))
 
 
 # ----------------------------------------------------------------------------------------------------
-def _metric_check(metric: str, limit: float, metrics: ConsistencyMetrics | None, profile: str) -> CheckResult:
+def _metric_check(
+    metric: str, limit: float, metrics: ConsistencyMetrics | None, profile: str, *, pooled: bool = False
+) -> CheckResult:
     if metrics is None or metrics.overall.count == 0:
         return CheckResult(metric, "metric", False, "not evaluated: no comparison was made", limit=limit)
     value = metrics.overall.get(metric)
@@ -194,16 +204,25 @@ def _metric_check(metric: str, limit: float, metrics: ConsistencyMetrics | None,
         [overall_dev] + [deviation(metric, s.values.get(metric)) for s in over_positions + over_timesteps],
         key=lambda d: math.inf if math.isnan(d) else d,
     )
-    passed = _within(overall_dev, limit) and not over_positions and not over_timesteps
+    # Pooled profiles gate the figure over all entries; the steps over the limit are still named on a FAIL.
+    noise = BIAS_NOISE_Z * bias_standard_error(metric, metrics) if pooled and metric in _BIAS_METRICS else 0.0
+    passed = _within(overall_dev, limit + noise) and (pooled or (not over_positions and not over_timesteps))
     if passed:
         return CheckResult(metric, "metric", True, "", value=value, limit=limit, excess=0.0)
+    if pooled:
+        worst = overall_dev
     excess = worst - limit if not math.isnan(worst) else math.nan
     message = f"{metric} = {_value_text(metric, value)}"
     if metric in ("ratio_mean", "ppo_kl"):
         message += f" ({_deviation_text(metric, overall_dev)})"
     message += f", {profile} limit {limit:.3g}: {_by_how_much(overall_dev, limit)}"
+    if noise > 0:
+        message += (
+            f", beyond {BIAS_NOISE_Z:g} standard errors ({noise:.3g}) of the mean over {metrics.num_samples} samples"
+        )
     if over_positions or over_timesteps:
-        message += "; over the limit at " + _describe_steps(metric, over_positions, over_timesteps)
+        where = "; per step (reported, not gated) over the limit at " if pooled else "; over the limit at "
+        message += where + _describe_steps(metric, over_positions, over_timesteps)
     return CheckResult(
         metric,
         "metric",
@@ -215,6 +234,17 @@ def _metric_check(metric: str, limit: float, metrics: ConsistencyMetrics | None,
         steps=tuple(s.position for s in over_positions if s.position is not None),
         timesteps=tuple(s.timestep for s in over_timesteps if s.timestep is not None),
     )
+
+
+def bias_standard_error(metric: str, metrics: ConsistencyMetrics) -> float:
+    """Standard error of the pooled `metric` as a mean over samples: the spread of the per-sample figures
+    over sqrt(number of samples). 0 with fewer than two samples or a non-finite figure (no allowance)."""
+    values = [s.values.get(metric) for s in metrics.by_sample if s.values.count]
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+        return 0.0
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
 
 
 def _within(dev: float, limit: float) -> bool:
