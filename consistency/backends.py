@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import plugins
 from .config import CheckConfig, ConfigError
 from .plan import BatchSpec
 
@@ -63,6 +64,7 @@ class BatchResult:
     seconds: Mapping[str, float] = field(default_factory=dict)
     precision: Mapping[str, Any] | None = None
     problems: tuple[str, ...] = ()
+    weights: Mapping[str, Any] | None = None  # rollout_consistency.plugins.fingerprints of the two sides
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -169,6 +171,8 @@ class Backend:
     floor_kernel: str | None
     rollout_engine: Any = None
     precision: Mapping[str, Any] | None = None
+    plugins: Any = None  # rollout_consistency.plugins.PluginSides when a side is a user's plug-in
+    weights: Mapping[str, Any] | None = None
 
 
 def resolve_device(name: str) -> str:
@@ -260,7 +264,7 @@ def build_backend(config: CheckConfig) -> Backend:
     trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device)
     if engine is not None:
         rollout_model = None
-    elif config.rollout_dtype == config.trainer_dtype:
+    elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
         rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device)
@@ -269,8 +273,13 @@ def build_backend(config: CheckConfig) -> Backend:
     setup = family.scheduler_setup(
         _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
     )
+    sides = plugins.build_sides(config)
+    if sides is not None:  # a user's side replaces the built-in one (audited and fingerprinted instead)
+        rollout_model = plugins.side_model(sides.rollout) if sides.rollout is not None else rollout_model
+        trainer_model = plugins.side_model(sides.trainer) if sides.trainer is not None else trainer_model
     # The engine's precision settings live in its own worker process: audited there, not here.
-    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
+    audit = rollout_model is not None and trainer_model is not None
+    precision = _precision_diff(rollout_model, trainer_model, device) if audit else None
     return Backend(
         config=config,
         family=family,
@@ -285,6 +294,8 @@ def build_backend(config: CheckConfig) -> Backend:
         floor_kernel=floor_kernel(config),
         rollout_engine=engine,
         precision=precision,
+        plugins=sides,
+        weights=plugins.fingerprints(rollout_model, trainer_model),
     )
 
 
@@ -307,6 +318,8 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
     from rollout_consistency.schedulers import SDEWindow
 
+    if backend.plugins is not None and backend.plugins.rollout is not None:
+        return plugins.run_plugin_batch(backend, batch)
     config = backend.config
     samples = batch.samples
     prompts = [s.prompt for s in samples]
@@ -384,6 +397,7 @@ def score_trajectory(
         forwards=forwards,
         seconds=seconds,
         precision=backend.precision,
+        weights=backend.weights,
     )
 
 
@@ -494,6 +508,8 @@ def recompute(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
 
     from rollout_consistency import adapters
 
+    if backend.plugins is not None and backend.plugins.trainer is not None:
+        return plugins.plugin_recompute(backend, trajectory, kernel)
     micro = backend.config.resolved_micro_batch_size
     parts = []
     with torch.no_grad(), attention(kernel):
