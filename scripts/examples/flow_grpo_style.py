@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from rollout_consistency import CheckConfig
-from rollout_consistency.adapters import get_family, load_qwen_image, load_qwen_image_scheduler_config
+from rollout_consistency.adapters import get_family
 from rollout_consistency.adapters import rollout as sample_with_logprob
+from rollout_consistency.adapters.tiny import load_qwen_image, load_qwen_image_scheduler_config
 from rollout_consistency.plugins import PluginRollout, RolloutRequest
 
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from rollout_consistency import CheckConfig
-from rollout_consistency.adapters import Trajectory, load_qwen_image, recompute_step_log_prob
+from rollout_consistency.adapters import Trajectory, recompute_step_log_prob
+from rollout_consistency.adapters.tiny import load_qwen_image
 
 
 class DiffusionActor:
@@ -98,10 +99,10 @@ class VerlOmniTrainer:
 
     def train_step(self, batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio) -> None:
         # One rollout batch per update here; verl concatenates the step's batches into one DataProto.
-        from rollout_consistency.adapters import stack_trajectories
+        from rollout_consistency.adapters import get_family, stack_trajectories
 
         data = {
-            "trajectory": stack_trajectories(list(batches)),
+            "trajectory": stack_trajectories(list(batches), get_family(batches[0].model_family)),
             "old_log_probs": torch.as_tensor(np.concatenate(old_log_probs)),
             "advantages": torch.as_tensor(np.concatenate(advantages)),
         }
