@@ -27,10 +27,8 @@ from rollout_consistency.gate.config import (
     DTYPES,
     INJECTIONS,
     MODEL_FAMILIES,
-    ROLLOUT_BACKENDS,
     SDE_TYPES,
     STEP_IMPLEMENTATIONS,
-    TRAINER_BACKENDS,
     WINDOW_KINDS,
     CheckConfig,
     ConfigError,
@@ -439,8 +437,8 @@ def _run_check(args: argparse.Namespace) -> int:
 FIELD_HELP: dict[str, str] = {
     "model_family": "model family",
     "model_path": "diffusers model directory (default: the built-in tiny model, offline)",
-    "rollout_backend": "rollout engine ('vllm-omni' needs the vllm extra and CUDA)",
-    "trainer_backend": "trainer engine",
+    "rollout_backend": "rollout engine: torch, vllm-omni (needs the vllm extra and CUDA) or your plug-in 'package.module:factory'",
+    "trainer_backend": "trainer engine: torch or your plug-in 'package.module:factory'",
     "step_execution": "step-wise (continuous batching) rollout instead of request-level",
     "max_num_seqs": "requests the step-wise engine runs together",
     "stagger_arrivals": "step-wise: admit requests two per engine step (forwards mix requests at different steps)",
@@ -485,12 +483,12 @@ FIELD_HELP: dict[str, str] = {
     "ray_address": "join this Ray cluster ('auto', 'ray://host:10001')",
     "ray_timeout_s": "seconds to reach --ray-address before giving up (exit 2)",
     "progress": "progress bar on stderr",
+    "weight_sync": "also check step 2: one optimizer update, this sync to the rollout (load_state_dict, peft or 'package.module:function'), check again",
+    "weight_sync_lr": "Adam learning rate of the step-2 update",
 }
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model_family": MODEL_FAMILIES,
-    "rollout_backend": ROLLOUT_BACKENDS,
-    "trainer_backend": TRAINER_BACKENDS,
     "rollout_dtype": DTYPES,
     "trainer_dtype": DTYPES,
     "device": DEVICES,

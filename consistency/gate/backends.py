@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import plugins
 from .config import CheckConfig, ConfigError
 from .plan import BatchSpec
 from .tolerance_model import measure_floor_tables, recompute_variant
@@ -67,6 +68,7 @@ class BatchResult:
     #: ``calibrated``: the trainer's log-probs with each other source of difference changed (batch
     #: composition, implementation; `rollout_consistency.gate.tolerance_model`), by source name.
     floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
+    weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.plugins.fingerprints of the two sides
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -173,6 +175,8 @@ class Backend:
     floor_kernel: str | None
     rollout_engine: Any = None
     precision: Mapping[str, Any] | None = None
+    plugins: Any = None  # rollout_consistency.gate.plugins.PluginSides when a side is a user's plug-in
+    weights: Mapping[str, Any] | None = None
 
 
 def resolve_device(name: str) -> str:
@@ -294,14 +298,20 @@ def build_backend(config: CheckConfig) -> Backend:
     trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device)
     if engine is not None:
         rollout_model = None
-    elif config.rollout_dtype == config.trainer_dtype:
+    elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
         rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device)
     encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
-    # The engine's precision settings live in its own worker process: audited there, not here. The audit
-    # reads the plain modules, so it runs before the batch-invariant proxies wrap them.
-    precision = None if rollout_model is None else _precision_diff(rollout_model, trainer_model, device)
+    sides = plugins.build_sides(config)
+    if sides is not None:  # a user's side replaces the built-in one (audited and fingerprinted instead)
+        rollout_model = plugins.side_model(sides.rollout) if sides.rollout is not None else rollout_model
+        trainer_model = plugins.side_model(sides.trainer) if sides.trainer is not None else trainer_model
+    # The engine's precision settings live in its own worker process: audited there, not here. The audit and
+    # the fingerprints read the plain modules, so they come before the batch-invariant proxies wrap them.
+    audit = rollout_model is not None and trainer_model is not None
+    precision = _precision_diff(rollout_model, trainer_model, device) if audit else None
+    weights = plugins.fingerprints(rollout_model, trainer_model)
     if config.batch_invariant:
         from rollout_consistency.adapters.batch_invariance import batch_invariant
 
@@ -327,6 +337,8 @@ def build_backend(config: CheckConfig) -> Backend:
         floor_kernel=floor_kernel(config),
         rollout_engine=engine,
         precision=precision,
+        plugins=sides,
+        weights=weights,
     )
 
 
@@ -349,6 +361,8 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
     from rollout_consistency.schedulers import SDEWindow
 
+    if backend.plugins is not None and backend.plugins.rollout is not None:
+        return plugins.run_plugin_batch(backend, batch)
     config = backend.config
     samples = batch.samples
     prompts = [s.prompt for s in samples]
@@ -428,6 +442,7 @@ def score_trajectory(
         seconds=seconds,
         precision=backend.precision,
         floor_tables=floor_tables,
+        weights=backend.weights,
     )
 
 
@@ -538,6 +553,8 @@ def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndar
 
     from rollout_consistency import adapters
 
+    if backend.plugins is not None and backend.plugins.trainer is not None:
+        return plugins.plugin_recompute(backend, trajectory, kernel)
     if backend.config.trainer_step_implementation != "reference":
         return recompute_variant(backend, trajectory, kernel=kernel)
     micro = backend.config.resolved_micro_batch_size

@@ -115,12 +115,13 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     if seeds_seen != [s.seed for s in returned]:
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
+    extra_run = _plugin_and_step2_checks(config, results, problems, notes)
     metrics, tolerance = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
         for s, start_ in zip(returned, starts, strict=False)
     )
-    run = _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start)
+    run = {**_run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start), **extra_run}
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
     return Report(
@@ -184,6 +185,32 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         notes=tuple(notes),
         run=_run_info(config, "in-process", 1, timings, [result], start),
     )
+
+
+def _plugin_and_step2_checks(
+    config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
+) -> dict[str, Any]:
+    """Plug-in notes, the two sides' weight fingerprints, and the step-2 weight-sync check when asked for."""
+    from .plugins import compare_fingerprints, is_plugin_spec
+
+    notes.extend(
+        f"{side} plug-in {spec}"
+        for side, spec in (("rollout_backend", config.rollout_backend), ("trainer_backend", config.trainer_backend))
+        if is_plugin_spec(spec)
+    )
+    weights = next((r.weights for r in results if r.weights is not None), None)
+    mismatch, weight_notes = compare_fingerprints(weights)
+    problems.extend(Problem("weights", m) for m in mismatch)
+    notes.extend(weight_notes)
+    extra: dict[str, Any] = {"weights": weights}
+    if config.weight_sync is not None:
+        from .weight_sync import run_weight_sync_check
+
+        step2 = run_weight_sync_check(config)
+        problems.extend(Problem("weight_sync", m) for m in step2.problems)
+        notes.extend(step2.notes)
+        extra["step2"] = step2.info
+    return extra
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ WINDOW_KINDS: tuple[str, ...] = (
 )  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 STEP_IMPLEMENTATIONS: tuple[str, ...] = ("reference", "flow-grpo")  # rollout_consistency.schedulers.flow_grpo_step
+#: Built-in step-2 weight syncs (`rollout_consistency.gate.weight_sync`); a "package.module:function" spec also works.
+WEIGHT_SYNCS: tuple[str, ...] = ("load_state_dict", "peft")
 
 #: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
 #: with the settings (by `CheckConfig` field name) its pitfall needs to show (docs/checker.md). A run with these
@@ -133,8 +135,9 @@ class CheckConfig:
         model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, or a family registered in this process with
             `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
-        rollout_backend: ``"torch"`` (the diffusers adapters) or ``"vllm-omni"``.
-        trainer_backend: ``"torch"`` (the PyTorch training adapter).
+        rollout_backend: ``"torch"`` (the diffusers adapters), ``"vllm-omni"``, or a plug-in
+            ``"package.module:factory"`` (`rollout_consistency.gate.plugins`).
+        trainer_backend: ``"torch"`` (the PyTorch training adapter) or a plug-in ``"package.module:factory"``.
         step_execution: rollout in step-wise (continuous batching) mode instead of request-level.
         max_num_seqs: requests the step-wise engine runs together.
         stagger_arrivals: step-wise: admit the batch's requests two per engine step (true continuous batching:
@@ -179,6 +182,9 @@ class CheckConfig:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
         the cluster at ray_address before failing (exit 2). progress: show a progress bar.
+        weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync`): one optimizer update on
+        the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
+        then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
         Every numeric setting has a documented bound (`rollout_consistency.gate.bounds.BOUNDS`).
     """
 
@@ -228,6 +234,8 @@ class CheckConfig:
 
     inject: str | None = None
     trajectory: str | None = None
+    weight_sync: str | None = None
+    weight_sync_lr: float = 1e-3
     workers: int = 1
     ray_address: str | None = None
     ray_timeout_s: float = 30.0
@@ -243,7 +251,7 @@ class CheckConfig:
     def resolved_profile(self) -> str:
         if self.profile is not None:
             return self.profile
-        return "exact" if self.rollout_backend == "torch" else "kernel"
+        return "kernel" if self.rollout_backend == "vllm-omni" else "exact"
 
     @property
     def resolved_micro_batch_size(self) -> int:
@@ -402,6 +410,7 @@ _FLOAT_FIELDS = {
     "clip_ratio",
     "calibration_multiple",
     "ray_timeout_s",
+    "weight_sync_lr",
 }
 _OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
 _BOOL_FIELDS = {
@@ -425,7 +434,15 @@ _STR_FIELDS = {
     "sde_window_kind",
     "trainer_step_implementation",
 }
-_OPTIONAL_STR_FIELDS = {"model_path", "profile", "inject", "trajectory", "ray_address", "calibration_attention"}
+_OPTIONAL_STR_FIELDS = {
+    "model_path",
+    "profile",
+    "inject",
+    "trajectory",
+    "ray_address",
+    "calibration_attention",
+    "weight_sync",
+}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -504,8 +521,11 @@ def _model_families(name: str) -> tuple[str, ...]:
 
 def _validate(config: CheckConfig) -> None:
     _choice("model_family", config.model_family, _model_families(config.model_family))
-    _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
-    _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
+    # A colon marks a plug-in "package.module:factory" (rollout_consistency.gate.plugins), resolved when a worker starts.
+    if ":" not in config.rollout_backend:
+        _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
+    if ":" not in config.trainer_backend:
+        _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
     _choice("rollout_dtype", config.rollout_dtype, DTYPES)
     _choice("trainer_dtype", config.trainer_dtype, DTYPES)
     _choice("sde_type", config.sde_type, SDE_TYPES)
@@ -553,6 +573,15 @@ def _validate(config: CheckConfig) -> None:
         value = getattr(config, name)
         if value is not None and value <= 0:
             raise ConfigError(f"setting {name!r} must be > 0, got {value}.")
+    if config.weight_sync is not None and ":" not in config.weight_sync:
+        _choice("weight_sync", config.weight_sync, WEIGHT_SYNCS)
+    if not config.weight_sync_lr > 0:
+        raise ConfigError(f"setting 'weight_sync_lr' must be > 0, got {config.weight_sync_lr}.")
+    if config.weight_sync is not None and (config.trajectory is not None or config.step_execution):
+        raise ConfigError(
+            "weight_sync runs a request-level rollout before and after an update: it cannot be combined with "
+            "trajectory or step_execution."
+        )
     if config.calibration_multiple < 1:
         raise ConfigError(f"setting 'calibration_multiple' must be >= 1, got {config.calibration_multiple}.")
     mbs = config.micro_batch_size

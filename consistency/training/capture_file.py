@@ -53,7 +53,7 @@ def read_checked(path: str | os.PathLike[str], format_name: str, version: int) -
         if not isinstance(header, dict) or header.get("format") != format_name:
             what = "is empty" if size == 0 else "has no capture header"
             raise CaptureFormatError(
-                f"{path} {what}: it is not a NaN-capture file written by rollout_consistency.nan_capture (or one "
+                f"{path} {what}: it is not a NaN-capture file written by rollout_consistency.training.nan_capture (or one "
                 f"written before format version {version}, which had no checksum); capture the step again."
             )
         if header.get("version") != version:

@@ -1,0 +1,120 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Plug-in backends, weight fingerprints and the step-2 weight-sync check, end to end on the tiny model.
+
+The plug-ins are the reference integrations under scripts/examples/ (a flow_grpo-style loop with a peft
+LoRA policy, a verl-omni-style actor); every check compares the same code on the same float32 inputs, so
+`exact` (bit for bit) is the contract.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollout_consistency import CheckConfig, run_step1_check
+from rollout_consistency.gate.config import ConfigError
+from rollout_consistency.gate.plugins import compare_fingerprints, fingerprints, weights_fingerprint
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "scripts" / "examples"
+FLOW_GRPO = f"{EXAMPLES / 'flow_grpo_style.py'}:"
+VERL = f"{EXAMPLES / 'verl_omni_style.py'}:"
+SMALL = dict(num_prompts=1, num_images_per_prompt=2, rollout_batch_size=2, num_inference_steps=4, progress=False)
+
+
+def no_sync(trainer, rollout):
+    """A weight sync that forgets to copy: the rollout keeps sampling the old policy."""
+
+
+def test_plugin_trainer_passes_and_step2_load_state_dict_passes():
+    report = run_step1_check(CheckConfig(trainer_backend=VERL + "make_trainer", weight_sync="load_state_dict", **SMALL))
+    assert report.passed, report.reasons
+    assert report.metrics.overall.max_abs_dlogp == 0.0
+    weights = report.run["weights"]
+    assert weights["rollout"]["sha256"] == weights["trainer"]["sha256"]
+    step2 = report.run["step2"]
+    assert step2["update_max_abs_dlogp"] > 0  # the update changed the policy: step 2 tested something
+    assert step2["max_abs_dlogp"] == 0.0 and step2["status"] == "PASS"
+    assert step2["weights_after"]["rollout"]["sha256"] != step2["weights_before"]["rollout"]["sha256"]
+
+
+def test_plugin_trainer_off_by_one_entry_fails_exact():
+    report = run_step1_check(CheckConfig(trainer_backend=VERL + "make_biased_trainer", **SMALL))
+    assert not report.passed
+    assert report.metrics.overall.max_abs_dlogp > 0
+    assert any(r.startswith("max_abs_dlogp:") for r in report.reasons)
+
+
+def test_stale_weights_rollout_fails_step2_naming_weight_sync():
+    report = run_step1_check(CheckConfig(weight_sync=f"{__file__}:no_sync", **SMALL))
+    assert not report.passed
+    (reason,) = [r for r in report.reasons if r.startswith("weight_sync:")]
+    assert "weight sync" in reason and "old policy" in reason
+    assert report.run["step2"]["status"] == "FAIL" and report.run["step2"]["max_abs_dlogp"] > 0
+
+
+def test_flow_grpo_lora_plugins_pass_with_peft_sync():
+    pytest.importorskip("peft")
+    report = run_step1_check(
+        CheckConfig(
+            rollout_backend=FLOW_GRPO + "make_rollout",
+            trainer_backend=FLOW_GRPO + "make_trainer",
+            weight_sync="peft",
+            **SMALL,
+        )
+    )
+    assert report.passed, report.reasons
+    # Shuffled samples and per-sample timestep permutations re-score the stored steps bit for bit.
+    assert report.metrics.overall.max_abs_dlogp == 0.0
+    assert report.run["step2"]["sync_result"]["bound_modules"] > 0
+    assert report.run["step2"]["rollout_lora"]["active"] > 0
+
+
+def test_lora_bound_to_no_module_fails_naming_weight_sync():
+    pytest.importorskip("peft")
+    report = run_step1_check(
+        CheckConfig(
+            rollout_backend=FLOW_GRPO + "make_rollout_renamed_lora",
+            trainer_backend=FLOW_GRPO + "make_trainer",
+            weight_sync="peft",
+            **SMALL,
+        )
+    )
+    assert not report.passed
+    (reason,) = [r for r in report.reasons if r.startswith("weight_sync:")]
+    assert "weight sync 'peft' is broken" in reason and "no module" in reason
+    assert report.run["step2"]["sync_result"]["bound_modules"] == 0
+
+
+def test_fingerprints_flag_different_weights_and_skip_other_layouts():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    problems, _ = compare_fingerprints(fingerprints(a, b))
+    assert problems and "different weights" in problems[0]
+    b.load_state_dict(a.state_dict())
+    assert compare_fingerprints(fingerprints(a, b))[0] == []
+    problems, notes = compare_fingerprints(fingerprints(a, torch.nn.Linear(4, 3).to(torch.bfloat16)))
+    assert problems == [] and "not compared" in notes[0]
+    big = torch.nn.Linear(2048, 1024)  # > 2**20 elements: sampled + sum/norm, still sees one changed weight
+    before = weights_fingerprint(big)
+    with torch.no_grad():
+        big.weight[1000, 17] += 1e-3
+    after = weights_fingerprint(big)
+    assert not before["exact"] and before["sha256"] != after["sha256"]
+
+
+def test_bad_plugin_spec_is_a_one_line_usage_error():
+    with pytest.raises(ConfigError, match="trainer_backend 'no_such_module:make'"):
+        run_step1_check(CheckConfig(trainer_backend="no_such_module:make", **SMALL))
+    with pytest.raises(ConfigError, match="weight_sync"):
+        CheckConfig(weight_sync="rsync")
+
+
+def test_cli_takes_a_plugin_spec(capsys):
+    from rollout_consistency.cli import main
+
+    args = ["check", "--trainer-backend", VERL + "make_trainer", "--num-prompts", "1", "--num-inference-steps", "4"]
+    args += ["--num-images-per-prompt", "2", "--rollout-batch-size", "2", "--no-progress"]
+    assert main(args) == 0
+    assert "trainer_backend plug-in" in capsys.readouterr().out
