@@ -340,6 +340,27 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     )
 
 
+def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
+    """The rollout side of `run_batch` alone: the batch's float32 `Trajectory` (the doctor replays it)."""
+    import torch
+
+    from rollout_consistency.schedulers import SDEWindow
+
+    config = backend.config
+    windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples]
+    with torch.no_grad():
+        conditioning = backend.kit.conditioning(backend.encoder, [s.prompt for s in batch.samples], config)
+        with attention(config.rollout_attention):
+            return _rollout(
+                backend,
+                conditioning,
+                [s.seed for s in batch.samples],
+                [s.prompt_group for s in batch.samples],
+                windows,
+                backend.kit.guidance(config),
+            )
+
+
 def score_trajectory(
     backend: Backend,
     trajectory: Any,

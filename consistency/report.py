@@ -14,6 +14,8 @@ always present and in this order::
     precision  null | the precision-audit diff
     notes      [str]
     run        {mode, workers, timings_s, environment, ...}
+    diagnosis  [{cause, summary, evidence: [str], fix, confidence, source, details?}]  ranked likely causes
+               of a FAIL or a near-limit PASS (rollout_consistency.doctor); empty otherwise
 
 Floats that are not finite are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (the file is
 strict JSON). Adding keys bumps nothing; renaming or removing one bumps ``schema_version``.
@@ -66,6 +68,7 @@ class Report:
     precision: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     run: Mapping[str, Any] = field(default_factory=dict)
+    diagnosis: tuple[Mapping[str, Any], ...] = ()  # rollout_consistency.doctor.Diagnosis.to_dict(), ranked
 
     @property
     def passed(self) -> bool:
@@ -104,6 +107,7 @@ class Report:
             "precision": _encode(None if self.precision is None else dict(self.precision)),
             "notes": list(self.notes),
             "run": _encode(dict(self.run)),
+            "diagnosis": _encode([dict(d) for d in self.diagnosis]),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -127,6 +131,7 @@ class Report:
             precision=data["precision"],
             notes=tuple(data["notes"]),
             run=dict(data["run"]),
+            diagnosis=tuple(data.get("diagnosis", ())),
         )
 
     @classmethod
@@ -236,6 +241,10 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     )
     if report.tolerance.basis:
         lines.append(f"  limits: {report.tolerance.basis}")
+    if report.diagnosis:
+        from .doctor import format_diagnosis
+
+        lines += ["", *format_diagnosis(report.diagnosis)]
     lines.append("")
     lines.append(f"  {'metric':<20} {'value':>16}  {'limit':<22} status")
     for metric in METRIC_NAMES:
@@ -335,13 +344,14 @@ def junit_xml(report: Report) -> str:
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.kind}", name=check.name, time="0")
         if not check.passed:
+            headline = _diagnosis_headline(report)
             failure = ET.SubElement(
                 case,
                 "failure",
-                message=check.message,
+                message=f"{headline} | {check.message}" if headline else check.message,
                 type="ThresholdExceeded" if check.kind == "metric" else "GuardFailed",
             )
-            detail = [check.message]
+            detail = [headline, check.message] if headline else [check.message]
             if check.value is not None:
                 detail.append(f"value={_fmt(check.value)} limit={_fmt(check.limit)} excess={_fmt(check.excess)}")
             if check.steps:
@@ -353,6 +363,15 @@ def junit_xml(report: Report) -> str:
     out.text = format_table(report)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _diagnosis_headline(report: Report) -> str:
+    """The doctor's top cause and fix, one line (empty without a diagnosis)."""
+    if not report.diagnosis:
+        return ""
+    from .doctor import Diagnosis
+
+    return Diagnosis.from_dict(report.diagnosis[0]).headline()
 
 
 # ----------------------------------------------------------------------------------------------------
