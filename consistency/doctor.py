@@ -418,10 +418,10 @@ def _from_signatures(report: Any, config: Mapping[str, Any]) -> list[Diagnosis]:
             _make(
                 "attention-kernel",
                 "Rounding-level differences of two attention kernels (not a bug).",
-                evidence
-                + [
+                [
+                    *evidence,
                     f"attention: rollout {config.get('rollout_attention')} ({config.get('rollout_backend')}), "
-                    f"trainer {config.get('trainer_attention')}"
+                    f"trainer {config.get('trainer_attention')}",
                 ],
                 0.75 if kernels_differ else 0.3,
             )
@@ -430,11 +430,11 @@ def _from_signatures(report: Any, config: Mapping[str, Any]) -> list[Diagnosis]:
             _make(
                 "batch-composition",
                 "Rounding-level differences of a forward that depends on its batch-mates (other kernels per shape).",
-                evidence
-                + [
+                [
+                    *evidence,
                     f"rollout batch {config.get('rollout_batch_size')}, trainer micro-batch "
                     f"{config.get('micro_batch_size') or config.get('rollout_batch_size')}"
-                    + (", staggered arrivals" if config.get("stagger_arrivals") else "")
+                    + (", staggered arrivals" if config.get("stagger_arrivals") else ""),
                 ],
                 0.7 if batch_differs and not kernels_differ else 0.35,
             )
