@@ -160,7 +160,7 @@ def diagnose(report: Any, localisation: Any = None) -> tuple[Diagnosis, ...]:
     found: list[Diagnosis] = []
     found += _from_guards(report, config)
     if localisation is not None:
-        found.append(_from_localisation(localisation, config))
+        found.append(from_localisation(localisation, config))
     found += _from_signatures(report, config)
     near = _near_limit(report)
     if report.passed and near is not None:
@@ -510,7 +510,7 @@ _STAGE_CAUSES = {
 _RESULT_SETTINGS = ("guidance_scale", "noise_level", "sde_type", "include_normalizer", "options")
 
 
-def _from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
+def from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
     """The cause the first differing stage (and the settings that differ) point at."""
     first = loc.first
     settings = set(loc.setting_names())

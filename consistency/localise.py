@@ -245,7 +245,7 @@ def _trace_side(family: Any, trajectory: Any, side: SideSpec) -> dict[str, Any]:
             record["log_prob"] = out.log_prob
             chunks.append({name: _rows(value) for name, value in record.items()})
         names = [n for n in chunks[0] if all(n in c for c in chunks)]
-        per_step.append({n: _cat([c[n] for c in chunks]) for n in names})
+        per_step.append({n: (_unique if n.startswith("rope") else _cat)([c[n] for c in chunks]) for n in names})
     names = [n for n in per_step[0] if all(n in s for s in per_step)]
     return {n: _stack_steps([s[n] for s in per_step]) for n in names}
 
@@ -326,6 +326,15 @@ def _cat(parts: list[Any]) -> Any:
     if len({p.shape[1] for p in parts}) > 1:
         return parts  # different widths per forward (e.g. RoPE tables): compared as a list
     return torch.cat(parts, dim=0)
+
+
+def _unique(tables: list[Any]) -> Any:
+    """RoPE tables are shared by a forward's rows: keep each distinct table once (rows per forward may differ)."""
+    kept: list[Any] = []
+    for table in tables:
+        if table is not None and not any(k.shape == table.shape and bool((k == table).all()) for k in kept):
+            kept.append(table)
+    return kept[0] if len(kept) == 1 else kept
 
 
 def _stack_steps(parts: list[Any]) -> Any:
