@@ -349,7 +349,7 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
     config = backend.config
     windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples]
     with torch.no_grad():
-        conditioning = backend.kit.conditioning(backend.encoder, [s.prompt for s in batch.samples], config)
+        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
         with attention(config.rollout_attention):
             return _rollout(
                 backend,
@@ -357,7 +357,7 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
                 [s.seed for s in batch.samples],
                 [s.prompt_group for s in batch.samples],
                 windows,
-                backend.kit.guidance(config),
+                backend.guidance,
             )
 
 

@@ -60,7 +60,6 @@ class SideSpec:
         attention: diffusers attention backend name for its forwards.
         rows_per_forward: rows per forward (the rollout's batch, the trainer's micro-batch); ``None`` = all.
         guidance_scale, noise_level, sde_type, include_normalizer, options: the settings it computes with.
-        injection: stock behaviours the side reproduces (`rollout_consistency.adapters.pitfalls.Injection`).
         velocity: the side's velocity function (default: the family's).
         draws_sample: score the side's own draw (re-drawn from the per-sample seeded generators: what a
             rollout scores) instead of the stored next latent (what a trainer scores).
@@ -75,7 +74,6 @@ class SideSpec:
     sde_type: str | None = None
     include_normalizer: bool | None = None
     options: Mapping[str, Any] | None = None
-    injection: Any = None
     velocity: Callable[..., Any] | None = None
     draws_sample: bool = False
 
@@ -225,9 +223,7 @@ def _trace_side(family: Any, trajectory: Any, side: SideSpec) -> dict[str, Any]:
             timestep = trajectory.timesteps[picked, k]
             cond = {name: t[picked] for name, t in trajectory.conditioning.items()}
             with _tracer(side.model) as record, attention(side.attention):
-                velocity = velocity_fn(
-                    side.model, sample, timestep, cond, guidance, options=options, injection=side.injection
-                ).float()
+                velocity = velocity_fn(side.model, sample, timestep, cond, guidance, options=options).float()
             out = scheduler.sample_previous_step(
                 velocity,
                 timestep,
@@ -274,8 +270,11 @@ def _tracer(model: Any) -> Iterator[dict[str, Any]]:
         if rope is not None:
             record["rope" + suffix()] = rope
 
-    handles.append(model.register_forward_pre_hook(model_pre, with_kwargs=True))
-    blocks = [m for name, m in model.named_children() if name.endswith("blocks")]
+    # The module that holds the blocks gets the real inputs (a wrapper such as pitfalls.StockMaskSumRope
+    # rewrites them on the way in).
+    core = _core(model)
+    handles.append(core.register_forward_pre_hook(model_pre, with_kwargs=True))
+    blocks = [m for name, m in core.named_children() if name.endswith("blocks")]
     index = 0
     for module_list in blocks:
         for block in module_list:
@@ -291,6 +290,11 @@ def _tracer(model: Any) -> Iterator[dict[str, Any]]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _core(model: Any) -> Any:
+    """The module that holds the transformer blocks (a wrapper's inner model)."""
+    return next((m for m in model.modules() if any(n.endswith("blocks") for n, _ in m.named_children())), model)
 
 
 def _rows(value: Any) -> Any:
@@ -394,6 +398,7 @@ def _compare(stage: str, a: Any, b: Any) -> StageDiff:
 
 def _weights_diff(a: Any, b: Any) -> StageDiff | None:
     """Max |Δ| between same-named parameters (None when the modules are one object or of different dtypes)."""
+    a, b = _core(a), _core(b)
     if a is b:
         return None
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
@@ -416,7 +421,7 @@ def _weights_diff(a: Any, b: Any) -> StageDiff | None:
 
 
 def _settings_diff(trajectory: Any, rollout: SideSpec, trainer: SideSpec) -> tuple[tuple[str, str, str], ...]:
-    from rollout_consistency.adapters.denoise import model_dtype
+    from rollout_consistency.adapters.families import model_dtype
 
     def value(side: SideSpec, name: str) -> Any:
         if name == "dtype":
@@ -426,15 +431,13 @@ def _settings_diff(trajectory: Any, rollout: SideSpec, trainer: SideSpec) -> tup
         if name == "velocity":
             fn = side.velocity
             return "family default" if fn is None else getattr(fn, "__qualname__", repr(fn))
-        if name == "injection":
-            return ",".join(side.injection.names) if side.injection else "none"
         own = getattr(side, name)
         if own is None:
             own = {"options": trajectory.family_options}.get(name, getattr(trajectory, name, None))
         return dict(own) if isinstance(own, Mapping) else own
 
     names = ("attention", "dtype", "rows_per_forward", "guidance_scale", "noise_level", "sde_type")
-    names += ("include_normalizer", "options", "velocity", "injection")
+    names += ("include_normalizer", "options", "velocity")
     out = []
     for name in names:
         a, b = value(rollout, name), value(trainer, name)
@@ -454,13 +457,20 @@ def localise_check(config: Any, batch_spec: Any) -> Localisation:
 
     backend = build_backend(config)
     trajectory = rollout_trajectory(backend, batch_spec)
+    model = backend.rollout_model
+    if backend.injection is not None:  # the rollout's transformer as the check ran it (e.g. mask-sum-rope)
+        from rollout_consistency.adapters import apply_injection
+
+        windows = tuple(trajectory.windows)
+        model = apply_injection(
+            backend.injection, scheduler=None, transformer=model, windows=windows, request_ids=[""] * len(windows)
+        ).transformer
     rows = config.max_num_seqs if config.step_execution else config.rollout_batch_size
     rollout = SideSpec(
         "rollout",
-        backend.rollout_model,
+        model,
         attention=config.rollout_attention,
         rows_per_forward=min(rows, trajectory.batch_size),
-        injection=backend.injection,
         draws_sample=True,
     )
     trainer = SideSpec(

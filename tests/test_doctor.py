@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from rollout_consistency import Report
-from rollout_consistency.adapters import INJECTION_NAMES, Injection, TinyPromptEncoder, load_qwen_image, qwen_image
+from rollout_consistency.adapters import INJECTION_NAMES, qwen_image
+from rollout_consistency.adapters.pitfalls import StockMaskSumRope
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
 from rollout_consistency.doctor import attach_diagnosis, diagnose, from_localisation
 from rollout_consistency.localise import SideSpec, localise
@@ -111,7 +113,7 @@ def trajectory(model):
 
 
 def rollout_side(model, **changes):
-    return SideSpec("rollout", model, rows_per_forward=2, draws_sample=True, **changes)
+    return dataclasses.replace(SideSpec("rollout", model, rows_per_forward=2, draws_sample=True), **changes)
 
 
 def trainer_side(model, **changes):
@@ -135,7 +137,7 @@ CASES = {
     "noise_level differs": ({}, {"noise_level": 0.6}, "transition.", "settings-mismatch"),
     "timestep computed differently": ({}, {"velocity": rounded_timestep_velocity}, "inputs.timestep", "model-input"),
     "text lengths from mask.sum()": (
-        {"injection": Injection(mask_sum_rope=True)},
+        {"model": "stock-rope"},
         {},
         "inputs.text_lengths",
         "mask-sum-rope",
@@ -150,8 +152,15 @@ def test_a_disagreement_is_localised_to_its_stage(case, model, trajectory):
     rollout_changes, trainer_changes, stage, cause = CASES[case]
     trainer_changes = dict(trainer_changes)
     trainer_model = perturbed_weights(model) if trainer_changes.pop("model", None) else model
-    loc = localise(trajectory, rollout_side(model, **rollout_changes), trainer_side(trainer_model, **trainer_changes))
-    if not rollout_changes:  # the replay of the rollout that made the trajectory reproduces its log-probs
+    rollout_changes = dict(rollout_changes)
+    if rollout_changes.pop("model", None):
+        rollout_changes["model"] = StockMaskSumRope(model)
+    replays_the_maker = not rollout_changes
+    rollout_model = rollout_changes.pop("model", model)
+    loc = localise(
+        trajectory, rollout_side(rollout_model, **rollout_changes), trainer_side(trainer_model, **trainer_changes)
+    )
+    if replays_the_maker:  # the replay of the rollout that made the trajectory reproduces its log-probs
         assert loc.replay_max_abs == 0
     assert loc.first_stage is not None and loc.first_stage.startswith(stage), loc.describe()
     assert from_localisation(loc, {}).cause == cause
