@@ -537,6 +537,9 @@ def from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
             cause = "model-input"
         else:
             cause = "different-computation"
+    elif stage.startswith("inputs.") and "one side only" in first.detail and "rows_per_forward" in settings:
+        # The micro-batch changes what the forward gets (e.g. no text mask when none of its rows is padded).
+        cause = "batch-composition"
     else:
         cause = _STAGE_CAUSES.get(stage, "different-computation")
         if cause == "bf16-latents" and config.get("step_execution"):
@@ -545,7 +548,7 @@ def from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
             cause = "settings-mismatch"
     summaries = {
         "attention-kernel": "The forwards part inside attention: the two sides run different attention kernels.",
-        "batch-composition": "Same inputs, same settings, different forward: the rows per forward differ.",
+        "batch-composition": "The rows per forward differ, and with them the forward (or an input it gets).",
         "settings-mismatch": "The sides run with different settings.",
         "different-weights": "The two sides' weights differ.",
         "model-input": f"A model input is computed differently: {first.stage}.",
