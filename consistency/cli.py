@@ -624,12 +624,31 @@ def _run_lint(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
 
 
+# doctor: ranked likely causes of a report written earlier; the command lives in doctor.py.
+
+
+def _add_doctor_parser(subparsers: Any) -> None:
+    from rollout_consistency.gate.doctor import add_parser
+
+    add_parser(subparsers).set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from rollout_consistency.gate.doctor import DoctorInputError, run
+
+    try:
+        return run(args)
+    except DoctorInputError as error:
+        raise UsageError(str(error)) from error
+
+
 # Registration order is the order in `--help`; the step-1 `check` command goes first.
 _COMMANDS: list[Callable[[Any], None]] = [
     _add_check_parser,
     _add_checkpointing_parser,
     _add_precision_parser,
     _add_lint_parser,
+    _add_doctor_parser,
 ]
 
 # `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.

@@ -32,6 +32,7 @@ TOP_KEYS = [
     "precision",
     "notes",
     "run",
+    "diagnosis",
 ]
 METRICS_KEYS = [
     "overall",

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .doctor import attach_diagnosis
 from .metrics import MetricsInputError, compute_metrics
 from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats, compute_mismatch
 from .plan import window_problems
@@ -222,7 +223,7 @@ def gate(
         )
     verdict = decide(metrics, tolerance, problems)
     verdict = Verdict(tuple(c for c in verdict.checks if c.name not in not_checked))
-    return GateReport(
+    report = GateReport(
         verdict=verdict,
         tolerance=tolerance,
         metrics=metrics,
@@ -244,6 +245,7 @@ def gate(
         not_checked=not_checked,
         sample_ids=tuple(int(i) for i in ids),
     )
+    return attach_diagnosis(report)  # the doctor from the tables alone: the user's code is not at hand
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -356,36 +356,18 @@ def _precision_diff(rollout_model: Any, trainer_model: Any, device: str) -> Mapp
 # ----------------------------------------------------------------------------------------------------
 def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """Roll out one batch and recompute it on the trainer side (a worker's work; see the module docstring)."""
-    import torch
-
     from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
-    from rollout_consistency.schedulers import SDEWindow
 
     if backend.plugins is not None and backend.plugins.rollout is not None:
         return plugins.run_plugin_batch(backend, batch)
-    config = backend.config
-    samples = batch.samples
-    prompts = [s.prompt for s in samples]
-    seeds = [s.seed for s in samples]
-    groups = [s.prompt_group for s in samples]
-    windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples]
-    guidance = backend.guidance
-    cfg_passes = backend.cfg_passes
-    seconds, forwards = {}, {}
-
     start = time.perf_counter()
-    with torch.no_grad():
-        conditioning = encode_prompts(backend, prompts)
-        with attention(config.rollout_attention):
-            try:
-                trajectory = _rollout(backend, conditioning, seeds, groups, windows, guidance)
-            except MixedDtypeBatchError as error:
-                # The stock step-wise path's other symptom: the engine cannot batch the requests at all.
-                return _failed_batch(batch, config, f"{batch.describe()}: the rollout engine failed: {error}")
-    seconds["rollout"] = time.perf_counter() - start
-    last = max(w.stop for w in trajectory.windows)
-    forwards["rollout"] = last * cfg_passes
-
+    try:
+        trajectory = rollout_trajectory(backend, batch)
+    except MixedDtypeBatchError as error:
+        # The stock step-wise path's other symptom: the engine cannot batch the requests at all.
+        return _failed_batch(batch, backend.config, f"{batch.describe()}: the rollout engine failed: {error}")
+    seconds = {"rollout": time.perf_counter() - start}
+    forwards = {"rollout": max(w.stop for w in trajectory.windows) * backend.cfg_passes}
     return score_trajectory(
         backend,
         trajectory,
@@ -394,6 +376,27 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         seconds=seconds,
         forwards=forwards,
     )
+
+
+def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
+    """The rollout side of `run_batch` alone: the batch's float32 `Trajectory` (the doctor replays it too)."""
+    import torch
+
+    from rollout_consistency.schedulers import SDEWindow
+
+    config = backend.config
+    windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples]
+    with torch.no_grad():
+        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
+        with attention(config.rollout_attention):
+            return _rollout(
+                backend,
+                conditioning,
+                [s.seed for s in batch.samples],
+                [s.prompt_group for s in batch.samples],
+                windows,
+                backend.guidance,
+            )
 
 
 def score_trajectory(

@@ -34,6 +34,7 @@ from . import tolerance_model
 from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
+from .doctor import attach_diagnosis, diagnose_check
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .plan import make_plan, window_problems
 from .report import Report, SampleInfo
@@ -124,7 +125,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     run = {**_run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start), **extra_run}
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
-    return Report(
+    report = Report(
         verdict=decide(metrics, tolerance, problems),
         tolerance=tolerance,
         metrics=metrics,
@@ -134,6 +135,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         notes=tuple(notes),
         run=run,
     )
+    return diagnose_check(report, config, plan)  # the doctor: ranked causes, localised where code is at hand
 
 
 def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:
@@ -175,7 +177,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         for i in range(n)
     )
     timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
-    return Report(
+    report = Report(
         verdict=decide(metrics, tolerance, problems),
         tolerance=tolerance,
         metrics=metrics,
@@ -185,6 +187,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         notes=tuple(notes),
         run=_run_info(config, "in-process", 1, timings, [result], start),
     )
+    return attach_diagnosis(report)  # the doctor from the figures alone: the rollout's code is not at hand
 
 
 def _plugin_and_step2_checks(

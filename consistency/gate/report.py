@@ -14,6 +14,8 @@ always present and in this order::
     precision  null | the precision-audit diff
     notes      [str]
     run        {mode, workers, timings_s, environment, ...}
+    diagnosis  [{cause, summary, evidence: [str], fix, confidence, source, details?}]  ranked likely causes
+               of a FAIL or a near-limit PASS (rollout_consistency.gate.doctor); empty otherwise
 
 Floats that are not finite are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (the file is
 strict JSON). Adding keys bumps nothing; renaming or removing one bumps ``schema_version``.
@@ -66,6 +68,7 @@ class Report:
     precision: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     run: Mapping[str, Any] = field(default_factory=dict)
+    diagnosis: tuple[Mapping[str, Any], ...] = ()  # rollout_consistency.gate.doctor.Diagnosis.to_dict(), ranked
 
     @property
     def passed(self) -> bool:
@@ -104,6 +107,7 @@ class Report:
             "precision": _encode(None if self.precision is None else dict(self.precision)),
             "notes": list(self.notes),
             "run": _encode(dict(self.run)),
+            "diagnosis": _encode([dict(d) for d in self.diagnosis]),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -127,6 +131,7 @@ class Report:
             precision=data["precision"],
             notes=tuple(data["notes"]),
             run=dict(data["run"]),
+            diagnosis=tuple(data.get("diagnosis", ())),
         )
 
     @classmethod
@@ -236,6 +241,10 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     )
     if report.tolerance.basis:
         lines.append(f"  limits: {report.tolerance.basis}")
+    if report.diagnosis:
+        from .doctor import format_diagnosis
+
+        lines += ["", *format_diagnosis(report.diagnosis)]
     lines.append("")
     lines.append(f"  {'metric':<20} {'value':>16}  {'limit':<22} status")
     for metric in METRIC_NAMES:
@@ -335,13 +344,14 @@ def junit_xml(report: Report) -> str:
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.kind}", name=check.name, time="0")
         if not check.passed:
+            headline = _diagnosis_headline(report)
             failure = ET.SubElement(
                 case,
                 "failure",
-                message=check.message,
+                message=f"{headline} | {check.message}" if headline else check.message,
                 type="ThresholdExceeded" if check.kind == "metric" else "GuardFailed",
             )
-            detail = [check.message]
+            detail = [headline, check.message] if headline else [check.message]
             if check.value is not None:
                 detail.append(f"value={_fmt(check.value)} limit={_fmt(check.limit)} excess={_fmt(check.excess)}")
             if check.steps:
@@ -355,10 +365,20 @@ def junit_xml(report: Report) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def _diagnosis_headline(report: Report) -> str:
+    """The doctor's top cause and fix, one line (empty without a diagnosis)."""
+    if not report.diagnosis:
+        return ""
+    from .doctor import Diagnosis
+
+    return Diagnosis.from_dict(report.diagnosis[0]).headline()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Plot
 def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
-    """PNG: per-timestep |Δlogp| (mean, max) and ratio_mean ± ratio_std with the tolerance band.
+    """PNG: per-timestep signed Δlogp (mean ± spread, ± max |Δlogp|) with the clip band and the profile's
+    limits, and ratio_mean ± ratio_std with the tolerance band.
 
     Uses matplotlib's Agg backend (no display needed); imported here so that importing this module stays
     cheap.
@@ -379,31 +399,7 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
     else:
         use_t = all(s.timestep is not None for s in steps)
         xs = [s.timestep if use_t else s.position for s in steps]
-        mean_abs = [s.values.mean_abs_dlogp for s in steps]
-        max_abs = [s.values.max_abs_dlogp for s in steps]
-        ax_dlogp.plot(xs, mean_abs, "o-", label="mean |Δlogp|")
-        ax_dlogp.plot(xs, max_abs, "s--", label="max |Δlogp|")
-        for metric, style in (("mean_abs_dlogp", "C0"), ("max_abs_dlogp", "C1")):
-            limit = report.tolerance.limit(metric)
-            if limit is not None:
-                ax_dlogp.axhline(limit, color=style, linestyle=":", label=f"limit {_SHORT[metric]} {limit:.2g}")
-        positive = [v for v in mean_abs + max_abs if math.isfinite(v) and v > 0]
-        if positive:
-            # symlog keeps exact zeros on the axis while spreading 1e-9 .. 1e-2 apart.
-            ax_dlogp.set_yscale("symlog", linthresh=min(positive) / 2)
-            ax_dlogp.set_ylim(bottom=0)  # |Δlogp| >= 0: no negative half of the symlog axis
-        elif all(math.isfinite(v) for v in mean_abs + max_abs):
-            ax_dlogp.set_ylim(-0.05, 1)
-            ax_dlogp.text(
-                0.5,
-                0.5,
-                "Δlogp = 0 at every step (bit for bit)",
-                ha="center",
-                va="center",
-                transform=ax_dlogp.transAxes,
-            )
-        ax_dlogp.set_ylabel("|Δlogp| (trainer − rollout)")
-        ax_dlogp.legend(fontsize=8)
+        _signed_dlogp_panel(ax_dlogp, report, steps, xs)
         ratio = [s.values.ratio_mean for s in steps]
         spread = [s.values.ratio_std for s in steps]
         ax_ratio.errorbar(xs, ratio, yerr=spread, fmt="o-", capsize=3, label="ratio_mean ± ratio_std")
@@ -423,3 +419,40 @@ def write_plot(report: Report, path: str | os.PathLike[str]) -> None:
     fig.tight_layout()
     _make_parent_directory(path)
     fig.savefig(path, format="png")
+
+
+def _signed_dlogp_panel(ax: Any, report: Report, steps: list[StepMetrics], xs: list[Any]) -> None:
+    """Signed Δlogp per timestep: the mean (= −ppo_kl), its spread sqrt(2·approx_kl − mean²) (the cell RMS
+    around the mean), ± max |Δlogp|, the clip band log(1 ± ε) and the profile's limits on ppo_kl and
+    max |Δlogp|. A one-sided bias (the stored-latents bug) shows as a band below 0."""
+    mean = [-s.values.ppo_kl for s in steps]
+    spread = [math.sqrt(max(2 * s.values.approx_kl - s.values.ppo_kl**2, 0.0)) for s in steps]
+    worst = [s.values.max_abs_dlogp for s in steps]
+    ax.fill_between(
+        xs,
+        [m - d for m, d in zip(mean, spread, strict=False)],
+        [m + d for m, d in zip(mean, spread, strict=False)],
+        color="C0",
+        alpha=0.3,
+        label="mean ± spread",
+    )
+    ax.plot(xs, mean, "o-", color="C0", label="mean Δlogp (= −ppo_kl)")
+    ax.plot(xs, worst, "v:", color="C1", markersize=4, label="± max |Δlogp|")
+    ax.plot(xs, [-w for w in worst], "^:", color="C1", markersize=4)
+    m = report.metrics
+    if m is not None:
+        low, high = math.log1p(-min(m.clip_ratio_low, 0.999999)), math.log1p(m.clip_ratio_high)
+        ax.axhspan(low, high, color="tab:green", alpha=0.15, label=f"clip band log(1 ± ε), ε {m.clip_ratio_high:g}")
+    for metric, color in (("ppo_kl", "tab:purple"), ("max_abs_dlogp", "tab:red")):
+        limit = report.tolerance.limit(metric)
+        if limit:
+            ax.axhline(limit, color=color, linestyle="--", linewidth=0.8, label=f"{_SHORT[metric]} limit ±{limit:.2g}")
+            ax.axhline(-limit, color=color, linestyle="--", linewidth=0.8)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    values = [abs(v) for v in mean + spread + worst if math.isfinite(v) and v != 0]
+    if values:
+        ax.set_yscale("symlog", linthresh=min(values) / 2)  # 1e-9 .. 1e-1 both signs on one axis
+    else:
+        ax.text(0.5, 0.5, "Δlogp = 0 at every step (bit for bit)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("Δlogp (trainer − rollout)")
+    ax.legend(fontsize=7)

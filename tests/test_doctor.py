@@ -1,0 +1,218 @@
+"""The doctor: every `--inject` pitfall named first (from the figures of real reports), and disagreements of
+our own making localised to the stage where the two sides part (replays on the tiny real Qwen-Image)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollout_consistency import Report
+from rollout_consistency.adapters import INJECTION_NAMES, qwen_image
+from rollout_consistency.adapters.pitfalls import StockMaskSumRope
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
+from rollout_consistency.cli import main
+from rollout_consistency.gate.doctor import attach_diagnosis, diagnose, from_localisation
+from rollout_consistency.gate.localise import SideSpec, localise
+from rollout_consistency.schedulers import SDEWindow
+
+# Real reports of `rollout-consistency check --inject NAME --json` (default settings; written before the doctor
+# existed, so they carry no diagnosis: the doctor reads the figures alone).
+REPORTS = Path(__file__).parent / "doctor_reports"
+
+
+def load(name: str) -> Report:
+    return Report.from_json((REPORTS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", INJECTION_NAMES)
+def test_every_injected_pitfall_is_named_first_from_its_figures(name):
+    causes = diagnose(load(name))
+    assert causes and causes[0].cause == name, [c.cause for c in causes]
+    assert causes[0].evidence and causes[0].fix
+
+
+def test_a_clean_pass_needs_no_diagnosis_and_a_near_limit_pass_gets_one():
+    report = load("per-request-window")
+    clean = dataclasses.replace(report, verdict=dataclasses.replace(report.verdict, checks=()))
+    assert diagnose(dataclasses.replace(clean, verdict=_passing(report.verdict))) == ()
+    near = load("mask-sum-rope")
+    near = dataclasses.replace(
+        near,
+        verdict=_passing(near.verdict),
+        tolerance=dataclasses.replace(near.tolerance, limits={"max_abs_dlogp": 2e-3}),
+    )
+    assert "near-limit" in [d.cause for d in diagnose(near)]
+
+
+def _passing(verdict):
+    return dataclasses.replace(verdict, checks=tuple(dataclasses.replace(c, passed=True) for c in verdict.checks))
+
+
+def test_diagnosis_reaches_json_table_and_the_first_line_of_junit(tmp_path):
+    report = attach_diagnosis(load("bf16-latents"))
+    data = json.loads(report.to_json())
+    first = data["diagnosis"][0]
+    assert {"cause", "summary", "evidence", "fix"} <= set(first) and first["cause"] == "bf16-latents"
+    assert Report.from_dict(data).diagnosis[0]["cause"] == "bf16-latents"
+    table = report.format_table()
+    assert table.index("[bf16-latents]") < table.index("ratio_mean")  # the cause comes before the figures
+    root = ET.fromstring(report.to_junit() if hasattr(report, "to_junit") else _junit(report, tmp_path))
+    failure = root.find(".//failure")
+    assert failure.get("message").startswith("likely cause [bf16-latents]")
+    assert failure.text.splitlines()[0].startswith("likely cause [bf16-latents]")
+
+
+def _junit(report, tmp_path):
+    path = tmp_path / "r.xml"
+    report.write_junit(path)
+    return path.read_text().split("\n", 1)[1]
+
+
+def test_gate_of_a_users_tables_carries_the_diagnosis():
+    """`gate()` on a user's own tables: a FAIL names its likely cause; a clean PASS carries none."""
+    import numpy as np
+
+    from rollout_consistency.gate import gate
+
+    rollout = np.random.default_rng(0).normal(-3.0, 0.1, size=(16, 4)).astype(np.float32)
+    assert gate(rollout, rollout.copy()).diagnosis == ()
+    report = gate(rollout, rollout + np.float32(2e-4))  # every entry off by the same amount
+    assert not report.passed and report.diagnosis
+    assert {"cause", "summary", "evidence", "fix"} <= set(report.diagnosis[0])
+    assert json.loads(report.to_json())["diagnosis"] == [dict(d) for d in report.diagnosis]
+
+
+def test_doctor_command_reads_an_earlier_report(tmp_path, capsys):
+    out = tmp_path / "diagnosis.json"
+    assert main(["doctor", str(REPORTS / "mask-sum-rope.json"), "--json", str(out)]) == 0
+    assert "[mask-sum-rope]" in capsys.readouterr().out
+    assert json.loads(out.read_text())[0]["cause"] == "mask-sum-rope"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["doctor", str(bad)]) == 2
+    bad.write_text(json.dumps({"schema": "something-else"}))
+    assert main(["doctor", str(bad)]) == 2
+    assert main(["doctor", str(tmp_path / "missing.json")]) == 2
+    assert "check --json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- localisation
+@pytest.fixture(scope="module")
+def model():
+    return load_qwen_image()
+
+
+@pytest.fixture(scope="module")
+def trajectory(model):
+    encoder = TinyPromptEncoder()
+    # Short prompts padded wider, padded keys visible: the setting in which text RoPE lengths matter.
+    cond = encoder.conditioning(["a cat", "a red cube on a table"], pad_to=12)
+    return qwen_image.rollout(
+        model,
+        cond,
+        height=32,
+        width=32,
+        num_inference_steps=4,
+        seeds=[1, 2],
+        window=SDEWindow(1, 2, 4),
+        noise_level=0.7,
+        mask_text_padding=False,
+        denoise_to_end=False,
+    )
+
+
+def rollout_side(model, **changes):
+    return dataclasses.replace(SideSpec("rollout", model, rows_per_forward=2, draws_sample=True), **changes)
+
+
+def trainer_side(model, **changes):
+    return dataclasses.replace(SideSpec("trainer", model, rows_per_forward=2), **changes)
+
+
+def perturbed_weights(model):
+    other = load_qwen_image()
+    with torch.no_grad():
+        other.proj_out.weight.add_(1e-3)
+    return other
+
+
+def rounded_timestep_velocity(transformer, latents, timesteps, *args, **kwargs):
+    # A trainer that builds one model input differently: the timestep through bf16.
+    return qwen_image.velocity(transformer, latents, timesteps.bfloat16().float(), *args, **kwargs)
+
+
+CASES = {
+    # name: (rollout changes, trainer changes, expected first stage prefix, expected cause)
+    "noise_level differs": ({}, {"noise_level": 0.6}, "transition.", "settings-mismatch"),
+    "timestep computed differently": ({}, {"velocity": rounded_timestep_velocity}, "inputs.timestep", "model-input"),
+    "text lengths from mask.sum()": (
+        {"model": "stock-rope"},
+        {},
+        "inputs.text_lengths",
+        "mask-sum-rope",
+    ),
+    "other attention kernel": ({}, {"attention": "_native_math"}, "blocks.0", "attention-kernel"),
+    "different weights": ({}, {"model": "perturbed"}, "weights", "different-weights"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_disagreement_is_localised_to_its_stage(case, model, trajectory):
+    rollout_changes, trainer_changes, stage, cause = CASES[case]
+    trainer_changes = dict(trainer_changes)
+    trainer_model = perturbed_weights(model) if trainer_changes.pop("model", None) else model
+    rollout_changes = dict(rollout_changes)
+    if rollout_changes.pop("model", None):
+        rollout_changes["model"] = StockMaskSumRope(model)
+    replays_the_maker = not rollout_changes
+    rollout_model = rollout_changes.pop("model", model)
+    loc = localise(
+        trajectory, rollout_side(rollout_model, **rollout_changes), trainer_side(trainer_model, **trainer_changes)
+    )
+    if replays_the_maker:  # the replay of the rollout that made the trajectory reproduces its log-probs
+        assert loc.replay_max_abs == 0
+    assert loc.first_stage is not None and loc.first_stage.startswith(stage), loc.describe()
+    assert from_localisation(loc, {}).cause == cause
+    log_prob = next(s for s in loc.stages if s.stage == "log_prob")
+    assert log_prob.max_abs > 0  # the disagreement reaches the log-prob
+
+
+def test_identical_sides_agree_at_every_stage(model, trajectory):
+    loc = localise(trajectory, rollout_side(model), trainer_side(model))
+    assert loc.first_stage is None and loc.replay_max_abs == 0 and not loc.settings
+
+
+def test_batch_composition_is_named_when_it_changes_the_forward(model, trajectory):
+    loc = localise(trajectory, rollout_side(model), trainer_side(model, rows_per_forward=1))
+    assert loc.setting_names() == ("rows_per_forward",)
+    if loc.first_stage is None:
+        # This CPU's kernels are batch-invariant for these shapes (the floor, measured here, is 0).
+        assert all(s.max_abs == 0 for s in loc.stages)
+    else:
+        assert from_localisation(loc, {}).cause == "batch-composition", loc.describe()
+        assert next(s for s in loc.stages if s.stage == "log_prob").max_abs < 1e-5  # rounding, not a bug
+
+
+def test_stored_latents_rounded_after_scoring_are_localised_to_the_scored_sample(trajectory, model):
+    # The bf16-latents bug on stored float32 latents: the store rounds latents[:, k+1] after the log-prob.
+    rounded = trajectory.latents.clone()
+    rounded[:, 1:] = rounded[:, 1:].bfloat16().float()
+    stored = dataclasses.replace(trajectory, latents=rounded)
+    loc = localise(stored, rollout_side(model), trainer_side(model))
+    assert loc.first_stage in ("inputs.latents", "scored_sample"), loc.describe()
+    first_window_step = loc.stages[[s.stage for s in loc.stages].index(loc.first_stage)]
+    assert first_window_step.max_abs > 0
+
+
+def test_the_check_attaches_a_localised_diagnosis():
+    from rollout_consistency import run_step1_check
+
+    report = run_step1_check(inject="mask-sum-rope", progress=False, num_prompts=2, num_images_per_prompt=1)
+    top = report.diagnosis[0]
+    assert top["cause"] == "mask-sum-rope" and top["source"] == "localisation", top
+    assert top["details"]["first_stage"] == "inputs.text_lengths"
