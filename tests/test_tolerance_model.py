@@ -165,3 +165,14 @@ def test_pooled_bias_fails_only_beyond_its_sampling_noise():
         verdict = decide(metrics, kernel)
         assert {c.name: c.passed for c in verdict.checks}["ppo_kl"] is passes, verdict.reasons
     assert not decide(compute_metrics(rollout, noisy, micro_batch_size=4), resolve_tolerance("exact")).passed
+
+
+def test_kernel_limits_follow_the_narrowest_dtype_in_play():
+    """The published kernel floor is bf16's; with both sides in float32 the limits are 8x tighter, so a small
+    float32 pitfall the bf16 limits would let through (mask-sum-rope at seed 10: ~0.7 of them) still FAILs."""
+    bf16, fp32 = resolve_tolerance("kernel"), resolve_tolerance("kernel", compute_dtype="float32")
+    assert all(fp32.limits[m] < bf16.limits[m] for m in bf16.limits)
+    assert CheckConfig(rollout_dtype="bfloat16", trainer_dtype="float32").compute_dtype == "bfloat16"
+    report = run_step1_check(TINY.replace(profile="kernel", seed=10, inject="mask-sum-rope"))
+    assert not report.passed and "float32 kernels" in report.tolerance.basis
+    assert decide(report.metrics, bf16).passed  # the bf16 limits alone would have missed it

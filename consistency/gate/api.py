@@ -109,6 +109,7 @@ def gate(
     clip_ratio_c: float = 3.0,
     micro_batch_size: int | None = None,
     profile: str = "exact",
+    compute_dtype: str = "bfloat16",
     thresholds: Mapping[str, float | None] | None = None,
     source: str = "tables",
     notes: Sequence[str] = (),
@@ -130,6 +131,8 @@ def gate(
             gated figures (``None``: one micro-batch).
         profile (`str`): ``"exact"`` (default: bit for bit) or ``"kernel"`` (two engines whose attention kernels
             differ); ``"calibrated"`` needs the checker's second trainer pass and is refused here.
+        compute_dtype (`str`): the narrowest dtype either side's forward runs in (``"bfloat16"``,
+            ``"float16"`` or ``"float32"``); the ``kernel`` limits are 8x tighter for the latter two.
         thresholds (`dict`, *optional*): per-metric limit overrides (``None`` = report without gating).
         source, notes: where the tables came from, and notes for the report.
 
@@ -172,7 +175,7 @@ def gate(
         if not np.isfinite(steps).all():
             raise GateInputError("timesteps holds NaN or inf; pass the scheduler's timestep of each stored step.")
     try:
-        tolerance = resolve_tolerance(profile, thresholds)
+        tolerance = resolve_tolerance(profile, thresholds, compute_dtype=compute_dtype)
     except ToleranceError as error:
         raise GateInputError(str(error)) from error
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
@@ -233,6 +236,7 @@ def gate(
             "source": source,
             "settings": {
                 "profile": profile,
+                "compute_dtype": compute_dtype,
                 "clip_ratio_low": float(low),
                 "clip_ratio_high": float(high),
                 "clip_ratio_c": float(clip_ratio_c),

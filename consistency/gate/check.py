@@ -260,6 +260,7 @@ def _judge(
             floor=floor,
             multiple=config.calibration_multiple,
             floor_sources=" + ".join(floor_parts) or None,
+            compute_dtype=config.compute_dtype,
         )
     except ToleranceError as error:
         problems.append(Problem("calibration", str(error)))
@@ -280,7 +281,7 @@ def _fallback_tolerance(config: CheckConfig, profile: str) -> Tolerance:
     """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
     if profile == "calibrated":
         return Tolerance("calibrated", exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
-    return resolve_tolerance(profile, config.thresholds)
+    return resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
 
 
 def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:

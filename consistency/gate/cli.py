@@ -37,6 +37,12 @@ def add_gate_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--profile", choices=("exact", "kernel"), default="exact", help="tolerance profile (default: exact)"
     )
+    parser.add_argument(
+        "--compute-dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="narrowest dtype either side's forward runs in; the kernel limits are 8x tighter for float16/float32",
+    )
     parser.add_argument("--clip-ratio", type=float, default=1e-4, help="PPO clip range epsilon (default: 1e-4)")
     parser.add_argument("--clip-ratio-low", type=float, default=None, help="lower clip range (default: --clip-ratio)")
     parser.add_argument("--clip-ratio-high", type=float, default=None, help="upper clip range (default: --clip-ratio)")
@@ -77,6 +83,7 @@ def run_gate(args: argparse.Namespace) -> int:
         dump = read_dump(args.dump)
         report = dump.gate(
             profile=args.profile,
+            compute_dtype=args.compute_dtype,
             clip_ratio=args.clip_ratio,
             clip_ratio_low=args.clip_ratio_low,
             clip_ratio_high=args.clip_ratio_high,

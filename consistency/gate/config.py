@@ -38,6 +38,7 @@ from .tolerances import (
     ToleranceError,
     closest_name,
     metric_name_hint,
+    narrowest_dtype,
     resolve_tolerance,
 )
 
@@ -252,6 +253,11 @@ class CheckConfig:
         if self.profile is not None:
             return self.profile
         return "kernel" if self.rollout_backend == "vllm-omni" else "exact"
+
+    @property
+    def compute_dtype(self) -> str:
+        """The narrowest dtype either side computes in (the ``kernel`` profile's limits scale with it)."""
+        return narrowest_dtype(self.rollout_dtype, self.trainer_dtype)
 
     @property
     def resolved_micro_batch_size(self) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Below this max |Δlogp| a difference is float32 rounding of a forward (a kernel or a batch composition):
-#: the same PyTorch code on two kernels differs by about 1e-6 (DESIGN.md §1), a real bug by far more.
+#: the same PyTorch code on two kernels differs by about 1e-6 (docs/checker.md, measured floors), a real bug by far more.
 ROUNDING_LEVEL = 1e-5
 #: A PASS whose worst figure reaches this fraction of its limit gets a diagnosis too.
 NEAR_LIMIT_FRACTION = 0.5

@@ -20,7 +20,7 @@ from typing import Any
 
 from .check import run_step1_check
 from .config import INJECTIONS, CheckConfig
-from .tolerances import deviation, resolve_tolerance
+from .tolerances import deviation, narrowest_dtype, resolve_tolerance
 from .verdict import Problem, decide
 
 #: Profiles every case is judged under.
@@ -96,7 +96,9 @@ def judge(report: Any, profile: str) -> Any:
         for c in report.verdict.checks
         if c.kind == "guard" and not c.passed and c.name not in ("exact", "gates")
     ]
-    tolerance = report.tolerance if profile == "calibrated" else resolve_tolerance(profile)
+    config = report.config or {}
+    compute_dtype = narrowest_dtype(config.get("rollout_dtype", "bfloat16"), config.get("trainer_dtype", "bfloat16"))
+    tolerance = report.tolerance if profile == "calibrated" else resolve_tolerance(profile, compute_dtype=compute_dtype)
     return decide(report.metrics, tolerance, problems)
 
 

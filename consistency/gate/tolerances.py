@@ -22,7 +22,10 @@ Profiles (the reasoning is in docs/checker.md):
     first update to the clip boundary); ``approx_kl`` may reach ``½·(1e-4)²``; one entry's ``|Δlogp|``
     may reach ``1e-3`` (the widest published clip range, used for video; no kernel difference explains a
     step-1 ratio that even those configs clip). Clip fractions are reported, not gated: with
-    ``clip_ratio`` below the floor, kernel noise alone clips.
+    ``clip_ratio`` below the floor, kernel noise alone clips. These limits are for bfloat16 kernels (the
+    published floor's); when both sides compute in float16 or float32 every limit is 8x tighter: kernel
+    noise scales with the unit roundoff of the narrowest format in play, and float32 matmuls may run as TF32
+    on CUDA (10 mantissa bits against bfloat16's 7: 2^3).
 
 ``calibrated``
     The floor measured on *this* setup: the trainer is run against itself with the other attention kernel
@@ -53,6 +56,9 @@ KERNEL_MEAN_LIMIT = 1e-4
 KERNEL_SPREAD_LIMIT = 3e-4
 #: `kernel` profile: bound on any single |Δlogp| (the widest published clip range, 1e-3).
 KERNEL_MAX_LIMIT = 1e-3
+#: `kernel` profile: limits scale by the narrowest dtype either side computes in (module docstring).
+KERNEL_DTYPE_SCALE: Mapping[str, float] = {"bfloat16": 1.0, "float16": 0.125, "float32": 0.125}
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 #: `kernel` and `implementation`: root-mean-square |Δlogp| (``approx_kl = ½·rms²``) may reach this many
 #: times the mean-type limit (a Gaussian's rms is 1.25x its mean |x|; 2x leaves room for heavier tails).
 RMS_TO_MEAN = 2.0
@@ -177,12 +183,23 @@ def exact_tolerance() -> Tolerance:
     )
 
 
+def narrowest_dtype(*dtypes: str) -> str:
+    """The dtype with the fewest mantissa bits among `dtypes` (names as in `KERNEL_DTYPE_SCALE`)."""
+    return min(dtypes, key=lambda name: _MANTISSA_BITS[name])
+
+
 def kernel_tolerance(
     mean_limit: float = KERNEL_MEAN_LIMIT,
     max_limit: float = KERNEL_MAX_LIMIT,
     spread_limit: float = KERNEL_SPREAD_LIMIT,
+    compute_dtype: str = "bfloat16",
 ) -> Tolerance:
-    """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring)."""
+    """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring),
+    scaled for `compute_dtype`, the narrowest dtype either side computes in."""
+    if compute_dtype not in KERNEL_DTYPE_SCALE:
+        raise ToleranceError(f"compute_dtype {compute_dtype!r}: expected one of {', '.join(KERNEL_DTYPE_SCALE)}.")
+    scale = KERNEL_DTYPE_SCALE[compute_dtype]
+    mean_limit, max_limit, spread_limit = mean_limit * scale, max_limit * scale, spread_limit * scale
     return Tolerance(
         "kernel",
         {
@@ -194,7 +211,8 @@ def kernel_tolerance(
             "max_abs_dlogp": max_limit,
         },
         basis=(
-            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL: pooled bias "
+            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL, {compute_dtype} "
+            f"kernels: pooled bias "
             f"(|ppo_kl|, |ratio_mean - 1|) <= {mean_limit:g}, spread (mean |dlogp|, ratio_std) <= "
             f"{spread_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * spread_limit:g}, any |dlogp| <= {max_limit:g}"
         ),
@@ -272,6 +290,7 @@ def resolve_tolerance(
     floor: MetricValues | None = None,
     multiple: float = DEFAULT_CALIBRATION_MULTIPLE,
     floor_sources: str | None = None,
+    compute_dtype: str = "bfloat16",
 ) -> Tolerance:
     """The profile's limits with per-metric overrides applied.
 
@@ -279,11 +298,12 @@ def resolve_tolerance(
         profile: ``"exact"``, ``"implementation"``, ``"kernel"`` or ``"calibrated"`` (which needs `floor`).
         overrides: metric -> limit; ``None`` removes the metric's gate (reported only).
         floor, multiple: see [`calibrated_tolerance`]; floor_sources: its ``sources``.
+        compute_dtype: the narrowest dtype either side computes in (``kernel`` limits scale with it).
     """
     if profile == "exact":
         base = exact_tolerance()
     elif profile == "kernel":
-        base = kernel_tolerance()
+        base = kernel_tolerance(compute_dtype=compute_dtype)
     elif profile == "implementation":
         base = implementation_tolerance()
     elif profile == "calibrated":

@@ -236,7 +236,7 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     plan2 = make_plan(config.replace(global_step=config.global_step + 1))
     results = [run_batch(backend, batch) for batch in plan2]
     profile = "kernel" if config.resolved_profile == "calibrated" else config.resolved_profile
-    tolerance = resolve_tolerance(profile, config.thresholds)
+    tolerance = resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
     try:
         metrics = compute_metrics(
             np.concatenate([r.rollout_log_probs for r in results]),
