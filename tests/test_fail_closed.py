@@ -278,7 +278,22 @@ CORPUS = [
         (2).to_bytes(8, "little") + b"{}",
         "not a rollout-consistency trajectory",
     ),
+    # -- `gate DUMP`: the user's own tables, the same rules
+    Case("gate-clip-ratio-nan", lambda d: _gate_args(d, "--clip-ratio", "nan"), 2, "must be a finite number >= 0"),
+    Case("gate-clip-ratio-negative", lambda d: _gate_args(d, "--clip-ratio-high", "-1"), 2, "clip_ratio_high"),
+    Case("gate-threshold-negative", lambda d: _gate_args(d, "--threshold", "ppo_kl=-1"), 2, "'ppo_kl' must be"),
+    Case("gate-micro-batch-zero", lambda d: _gate_args(d, "--micro-batch-size", "0"), 2, "positive int"),
+    Case("gate-json-is-the-dump", lambda d: _gate_args(d, "--json", "d.safetensors"), 2, "would destroy it"),
+    Case("gate-two-reports-one-path", lambda d: _gate_args(d, "--json", "r", "--plot", "r"), 2, "both write r"),
+    Case("gate-dump-is-directory", lambda d: ["gate", str(d)], 2, "is a directory"),
+    Case(
+        "gate-dump-random-bytes", lambda d: ["gate", str(_file("x.safetensors", os.urandom(64))(d))], 2, "safetensors"
+    ),
 ]
+
+
+def _gate_args(root: Path, *flags: str) -> list[str]:
+    return ["gate", str(_gate_dump(root)), *flags]
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])

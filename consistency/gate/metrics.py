@@ -265,6 +265,8 @@ def compute_metrics(
         raise MetricsInputError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}.")
 
     batch, width = shape
+    if micro_batch_size is not None:
+        micro_batch_size = min(micro_batch_size, max(batch, 1))  # a micro-batch wider than the batch is the batch
     missing = tuple(
         MissingStep(int(b), int(w), side)
         for side, where in (("trainer", r_mask & ~t_mask), ("rollout", t_mask & ~r_mask))
