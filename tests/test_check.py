@@ -67,6 +67,15 @@ def test_clean_setup_with_cfg_and_micro_batches_passes_exact():
     assert report.run["forwards"]["trainer"] == 2 * (8 // 2) * 2  # CFG doubles the forwards
 
 
+def test_batch_invariant_micro_batches_that_do_not_divide_the_batch_pass_exact():
+    """--batch-invariant --micro-batch-size 3 under rollout batches of 4 (micro-batches of 3 and 1): any size
+    gives the same bits, so the divisibility rule of the default mode does not apply."""
+    report = run_step1_check(rollout_batch_size=4, micro_batch_size=3, batch_invariant=True, progress=False)
+    assert_bit_exact_pass(report)
+    with pytest.raises(ConfigError, match="must divide rollout_batch_size 4"):
+        run_step1_check(rollout_batch_size=4, micro_batch_size=3, progress=False)
+
+
 def test_same_seeds_give_identical_reports():
     a = run_step1_check(noise_level=0.5, **QUICK)
     b = run_step1_check(noise_level=0.5, **QUICK)

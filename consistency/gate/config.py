@@ -170,7 +170,7 @@ class CheckConfig:
 
     Batching and gate:
         rollout_batch_size: requests per rollout batch; micro_batch_size: the trainer's micro-batch (must
-            divide rollout_batch_size; ``None`` = rollout_batch_size).
+            divide rollout_batch_size unless batch_invariant; ``None`` = rollout_batch_size).
         clip_ratio (+ optional clip_ratio_low / clip_ratio_high): the PPO clip range.
         profile: ``"exact"``, ``"kernel"`` or ``"calibrated"``; ``None`` picks ``exact`` for the torch
             rollout and ``kernel`` for vLLM-omni.
@@ -591,10 +591,14 @@ def _validate(config: CheckConfig) -> None:
     if config.calibration_multiple < 1:
         raise ConfigError(f"setting 'calibration_multiple' must be >= 1, got {config.calibration_multiple}.")
     mbs = config.micro_batch_size
-    if mbs is not None and (mbs < 1 or config.rollout_batch_size % mbs):
+    if mbs is not None and mbs < 1:
+        raise ConfigError(f"micro_batch_size must be >= 1, got {mbs}.")
+    # In batch-invariant mode a row's bits do not depend on its micro-batch, so any size is fine; otherwise
+    # equal micro-batches keep the per-cell figures comparable from one batch to the next.
+    if mbs is not None and not config.batch_invariant and config.rollout_batch_size % mbs:
         raise ConfigError(
-            f"micro_batch_size {mbs} must be >= 1 and divide rollout_batch_size {config.rollout_batch_size}, so "
-            f"micro-batches are the same whatever the number of workers."
+            f"micro_batch_size {mbs} must divide rollout_batch_size {config.rollout_batch_size} (or use "
+            f"--batch-invariant, where any micro-batch gives the same bits)."
         )
     try:
         resolve_tolerance("exact", config.thresholds)
