@@ -12,9 +12,11 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -550,6 +552,37 @@ def test_interrupt_leaves_no_report_and_no_temp_files(tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # documentation
+
+
+def test_interrupt_during_ray_start_up_leaves_no_temp_dir_and_no_ray_process(tmp_path, request):
+    """Ctrl-C while the local Ray cluster starts (its temp dir exists, the workers are not up yet)."""
+    short = Path(tempfile.mkdtemp(prefix="rc-t", dir="/tmp"))  # Ray's sockets need a short TMPDIR
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    env = {**os.environ, "TMPDIR": str(short)}
+    proc = _cli("check", "--no-progress", "--workers", "2", "--json", "r.json", cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 120
+    while not list(short.glob("rc-ray-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(short.glob("rc-ray-*")), "the check never started Ray"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()
+    left = [p.name for d in (tmp_path, short) for p in d.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == [], left  # no report, no Ray temp dir (torch's own cache dir aside)
+    ray = subprocess.run(["pgrep", "-f", str(short)], capture_output=True, text=True)
+    assert ray.stdout.strip() == "", f"Ray processes left running: {ray.stdout}"
+
+
+def test_a_long_tmpdir_does_not_stop_ray(tmp_path):
+    # pytest's tmp_path is far longer than Ray's AF_UNIX socket paths allow; the start falls back to /tmp
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    env = {**os.environ, "TMPDIR": str(deep)}
+    proc = _cli("check", "--no-progress", "--workers", "2", "--num-prompts", "2", cwd=tmp_path, env=env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert b"PASS" in out
 
 
 def test_docs_list_exit_codes_and_every_bound():

@@ -40,6 +40,8 @@ RAY_MISSING_NOTE = (
     "Ray is not installed, so the shards ran one after another in this process "
     "(pip install 'rollout-consistency[ray]' to distribute them)."
 )
+#: Longest temp-dir base under which Ray's socket paths stay within the 107-byte AF_UNIX limit.
+RAY_TEMP_BASE_MAX = 26
 
 
 class DistributedError(RuntimeError):
@@ -203,7 +205,11 @@ def _start_ray(ray: Any, ray_address: str | None) -> tuple[bool, str | None, tup
                 f"--head`) or fix --ray-address."
             ) from error
         return True, None, (f"joined the Ray cluster at {ray_address}",)
-    temp_dir = tempfile.mkdtemp(prefix="rc-ray-")
+    # Ray puts AF_UNIX sockets under its temp dir, and a socket path may not exceed 107 bytes, about 81 of
+    # which are ours and Ray's (rc-ray-*/session_<date>_<pid>/sockets/plasma_store): a long TMPDIR (pytest's,
+    # macOS's, a CI workspace's) would make the start fail, so such a start goes under /tmp.
+    base = tempfile.gettempdir()
+    temp_dir = tempfile.mkdtemp(prefix="rc-ray-", dir=base if len(base) <= RAY_TEMP_BASE_MAX else "/tmp")
     try:
         ray.init(
             num_cpus=os.cpu_count() or 1,
