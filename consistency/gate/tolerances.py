@@ -202,14 +202,7 @@ def kernel_tolerance(
     mean_limit, max_limit, spread_limit = mean_limit * scale, max_limit * scale, spread_limit * scale
     return Tolerance(
         "kernel",
-        {
-            "ratio_mean": mean_limit,
-            "ratio_std": spread_limit,
-            "ppo_kl": mean_limit,
-            "approx_kl": 0.5 * (RMS_TO_MEAN * spread_limit) ** 2,
-            "mean_abs_dlogp": spread_limit,
-            "max_abs_dlogp": max_limit,
-        },
+        _pooled_limits(mean_limit, spread_limit, max_limit),
         basis=(
             f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL, {compute_dtype} "
             f"kernels: pooled bias "
@@ -220,20 +213,25 @@ def kernel_tolerance(
     )
 
 
+def _pooled_limits(mean_limit: float, spread_limit: float, max_limit: float) -> dict[str, float]:
+    """Limits on pooled figures: bias (ratio_mean, ppo_kl), spread (ratio_std, mean |dlogp|, approx_kl's rms)."""
+    return {
+        "ratio_mean": mean_limit,
+        "ratio_std": spread_limit,
+        "ppo_kl": mean_limit,
+        "approx_kl": 0.5 * (RMS_TO_MEAN * spread_limit) ** 2,
+        "mean_abs_dlogp": spread_limit,
+        "max_abs_dlogp": max_limit,
+    }
+
+
 def implementation_tolerance(
     mean_limit: float = IMPLEMENTATION_MEAN_LIMIT, max_limit: float = IMPLEMENTATION_MAX_LIMIT
 ) -> Tolerance:
     """Same maths, other code: both sides compute the same float32 transition, in another operation order."""
     return Tolerance(
         "implementation",
-        {
-            "ratio_mean": mean_limit,
-            "ratio_std": mean_limit,
-            "ppo_kl": mean_limit,
-            "approx_kl": 0.5 * (RMS_TO_MEAN * mean_limit) ** 2,
-            "mean_abs_dlogp": mean_limit,
-            "max_abs_dlogp": max_limit,
-        },
+        _pooled_limits(mean_limit, mean_limit, max_limit),
         basis=(
             f"same maths, other code (float32 rounding): pooled mean-type figures <= {mean_limit:g}, "
             f"rms |dlogp| <= {RMS_TO_MEAN * mean_limit:g}, any |dlogp| <= {max_limit:g}"
