@@ -4,14 +4,17 @@ The rules a page follows (a new page needs nothing more):
 
 * A block whose first line is ``# NAME`` with ``NAME`` a relative file path (``# step1.toml``,
   ``# my_project/factories.py``) is written to that file first, so the page's commands can use it.
-* Every ```` ```python ```` block then runs on its own (a fresh namespace: readers copy single blocks).
+* Every ```` ```python ```` block then runs on its own, in a fresh namespace and a fresh scratch copy of the
+  repository (readers copy single blocks; a block that needs a file makes it).
 * Every shell block then runs, command by command (``\\`` continues a line), with this environment's ``bin``
-  first on ``PATH``, in a scratch copy of the repository (``scripts/...`` and ``tests/...`` resolve): in a
+  first on ``PATH``, in a scratch copy of the repository (``scripts/...`` and ``tests/...`` resolve) holding
+  what the page's python blocks wrote, as a reader following the page would have it: in a
   ```` ```bash ```` block each line is a command, expected to exit 0 unless its comment says ``(exit N)``; in a
   ```` ```console ```` block each ``$`` line is one, and a ``$ echo $?`` line with the number under it gives
   the code the command before it must exit with.
 * A block right after a ``<!-- not run: REASON -->`` line is not run; the reason is required (a GPU, the
-  set-up commands themselves, a benchmark whose measured figures the page reports).
+  set-up commands themselves, a benchmark whose measured figures the page reports). A command that installs
+  packages or runs ``make`` must be in such a block: run here it would change the suite's own environment.
 * Other fences (``text``, ``json``, unnamed ``toml``/``yaml``, ``python-gpu``) are shown, not run. A page
   whose examples another test runs is listed in `RUN_ELSEWHERE`.
 
