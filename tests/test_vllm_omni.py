@@ -27,7 +27,7 @@ from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.rope import QwenImageTransformerTxtSeqLens
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
-from rollout_consistency.adapters.tiny.qwen_image import TINY_QWEN_IMAGE_CONFIG
+from rollout_consistency.adapters.tiny.qwen_image import TINY_QWEN_IMAGE_CONFIG, save_tiny_qwen_image_directory
 from rollout_consistency.adapters.trajectory import TrajectoryFormatError
 from rollout_consistency.schedulers import SDEWindow, SDEWindowSchedule
 
@@ -556,77 +556,6 @@ def test_a_trajectory_for_another_request_is_refused(engine_output):
 
 
 # ------------------------------------------------------------------ a tiny Qwen-Image model directory
-def save_tiny_qwen_image_directory(path: Path) -> Path:
-    """A complete, seeded, offline diffusers Qwen-Image directory (what vLLM-omni loads), under 1 MB.
-
-    The transformer is `rollout_consistency.adapters.tiny.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
-    Qwen2.5-VL of width `joint_attention_dim`; the tokenizer byte-level with Qwen's chat special tokens; the
-    VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config.
-    """
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
-
-    vocab = {char: index for index, char in enumerate(sorted(ByteLevel.alphabet()))}
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        vocab[special] = len(vocab)
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    width = TINY_QWEN_IMAGE_CONFIG["joint_attention_dim"]
-    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's RNG untouched
-        torch.manual_seed(0)
-        text_encoder = Qwen2_5_VLForConditionalGeneration(
-            Qwen2_5_VLConfig(
-                text_config=dict(
-                    vocab_size=len(tokenizer),
-                    hidden_size=width,
-                    intermediate_size=2 * width,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    num_key_value_heads=1,
-                    max_position_embeddings=2048,
-                    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                ),
-                vision_config=dict(
-                    depth=1,
-                    hidden_size=16,
-                    intermediate_size=32,
-                    num_heads=2,
-                    out_hidden_size=width,
-                    fullatt_block_indexes=[0],
-                ),
-                vocab_size=len(tokenizer),
-            )
-        )
-        vae = AutoencoderKLQwenImage(
-            base_dim=8,
-            z_dim=4,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        )
-    transformer = QwenImageTransformer2DModel(**TINY_QWEN_IMAGE_CONFIG)
-    transformer.load_state_dict(load_qwen_image().state_dict())
-    pipeline = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG),
-        vae=vae.eval(),
-        text_encoder=text_encoder.eval(),
-        tokenizer=tokenizer,
-        transformer=transformer.eval(),
-    )
-    pipeline.save_pretrained(path, safe_serialization=True)
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image"))
