@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 import tempfile
@@ -39,3 +40,9 @@ def ray_session():
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# vLLM-omni's runtime modules bind their platform at import: the CPU platform shims must be in place before any
+# test imports them (tests/test_vllm_omni_cpu.py). Only where vLLM and vLLM-omni are installed.
+if all(importlib.util.find_spec(name) is not None for name in ("vllm", "vllm_omni")):
+    import vllm_cpu_shims  # noqa: F401  (installs the CPU platform on import)
