@@ -37,7 +37,9 @@ SEEDS = [11, 12, 13, 14]
 GROUPS = [0, 0, 1, 1]
 WINDOW = SDEWindow(start=1, size=3, num_steps=6)
 HEIGHT = WIDTH = 64
-NEEDS_ENGINE = "vllm-omni not installed (needs CUDA); see docs/vllm-omni.md"
+NEEDS_ENGINE = (
+    "needs a CUDA GPU and the vllm extra (vLLM-omni's engine); run `make test-gpu` there, see docs/vllm-omni.md"
+)
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +131,13 @@ def test_without_vllm_omni_the_backend_names_the_extra_at_use(tmp_path, setup):
     # The pipeline shell is the only module that needs vLLM at import time.
     with pytest.raises(ImportError):
         importlib.import_module("rollout_consistency.adapters.vllm_omni_pipeline")
+
+
+@pytest.mark.skipif(not vo.vllm_omni_available() or torch.cuda.is_available(), reason="needs vLLM-omni and no GPU")
+def test_with_vllm_omni_but_no_gpu_the_backend_names_the_missing_device(tmp_path):
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(vo.VllmOmniUnavailableError, match="needs a CUDA device"):
+        vo.VllmOmniRollout(tmp_path)
 
 
 def test_engine_start_checks_model_directory_and_config_first(tmp_path):
