@@ -340,7 +340,8 @@ def save_tiny_qwen_image_directory(path: str | os.PathLike, *, dtype: torch.dtyp
 
     The transformer is `rollout_consistency.adapters.tiny.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
     Qwen2.5-VL of width `joint_attention_dim`; the tokenizer byte-level with Qwen's chat special tokens; the
-    VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config.
+    VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config. Needs
+    `transformers` (the `dev` extra; imported here only).
     """
     from diffusers import (
         AutoencoderKLQwenImage,
