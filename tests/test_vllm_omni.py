@@ -2,8 +2,9 @@
 per-request engine functions (run here on the diffusers transformer, bit for bit against the PyTorch
 rollouts), the clear error without vLLM-omni, and the no-import guarantee.
 
-vLLM-omni itself needs CUDA: the tests that start an engine skip here (see the end of the file). Nothing of
-vLLM is mocked; the CPU tests exercise the plain functions the vLLM-omni pipeline class calls.
+The tests that start a vLLM-omni engine need CUDA and skip here (see the end of the file, `make test-gpu`).
+Nothing of vLLM is mocked; these CPU tests exercise the plain functions the vLLM-omni pipeline class calls,
+and tests/test_vllm_omni_cpu.py runs the class itself under vLLM-omni's model runner on the CPU.
 """
 
 from __future__ import annotations
