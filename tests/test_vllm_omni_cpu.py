@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,14 @@ class CpuEngine:
     od_config: OmniDiffusionConfig
     vllm_config: Any
 
+    @contextmanager
     def context(self):
-        return _Contexts(self)
+        """The contexts `DiffusionWorker` enters around every call into its runner."""
+        with (
+            set_forward_context(vllm_config=self.vllm_config, omni_diffusion_config=self.od_config),
+            set_current_vllm_config(self.vllm_config),
+        ):
+            yield
 
     def warm_up(self) -> DiffusionOutput:
         """The engine's own start-up request (`DiffusionEngine._dummy_run`: 512x512, 2 steps, no settings)."""
@@ -122,25 +129,6 @@ class CpuEngine:
             step += 1
             assert step < 100, "the step loop does not finish"
         return results
-
-
-class _Contexts:
-    def __init__(self, engine: CpuEngine):
-        self.engine = engine
-        self.stack: list[Any] = []
-
-    def __enter__(self):
-        for context in (
-            set_forward_context(vllm_config=self.engine.vllm_config, omni_diffusion_config=self.engine.od_config),
-            set_current_vllm_config(self.engine.vllm_config),
-        ):
-            context.__enter__()
-            self.stack.append(context)
-        return self
-
-    def __exit__(self, *exc_info):
-        while self.stack:
-            self.stack.pop().__exit__(*exc_info)
 
 
 def _scheduled(new, running, finished=(), step=0) -> DiffusionSchedulerOutput:
