@@ -91,13 +91,15 @@ class CpuEngine:
             yield
 
     def warm_up(self) -> DiffusionOutput:
-        """The engine's own start-up request (`DiffusionEngine._dummy_run`: 512x512, 2 steps, no settings)."""
+        """The engine's own start-up request (`DiffusionEngine._dummy_run`: 512x512, 2 steps, no settings), run
+        the way the engine's mode runs requests: a step loop, or a request wave."""
         holder = type("EngineConfig", (), {"od_config": self.od_config})()
         request = DiffusionEngine._make_dummy_request(
             holder, height=512, width=512, guidance_scale=0.0, num_inference_steps=2
         )
-        with self.context():
-            return self.runner.execute_model(request)
+        if self.od_config.step_execution:
+            return self.step_batches([request], arrivals=[0])[request.request_id]
+        return self.request_wave([request])[0]
 
     def request_wave(self, requests: list[OmniDiffusionRequest]) -> list[DiffusionOutput]:
         """One request-mode wave (`execute_model_batch` → the pipeline's `forward`), outputs in request order."""
@@ -287,14 +289,15 @@ def _torch_rollout(model, cond, guidance, sde_type="sde"):
 
 
 # --------------------------------------------------------------------------------------------- tests
-def test_the_runner_builds_the_pipeline_class_and_the_warm_up_takes_the_stock_path(fp32_engine):
+def test_the_runner_builds_the_pipeline_class_and_the_warm_up_takes_the_stock_path(fp32_engine, fp32_step_engine):
     from rollout_consistency.adapters.vllm_omni_pipeline import RolloutQwenImagePipeline
 
-    pipeline = fp32_engine.runner.pipeline
-    assert type(pipeline) is RolloutQwenImagePipeline
-    assert next(pipeline.transformer.parameters()).dtype == torch.float32
-    output = fp32_engine.warm_up()
-    assert output.error is None and isinstance(output.output, torch.Tensor)  # the stock image, no trajectory
+    for engine in (fp32_engine, fp32_step_engine):
+        pipeline = engine.runner.pipeline
+        assert type(pipeline) is RolloutQwenImagePipeline
+        assert next(pipeline.transformer.parameters()).dtype == torch.float32
+        output = engine.warm_up()
+        assert output.error is None and isinstance(output.output, torch.Tensor)  # the stock image, no trajectory
 
 
 def test_a_bf16_engine_starts_on_the_tiny_directory_saved_in_its_dtype(bf16_engine, bf16_dir):
