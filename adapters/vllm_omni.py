@@ -74,6 +74,9 @@ __all__ = [
     "RolloutRequest",
     "RolloutState",
     "TransformerView",
+    "VllmOmniEngineClosedError",
+    "VllmOmniEngineError",
+    "VllmOmniRequestError",
     "VllmOmniRollout",
     "VllmOmniUnavailableError",
     "advance_request",
@@ -90,6 +93,7 @@ __all__ = [
     "require_vllm_omni",
     "resolve_window",
     "rollout",
+    "sampling_params_kwargs",
     "start_request",
     "trajectory_from_payload",
     "trajectory_to_payload",
@@ -117,6 +121,23 @@ _BLOCK_KEYS = {"version", "batch", "request"}
 # ------------------------------------------------------------------------------------------ availability
 class VllmOmniUnavailableError(ImportError):
     """vLLM-omni (or vLLM, or CUDA) is missing where the `vllm-omni` backend is used. The message names the fix."""
+
+
+class VllmOmniEngineError(RuntimeError):
+    """The vLLM-omni engine could not serve a rollout call (base of the two errors below)."""
+
+
+class VllmOmniRequestError(VllmOmniEngineError):
+    """A request failed inside the engine. The message names the request (and its sample) and the engine's error.
+
+    vLLM-omni 0.30's `Omni.generate` turns a failed request into an exception (vLLM's `EngineGenerateError`,
+    or a client error) and shuts the whole engine down before raising, so the client that saw this error
+    holds a closed engine; it refuses further calls ([`VllmOmniEngineClosedError`]).
+    """
+
+
+class VllmOmniEngineClosedError(VllmOmniEngineError):
+    """The engine was closed (by [`VllmOmniRollout.close`], or by vLLM-omni after a failed request): start a new one."""
 
 
 def vllm_omni_available() -> bool:
@@ -1046,8 +1067,43 @@ def engine_kwargs(
     return kwargs
 
 
+def sampling_params_kwargs(
+    *,
+    scheduler_setup: SchedulerSetup,
+    options: Mapping[str, Any],
+    guidance_scale: float,
+    extra_args: Mapping[str, Any],
+    launcher_seed: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of `vllm_omni.inputs.data.OmniDiffusionSamplingParams` for one `generate` call.
+
+    The batch-wide settings travel in `extra_args` ([`build_requests`]); the plain fields repeat what the
+    pipeline checks them against (`num_inference_steps`, `height`, `width`, `true_cfg_scale`).
+    """
+    return {
+        # An explicit seed keeps vLLM-omni from drawing one with `random` (the pipeline draws from ours).
+        "seed": 0 if launcher_seed is None else launcher_seed,
+        "num_inference_steps": scheduler_setup.num_inference_steps,
+        "height": int(options["height"]),
+        "width": int(options["width"]),
+        "true_cfg_scale": float(guidance_scale),
+        "num_outputs_per_prompt": 1,
+        "extra_args": dict(extra_args),
+    }
+
+
 def _close_engine(omni: Any) -> None:
     omni.close()
+
+
+def _name_failed_requests(error_text: str, sent: Sequence[Mapping[str, Any]]) -> str:
+    """`error_text` with the sample it names (the pipeline prefixes `request {id}`; ids are `"{i}_{uuid}"`)."""
+    for word in str(error_text).replace(":", " ").split():
+        prefix = word.split("_", 1)[0]
+        if "_" in word and prefix.isdigit() and int(prefix) < len(sent):
+            request = sent[int(prefix)]["additional_information"][PAYLOAD_KEY]["request"]
+            return f"sample {request['sample_index']} (seed {request['seed']}, request {word}): {error_text}"
+    return f"request(s) of this call: {error_text}"
 
 
 class VllmOmniRollout:
@@ -1062,7 +1118,12 @@ class VllmOmniRollout:
             `tokenizer/`, `vae/`, `scheduler/`). The trainer must load the same weights.
         launcher_seed, window_schedule: sent with every request so the engine re-derives each SDE window from
             (launcher seed, global step, prompt group) and checks it against the explicit one.
+        engine: an engine already started on `model_path` with [`engine_kwargs`] (anything with vLLM-omni's
+            `generate(prompts, sampling_params, use_tqdm=...)` and `close()`), used instead of starting one.
         Others: see [`engine_kwargs`].
+
+    A failed request raises [`VllmOmniRequestError`] naming it. vLLM-omni shuts the engine down when a request
+    fails, so from then on every call raises [`VllmOmniEngineClosedError`]: start a new `VllmOmniRollout`.
     """
 
     def __init__(
@@ -1078,6 +1139,7 @@ class VllmOmniRollout:
         launcher_seed: int | None = None,
         window_schedule: SDEWindowSchedule | None = None,
         engine_options: Mapping[str, Any] | None = None,
+        engine: Any = None,
     ):
         kwargs = engine_kwargs(
             dtype=dtype,
@@ -1094,17 +1156,20 @@ class VllmOmniRollout:
                 f"{path} is not a diffusers model directory (no model_index.json); vLLM-omni loads Qwen-Image from a "
                 f"local directory with transformer/, text_encoder/, tokenizer/, vae/ and scheduler/."
             )
-        require_vllm_omni()
-        from vllm_omni import Omni  # the only import of vLLM-omni on the client side
+        if engine is None:
+            require_vllm_omni()
+            from vllm_omni import Omni  # the only import of vLLM-omni on the client side
 
+            engine = Omni(model=str(path), **kwargs)
         self.model_path = str(path)
         self.step_execution = bool(step_execution)
         self.max_num_seqs = max_num_seqs
         self.launcher_seed = launcher_seed
         self.window_schedule = window_schedule
         self.engine_kwargs = kwargs
-        self._omni = Omni(model=self.model_path, **kwargs)
+        self._omni = engine
         self._finalizer = weakref.finalize(self, _close_engine, self._omni)
+        self._closed_by: str | None = None  # why the engine is closed; None while it serves
 
     def __enter__(self) -> VllmOmniRollout:
         return self
@@ -1113,8 +1178,14 @@ class VllmOmniRollout:
         self.close()
 
     def close(self) -> None:
-        """Shut the engine down (idempotent)."""
+        """Shut the engine down (idempotent); later calls raise [`VllmOmniEngineClosedError`]."""
+        if self._closed_by is None:
+            self._closed_by = "it was closed (VllmOmniRollout.close)"
         self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_by is not None
 
     def rollout(
         self,
@@ -1148,8 +1219,14 @@ class VllmOmniRollout:
         Raises:
             ValueError: bad settings (before anything is sent), an injection (stock-behaviour reproductions
                 exist for the PyTorch adapters only), or engine settings that differ from the call's.
-            RuntimeError / TrajectoryFormatError: a request failed in the engine or returned no valid trajectory.
+            VllmOmniRequestError: a request failed in the engine (the engine is closed after it).
+            VllmOmniEngineClosedError: the engine was closed before this call.
+            TrajectoryFormatError: a request returned no valid trajectory.
         """
+        if self._closed_by is not None:
+            raise VllmOmniEngineClosedError(
+                f"The vLLM-omni engine on {self.model_path} is closed: {self._closed_by}. Start a new VllmOmniRollout."
+            )
         if injection:
             raise ValueError(
                 "--inject reproduces stock behaviours inside the PyTorch adapters; it has no meaning for the vLLM-omni "
@@ -1186,20 +1263,31 @@ class VllmOmniRollout:
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
         sampling = OmniDiffusionSamplingParams(
-            # An explicit seed keeps vLLM-omni from drawing one with `random` (the pipeline draws from ours).
-            seed=0 if self.launcher_seed is None else self.launcher_seed,
-            num_inference_steps=scheduler_setup.num_inference_steps,
-            height=int(options["height"]),
-            width=int(options["width"]),
-            true_cfg_scale=float(guidance_scale),
-            num_outputs_per_prompt=1,
-            extra_args=extra_args,
+            **sampling_params_kwargs(
+                scheduler_setup=scheduler_setup,
+                options=options,
+                guidance_scale=guidance_scale,
+                extra_args=extra_args,
+                launcher_seed=self.launcher_seed,
+            )
         )
-        outputs = self._omni.generate(request_prompts, sampling, use_tqdm=False)
+        try:
+            outputs = self._omni.generate(request_prompts, sampling, use_tqdm=False)
+        except Exception as error:
+            # vLLM-omni 0.30's Omni.generate raises a failed request's error (vLLM's EngineGenerateError, not a
+            # per-output `error`) and closes the engine before re-raising: never hand that engine out again.
+            failure = _name_failed_requests(str(error), request_prompts)
+            self._closed_by = f"vLLM-omni shut it down after a failed request, {failure}"
+            self.close()
+            raise VllmOmniRequestError(
+                f"vLLM-omni request failed, {failure} ({type(error).__name__}); the engine is closed."
+            ) from error
         items = []
         for output in outputs:
-            if getattr(output, "error", None):
-                raise RuntimeError(f"vLLM-omni request {output.request_id} failed: {output.error}")
+            if getattr(output, "error", None):  # an engine that reports per-output errors instead of raising
+                raise VllmOmniRequestError(
+                    f"vLLM-omni request failed, {_name_failed_requests(f'{output.request_id}: {output.error}', request_prompts)}"
+                )
             trajectory = (output.multimodal_output or {}).get("trajectory")
             if trajectory is None:
                 raise TrajectoryFormatError(

@@ -139,6 +139,14 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
         return DiffusionOutput(output=rc.output_envelope(image, payload))
 
     @staticmethod
+    def _failed(request_id: str, error: BaseException) -> DiffusionOutput:
+        # The request id leads the error text: vLLM-omni's client raises the text alone, and the id's "{i}_"
+        # prefix is how the client names the failed sample (rollout_consistency.adapters.vllm_omni).
+        output = DiffusionOutput.from_exception(error)
+        output.error = f"request {request_id}: {output.error}"
+        return output
+
+    @staticmethod
     def _mirror(state: StepRequestState, rollout: rc.RolloutState) -> None:
         # vLLM-omni's runner gathers `state.latents` (and checks their dtype), reads `state.step_index` for
         # completion: keep them the very tensors / values of our per-request state.
@@ -148,7 +156,10 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
     # ------------------------------------------------------------------------------ step protocol
     def prepare_encode(self, state: StepRequestState, **kwargs: Any) -> StepRequestState:
         """Decode the request's settings, draw its float32 initial latents, give it its own scheduler."""
-        request = self._decode(state.request_id, state.prompt, state.sampling)
+        try:
+            request = self._decode(state.request_id, state.prompt, state.sampling)
+        except ValueError as error:  # the runner reports it as this request's error; name the request in it
+            raise ValueError(f"request {state.request_id}: {error}") from error
         if request is None:  # vLLM-omni's warm-up request: stock behaviour, no trajectory
             return super().prepare_encode(state, **kwargs)
         rollout = self._start(request, state.sampling, "step")
@@ -214,7 +225,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
                     raise ValueError("A request wave mixes rollout-consistency requests with plain ones.")
                 running.append((index, self._start(item, request.sampling_params, "request")))
             except Exception as error:
-                outputs[index] = DiffusionOutput.from_exception(error)
+                outputs[index] = self._failed(request.request_id, error)
         self._interrupt = False
         while running:
             noise_pred = rc.batch_noise_pred(self._view, [rollout for _, rollout in running])
@@ -227,7 +238,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
                     else:
                         still_running.append((index, rollout))
                 except Exception as error:
-                    outputs[index] = DiffusionOutput.from_exception(error)
+                    outputs[index] = self._failed(req.requests[index].request_id, error)
             running = still_running
         self._current_timestep = None
         return outputs  # type: ignore[return-value]

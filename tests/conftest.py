@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 import tempfile
 
 import pytest
+import torch
 from hypothesis import settings
 
 # Property tests draw the same examples on every run and machine: a red CI is reproducible, never luck.
@@ -39,3 +41,10 @@ def ray_session():
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# vLLM-omni's runtime modules bind their platform at import: the CPU platform shims must be in place before any
+# test imports them (tests/test_vllm_omni_cpu.py). Only where vLLM and vLLM-omni are installed and there is no
+# GPU: on a CUDA machine vLLM-omni's own CUDA platform serves the GPU tests.
+if all(importlib.util.find_spec(name) is not None for name in ("vllm", "vllm_omni")) and not torch.cuda.is_available():
+    import vllm_cpu_shims  # noqa: F401  (installs the CPU platform on import)

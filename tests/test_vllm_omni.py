@@ -2,8 +2,9 @@
 per-request engine functions (run here on the diffusers transformer, bit for bit against the PyTorch
 rollouts), the clear error without vLLM-omni, and the no-import guarantee.
 
-vLLM-omni itself needs CUDA: the tests that start an engine skip here (see the end of the file). Nothing of
-vLLM is mocked; the CPU tests exercise the plain functions the vLLM-omni pipeline class calls.
+The tests that start a vLLM-omni engine need CUDA and skip here (see the end of the file, `make test-gpu`).
+Nothing of vLLM is mocked; these CPU tests exercise the plain functions the vLLM-omni pipeline class calls,
+and tests/test_vllm_omni_cpu.py runs the class itself under vLLM-omni's model runner on the CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.rope import QwenImageTransformerTxtSeqLens
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
-from rollout_consistency.adapters.tiny.qwen_image import TINY_QWEN_IMAGE_CONFIG
+from rollout_consistency.adapters.tiny.qwen_image import TINY_QWEN_IMAGE_CONFIG, save_tiny_qwen_image_directory
 from rollout_consistency.adapters.trajectory import TrajectoryFormatError
 from rollout_consistency.schedulers import SDEWindow, SDEWindowSchedule
 
@@ -37,7 +38,9 @@ SEEDS = [11, 12, 13, 14]
 GROUPS = [0, 0, 1, 1]
 WINDOW = SDEWindow(start=1, size=3, num_steps=6)
 HEIGHT = WIDTH = 64
-NEEDS_ENGINE = "vllm-omni not installed (needs CUDA); see docs/vllm-omni.md"
+NEEDS_ENGINE = (
+    "needs a CUDA GPU and the vllm extra (vLLM-omni's engine); run `make test-gpu` there, see docs/vllm-omni.md"
+)
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +132,13 @@ def test_without_vllm_omni_the_backend_names_the_extra_at_use(tmp_path, setup):
     # The pipeline shell is the only module that needs vLLM at import time.
     with pytest.raises(ImportError):
         importlib.import_module("rollout_consistency.adapters.vllm_omni_pipeline")
+
+
+@pytest.mark.skipif(not vo.vllm_omni_available() or torch.cuda.is_available(), reason="needs vLLM-omni and no GPU")
+def test_with_vllm_omni_but_no_gpu_the_backend_names_the_missing_device(tmp_path):
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(vo.VllmOmniUnavailableError, match="needs a CUDA device"):
+        vo.VllmOmniRollout(tmp_path)
 
 
 def test_engine_start_checks_model_directory_and_config_first(tmp_path):
@@ -556,77 +566,6 @@ def test_a_trajectory_for_another_request_is_refused(engine_output):
 
 
 # ------------------------------------------------------------------ a tiny Qwen-Image model directory
-def save_tiny_qwen_image_directory(path: Path) -> Path:
-    """A complete, seeded, offline diffusers Qwen-Image directory (what vLLM-omni loads), under 1 MB.
-
-    The transformer is `rollout_consistency.adapters.tiny.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
-    Qwen2.5-VL of width `joint_attention_dim`; the tokenizer byte-level with Qwen's chat special tokens; the
-    VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config.
-    """
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
-
-    vocab = {char: index for index, char in enumerate(sorted(ByteLevel.alphabet()))}
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        vocab[special] = len(vocab)
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    width = TINY_QWEN_IMAGE_CONFIG["joint_attention_dim"]
-    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's RNG untouched
-        torch.manual_seed(0)
-        text_encoder = Qwen2_5_VLForConditionalGeneration(
-            Qwen2_5_VLConfig(
-                text_config=dict(
-                    vocab_size=len(tokenizer),
-                    hidden_size=width,
-                    intermediate_size=2 * width,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    num_key_value_heads=1,
-                    max_position_embeddings=2048,
-                    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                ),
-                vision_config=dict(
-                    depth=1,
-                    hidden_size=16,
-                    intermediate_size=32,
-                    num_heads=2,
-                    out_hidden_size=width,
-                    fullatt_block_indexes=[0],
-                ),
-                vocab_size=len(tokenizer),
-            )
-        )
-        vae = AutoencoderKLQwenImage(
-            base_dim=8,
-            z_dim=4,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        )
-    transformer = QwenImageTransformer2DModel(**TINY_QWEN_IMAGE_CONFIG)
-    transformer.load_state_dict(load_qwen_image().state_dict())
-    pipeline = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG),
-        vae=vae.eval(),
-        text_encoder=text_encoder.eval(),
-        tokenizer=tokenizer,
-        transformer=transformer.eval(),
-    )
-    pipeline.save_pretrained(path, safe_serialization=True)
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image"))
@@ -655,6 +594,23 @@ def test_tiny_model_directory_is_what_both_sides_load(tiny_model_dir, model):
     assert image.shape == (1, 3, HEIGHT, WIDTH) and bool(torch.isfinite(image).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tiny_model_directory_saves_every_component_in_the_engine_dtype(tmp_path, dtype):
+    """vLLM-omni's loader casts only the transformer and the VAE to the engine dtype; the text encoder must be
+    saved in it (a float32 text encoder under a bf16 engine fails its start-up warm-up request)."""
+    from safetensors import safe_open
+
+    path = save_tiny_qwen_image_directory(tmp_path, dtype=dtype)
+    saved_as = {torch.bfloat16: "BF16", torch.float32: "F32"}[dtype]  # safetensors' dtype names
+    for component in ("transformer", "text_encoder", "vae"):
+        files = sorted((path / component).glob("*.safetensors"))
+        assert files, component
+        for file in files:
+            with safe_open(str(file), framework="pt") as tensors:
+                dtypes = {tensors.get_slice(name).get_dtype() for name in tensors.keys()}  # noqa: SIM118
+            assert dtypes == {saved_as}, (component, dtypes)
+
+
 # ---------------------------------------------------------------------------- GPU: vLLM-omni engine
 #: A full-size model directory to use instead of the tiny one (a path only: never seeds anything).
 _MODEL_DIR = os.environ.get("ROLLOUT_CONSISTENCY_QWEN_IMAGE_DIR")
@@ -665,7 +621,8 @@ needs_engine = pytest.mark.skipif(not vo.vllm_omni_available() or not torch.cuda
 def gpu_model_dir(tmp_path_factory):
     if _MODEL_DIR is not None:
         return Path(_MODEL_DIR)
-    return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image-gpu"))
+    # In the engine's dtype (bf16, the default): vLLM-omni casts only the transformer and the VAE.
+    return save_tiny_qwen_image_directory(tmp_path_factory.mktemp("tiny-qwen-image-gpu"), dtype=torch.bfloat16)
 
 
 @needs_engine

@@ -5,6 +5,7 @@ Everything runs on a CPU with no model hub. The checker uses [`get_tiny`] when n
 tests and docs build the models directly:
 
     Qwen-Image   load_qwen_image(path=None, *, dtype, device, seed), TinyPromptEncoder,
+                 save_tiny_qwen_image_directory(path, *, dtype) (a whole diffusers directory),
                  load_qwen_image_scheduler_config(path=None)          (`rollout_consistency.adapters.tiny.qwen_image`)
     SD3, FLUX    load_sd3(...), load_flux(...), TinyClipT5Encoder,
                  tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder() (`rollout_consistency.adapters.tiny.sd3_flux`)
@@ -24,7 +25,12 @@ from torch import nn
 from rollout_consistency.adapters.families import PromptEncoder
 from rollout_consistency.adapters.settings import PipelineSettings
 
-from .qwen_image import TinyPromptEncoder, load_qwen_image, load_qwen_image_scheduler_config
+from .qwen_image import (
+    TinyPromptEncoder,
+    load_qwen_image,
+    load_qwen_image_scheduler_config,
+    save_tiny_qwen_image_directory,
+)
 from .sd3_flux import TinyClipT5Encoder, load_flux, load_sd3, tiny_flux_prompt_encoder, tiny_sd3_prompt_encoder
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "load_qwen_image_scheduler_config",
     "load_sd3",
     "register_tiny",
+    "save_tiny_qwen_image_directory",
     "tiny_flux_prompt_encoder",
     "tiny_names",
     "tiny_sd3_prompt_encoder",

@@ -40,6 +40,7 @@ __all__ = [
     "load_qwen_image",
     "load_qwen_image_scheduler_config",
     "load_transformer",
+    "save_tiny_qwen_image_directory",
 ]
 
 # Tiny but structurally complete: 2 double-stream blocks, 2 heads of 16, 16 packed channels (4 latent
@@ -326,3 +327,85 @@ class TinyPromptEncoder(nn.Module):
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         embedding = load_file(str(path / "embedding.safetensors"))["embedding"]
         return cls(embedding.shape[1], tokenizer=tokenizer, embedding=embedding)
+
+
+def save_tiny_qwen_image_directory(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Path:
+    """A complete, seeded, offline diffusers Qwen-Image directory (what vLLM-omni loads), under 1 MB.
+
+    Every component is saved in `dtype`, the dtype of the engine that will serve it. vLLM-omni's loader casts
+    only the transformer and the VAE to the engine dtype; the text encoder keeps its saved dtype, and the
+    stock path draws its latents in the prompt embeddings' dtype. A float32 text encoder under a bf16 engine
+    therefore feeds float32 latents to the bf16 transformer, and the engine's start-up warm-up request fails
+    ("mat1 and mat2 must have the same dtype"), as released Qwen-Image (all bf16) never does.
+
+    The transformer is `rollout_consistency.adapters.tiny.load_qwen_image()`'s tiny model (same weights); the text encoder a one-layer
+    Qwen2.5-VL of width `joint_attention_dim`; the tokenizer byte-level with Qwen's chat special tokens; the
+    VAE a 4-channel `AutoencoderKLQwenImage` with scale factor 8; the scheduler Qwen-Image's config. Needs
+    `transformers` (the `dev` extra; imported here only).
+    """
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
+
+    vocab = {char: index for index, char in enumerate(sorted(ByteLevel.alphabet()))}
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        vocab[special] = len(vocab)
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    width = TINY_QWEN_IMAGE_CONFIG["joint_attention_dim"]
+    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's RNG untouched
+        torch.manual_seed(0)
+        text_encoder = Qwen2_5_VLForConditionalGeneration(
+            Qwen2_5_VLConfig(
+                text_config=dict(
+                    vocab_size=len(tokenizer),
+                    hidden_size=width,
+                    intermediate_size=2 * width,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                    max_position_embeddings=2048,
+                    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                ),
+                vision_config=dict(
+                    depth=1,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_heads=2,
+                    out_hidden_size=width,
+                    fullatt_block_indexes=[0],
+                ),
+                vocab_size=len(tokenizer),
+            )
+        )
+        vae = AutoencoderKLQwenImage(
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
+        )
+    transformer = QwenImageTransformer2DModel(**TINY_QWEN_IMAGE_CONFIG)
+    transformer.load_state_dict(load_qwen_image().state_dict())
+    pipeline = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG),
+        vae=vae.eval(),
+        text_encoder=text_encoder.eval(),
+        tokenizer=tokenizer,
+        transformer=transformer.eval(),
+    )
+    # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast.
+    for module in (vae, text_encoder, transformer):
+        nn.Module.to(module, dtype=dtype)
+    path = Path(path)
+    pipeline.save_pretrained(path, safe_serialization=True)
+    return path

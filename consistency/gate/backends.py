@@ -357,6 +357,7 @@ def _precision_diff(rollout_model: Any, trainer_model: Any, device: str) -> Mapp
 def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """Roll out one batch and recompute it on the trainer side (a worker's work; see the module docstring)."""
     from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
+    from rollout_consistency.adapters.vllm_omni import VllmOmniEngineError  # imports no vLLM
 
     if backend.plugins is not None and backend.plugins.rollout is not None:
         return plugins.run_plugin_batch(backend, batch)
@@ -366,6 +367,10 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     except MixedDtypeBatchError as error:
         # The stock step-wise path's other symptom: the engine cannot batch the requests at all.
         return _failed_batch(batch, backend.config, f"{batch.describe()}: the rollout engine failed: {error}")
+    except VllmOmniEngineError as error:
+        # A request failed in vLLM-omni (named in the error), or an earlier one closed the engine: this batch
+        # has no rollout, and the check FAILs naming it rather than crashing.
+        return _failed_batch(batch, backend.config, f"{batch.describe()}: the vLLM-omni engine failed: {error}")
     seconds = {"rollout": time.perf_counter() - start}
     forwards = {"rollout": max(w.stop for w in trajectory.windows) * backend.cfg_passes}
     return score_trajectory(
