@@ -511,11 +511,18 @@ def test_replay_says_what_it_compared_and_why_a_difference_can_be_expected(captu
 # pipes and signals (subprocesses)
 
 
+def _as_started_from_a_terminal() -> None:
+    # A job a non-interactive shell starts in the background inherits SIGINT ignored, and Python then never
+    # raises KeyboardInterrupt; these tests model Ctrl-C in a terminal, where SIGINT has its default action.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "rollout_consistency", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_as_started_from_a_terminal,
         **kwargs,
     )
 
