@@ -509,7 +509,9 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
     outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
     outputs.add_argument(
-        "--plot", metavar="PATH", help="write a PNG of per-timestep |dlogp| and ratio with the tolerance band"
+        "--plot",
+        metavar="PATH",
+        help="write a PNG of per-timestep signed dlogp (mean, spread, clip band, limits) and ratio",
     )
     outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
     settings = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")

@@ -87,6 +87,25 @@ def test_gate_of_a_users_tables_carries_the_diagnosis():
     assert json.loads(report.to_json())["diagnosis"] == [dict(d) for d in report.diagnosis]
 
 
+def test_a_rounding_level_gate_fail_says_its_direction_and_what_the_tables_do_not_record():
+    """Tables alone carry no kernels or batches: the evidence says so instead of printing None, and says
+    whether the difference is one-sided or spread both ways."""
+    import numpy as np
+
+    from rollout_consistency.gate import gate
+
+    rng = np.random.default_rng(0)
+    rollout = rng.normal(-3.0, 0.1, size=(16, 4)).astype(np.float32)
+    signs = np.sign(rng.normal(size=rollout.shape)).astype(np.float32)
+    for trainer, direction in ((rollout + np.float32(2e-7), "one-sided"), (rollout + 2e-7 * signs, "both ways")):
+        causes = gate(rollout, trainer.astype(np.float32)).diagnosis
+        assert {d["cause"] for d in causes} == {"attention-kernel", "batch-composition"}
+        evidence = " | ".join(e for d in causes for e in d["evidence"])
+        assert direction in evidence and "None" not in evidence, evidence
+        assert "does not record either side's attention kernel" in evidence
+        assert "does not record either side's batch composition" in evidence
+
+
 def test_doctor_command_reads_an_earlier_report(tmp_path, capsys):
     out = tmp_path / "diagnosis.json"
     assert main(["doctor", str(REPORTS / "mask-sum-rope.json"), "--json", str(out)]) == 0

@@ -254,6 +254,10 @@ CORPUS = [
     Case(
         "checkpointing-json-is-spec-file", lambda d: ["checkpointing", "case.py:make", "--json", "case.py"], 2, "SPEC"
     ),
+    Case("lint-output-is-linted-file", lambda d: ["lint", "old.json", "--output", "old.json"], 2, "PATH old.json"),
+    Case("lint-output-is-directory", lambda d: ["lint", "c.yaml", "--output", str(d)], 2, "is a directory"),
+    Case("doctor-json-is-report", lambda d: ["doctor", "old.json", "--json", "old.json"], 2, "REPORT.json"),
+    Case("doctor-report-is-directory", lambda d: ["doctor", str(d)], 2, "cannot read"),
     # -- config files: safe YAML, duplicate keys, size limit, a directory
     _config_case("yaml-alias-bomb", "bomb.yaml", ALIAS_BOMB, "aliases"),
     _config_case("yaml-simple-alias", "a.yaml", "seed: &s 3\nglobal_step: *s\n", "aliases (*s)"),
@@ -287,7 +291,6 @@ CORPUS = [
     Case("gate-micro-batch-zero", lambda d: _gate_args(d, "--micro-batch-size", "0"), 2, "positive int"),
     Case("gate-json-is-the-dump", lambda d: _gate_args(d, "--json", "d.safetensors"), 2, "would destroy it"),
     Case("gate-two-reports-one-path", lambda d: _gate_args(d, "--json", "r", "--plot", "r"), 2, "both write r"),
-    Case("gate-dump-is-directory", lambda d: ["gate", str(d)], 2, "is a directory"),
     Case(
         "gate-dump-random-bytes", lambda d: ["gate", str(_file("x.safetensors", os.urandom(64))(d))], 2, "safetensors"
     ),

@@ -170,6 +170,7 @@ def test_stock_bf16_stored_sample_biases_log_ratio_and_patched_path_is_exact():
     for step_index in range(10):
         t = scheduler.timesteps[step_index]
         rollout = scheduler.sample_previous_step(v, t, x, noise_level=0.7, generator=generators(step_index, batch))
+        # rollout-consistency: ignore[low-precision-latents] diffusers' stock bf16 step, reproduced on purpose
         stored_stock = rollout.prev_sample.to(torch.bfloat16)  # diffusers' step: .to(model_output.dtype)
         trainer_stock = scheduler.step(v, t, x, noise_level=0.7, prev_sample=stored_stock)
         trainer_patched = scheduler.sample_previous_step(v, t, x, noise_level=0.7, prev_sample=rollout.prev_sample)

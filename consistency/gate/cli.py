@@ -59,7 +59,11 @@ def add_gate_parser(subparsers: Any) -> None:
     outputs = parser.add_argument_group("outputs (never the dump itself)")
     outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
     outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
-    outputs.add_argument("--plot", metavar="PATH", help="write a PNG of per-timestep |dlogp| and ratio")
+    outputs.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG of per-timestep signed dlogp (mean, spread, clip band, limits) and ratio",
+    )
     outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
     parser.set_defaults(run=run_gate)
 

@@ -407,39 +407,56 @@ def _from_signatures(report: Any, config: Mapping[str, Any]) -> list[Diagnosis]:
             )
         )
     if small:
-        kernels_differ = config.get("rollout_attention") != config.get("trainer_attention") or (
-            config.get("rollout_backend") not in (None, "torch")
-        )
-        batch_differs = config.get("micro_batch_size") not in (None, config.get("rollout_batch_size")) or bool(
-            config.get("stagger_arrivals")
-        )
-        evidence = [size, f"spread both ways: |mean Δlogp| is {coherence:.0%} of mean |Δlogp|"]
-        out.append(
-            _make(
-                "attention-kernel",
-                "Rounding-level differences of two attention kernels (not a bug).",
-                [
-                    *evidence,
-                    f"attention: rollout {config.get('rollout_attention')} ({config.get('rollout_backend')}), "
-                    f"trainer {config.get('trainer_attention')}",
-                ],
-                0.75 if kernels_differ else 0.3,
-            )
-        )
-        out.append(
-            _make(
-                "batch-composition",
-                "Rounding-level differences of a forward that depends on its batch-mates (other kernels per shape).",
-                [
-                    *evidence,
-                    f"rollout batch {config.get('rollout_batch_size')}, trainer micro-batch "
-                    f"{config.get('micro_batch_size') or config.get('rollout_batch_size')}"
-                    + (", staggered arrivals" if config.get("stagger_arrivals") else ""),
-                ],
-                0.7 if batch_differs and not kernels_differ else 0.35,
-            )
-        )
+        out.extend(_rounding_level(config, size, coherence))
     return out
+
+
+def _rounding_level(config: Mapping[str, Any], size: str, coherence: float) -> list[Diagnosis]:
+    """Causes of a rounding-level difference, ranked by what the config says differed between the sides.
+
+    A gate report (tables only) records neither side's kernels nor batches: both causes are then named at
+    equal, low confidence and the evidence says what was not recorded.
+    """
+    direction = "one-sided" if coherence > 0.9 else "spread both ways" if coherence < 0.6 else "mostly one way"
+    evidence = [size, f"{direction}: |mean Δlogp| is {coherence:.0%} of mean |Δlogp|"]
+    attention_known = "rollout_attention" in config or "trainer_attention" in config
+    batches_known = "rollout_batch_size" in config
+    kernels_differ = attention_known and (
+        config.get("rollout_attention") != config.get("trainer_attention")
+        or config.get("rollout_backend") not in (None, "torch")
+    )
+    batch_differs = batches_known and (
+        config.get("micro_batch_size") not in (None, config.get("rollout_batch_size"))
+        or bool(config.get("stagger_arrivals"))
+    )
+    attention = (
+        f"attention: rollout {config.get('rollout_attention')} ({config.get('rollout_backend') or 'torch'}), "
+        f"trainer {config.get('trainer_attention')}"
+        if attention_known
+        else "the report does not record either side's attention kernel"
+    )
+    batches = (
+        f"rollout batch {config.get('rollout_batch_size')}, trainer micro-batch "
+        f"{config.get('micro_batch_size') or config.get('rollout_batch_size')}"
+        + (", staggered arrivals" if config.get("stagger_arrivals") else "")
+        if batches_known
+        else "the report does not record either side's batch composition"
+    )
+    unknown = 0.3
+    return [
+        _make(
+            "attention-kernel",
+            "Rounding-level differences of two attention kernels (not a bug).",
+            [*evidence, attention],
+            (0.75 if kernels_differ else 0.3) if attention_known else unknown,
+        ),
+        _make(
+            "batch-composition",
+            "Rounding-level differences of a forward that depends on its batch-mates (other kernels per shape).",
+            [*evidence, batches],
+            (0.7 if batch_differs and not kernels_differ else 0.35) if batches_known else unknown,
+        ),
+    ]
 
 
 def _profile(steps: Sequence[Any]) -> str:
@@ -587,9 +604,16 @@ class DoctorInputError(ValueError):
 def run(args: Any) -> int:
     """Print the diagnosis of ``args.report``; 0 when done (DoctorInputError for bad input)."""
     import json
+    from pathlib import Path
+
+    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
 
     from .report import Report
 
+    try:
+        check_output_paths({"--json": args.json}, {"REPORT.json": args.report})
+    except OutputPathError as error:
+        raise DoctorInputError(str(error)) from error
     try:
         with open(args.report, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -598,6 +622,8 @@ def run(args: Any) -> int:
         raise DoctorInputError(
             f"{args.report}: no such file; write one with `rollout-consistency check --json`"
         ) from error
+    except OSError as error:
+        raise DoctorInputError(f"cannot read {args.report}: {error.strerror or error}") from error
     except (ValueError, KeyError, TypeError) as error:
         raise DoctorInputError(
             f"{args.report} is not a step-1 report ({error}); write one with `rollout-consistency check --json`"
@@ -610,7 +636,9 @@ def run(args: Any) -> int:
     else:
         print("  nothing to diagnose: a PASS well within its limits")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump([d.to_dict() for d in diagnoses], handle, indent=2, allow_nan=False)
-            handle.write("\n")
+        text = json.dumps([d.to_dict() for d in diagnoses], indent=2, allow_nan=False) + "\n"
+        try:
+            write_all([(args.json, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))])
+        except OSError as error:
+            raise DoctorInputError(f"cannot write {args.json}: {error.strerror or error}") from error
     return 0

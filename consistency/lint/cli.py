@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
+
 from .engine import LintUsageError, lint_paths
 from .output import FORMATS, render
 from .rules import RULES
@@ -76,13 +78,17 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     if not args.paths:
         raise LintUsageError("give at least one PATH (file or directory) to lint")
+    try:
+        check_output_paths({"--output": args.output}, {f"PATH {path}": path for path in args.paths})
+    except OutputPathError as error:
+        raise LintUsageError(str(error)) from error
     findings = lint_paths(
         args.paths, select=_rule_ids(args.select), ignore=_rule_ids(args.ignore), exclude=args.exclude
     )
     report = render(findings, args.format)
     if args.output:
         try:
-            Path(args.output).write_text(report)
+            write_all([(args.output, lambda temporary: Path(temporary).write_text(report))])
         except OSError as error:
             raise LintUsageError(f"cannot write {args.output}: {error.strerror or error}") from error
     else:
