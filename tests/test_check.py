@@ -97,6 +97,21 @@ def test_bf16_latents_fails_with_the_design_signature_and_its_fix_passes():
     fixed = run_step1_check(**injection_settings("bf16-latents"), clip_ratio=1e-4, **QUICK)
     assert fixed.config["rollout_dtype"] == "bfloat16"
     assert_bit_exact_pass(fixed)
+    assert fixed.mismatch.overall.k3_kl == 0 and fixed.mismatch.overall.ess == 1
+
+
+def test_the_check_reports_the_mismatch_statistics_of_llm_trainers(tmp_path):
+    """Reported beside the gated metrics (never gated), in the table, the JSON and the JUnit properties."""
+    report = run_step1_check(inject="bf16-latents", **QUICK)
+    stats, o = report.mismatch, report.metrics.overall
+    assert stats.overall.count == o.count and stats.overall.max_abs_dlogp == pytest.approx(o.max_abs_dlogp)
+    assert stats.overall.bias < 0 and stats.overall.bias_ci_high < 0  # the trainer's log-probs sit lower
+    assert stats.overall.k3_kl > 0 and stats.overall.ess < 1
+    assert len(stats.by_timestep) == len(report.metrics.by_timestep)
+    assert "mismatch statistics" in report.format_table()
+    assert Report.from_json(report.to_json()).mismatch == stats
+    report.write_junit(tmp_path / "r.xml")
+    assert 'name="mismatch.overall.k3_kl"' in (tmp_path / "r.xml").read_text()
 
 
 def test_stepwise_bf16_fails_with_the_same_signature_and_its_fix_passes():
@@ -303,6 +318,9 @@ def test_nonfinite_trainer_output_fails(monkeypatch):
     monkeypatch.setattr(check_module, "run_batch", poisoned)
     report = run_step1_check(**QUICK)
     assert not report.passed and "finite" in failed(report)
+    batches = report.metrics.num_samples // QUICK["rollout_batch_size"]  # one NaN per batch
+    assert report.mismatch.overall.count == report.metrics.overall.count - batches  # the statistics skip them
+    assert report.mismatch.overall.max_abs_dlogp == 0
 
 
 def test_missing_window_step_on_the_trainer_side_fails(monkeypatch):

@@ -185,6 +185,10 @@ def test_cli_gate_exit_codes_and_outputs(tmp_path, capsys):
     assert ET.parse(out / "r.xml").getroot().get("failures") == "0" and (out / "r.png").exists()
     assert main(["gate", str(bad), "--profile", "kernel", "--clip-ratio", "1e-3"]) == 1
     assert "FAIL because" in capsys.readouterr().out
+    # One float32 ulp apart: other code, same maths. Fails `exact`, passes `implementation`.
+    rounded = write_dump(tmp_path / "ulp.safetensors", rollout, np.nextafter(rollout, np.float32(0)), timesteps=ts)
+    assert main(["gate", str(rounded)]) == 1
+    assert main(["gate", str(rounded), "--profile", "implementation"]) == 0
     before = good.read_bytes()
     assert main(["gate", str(good), "--json", str(good)]) == 2  # never overwrites the input
     assert good.read_bytes() == before

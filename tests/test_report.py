@@ -33,6 +33,7 @@ TOP_KEYS = [
     "notes",
     "run",
     "diagnosis",
+    "mismatch",
 ]
 METRICS_KEYS = [
     "overall",

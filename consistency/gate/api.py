@@ -7,10 +7,10 @@ report are the step-1 checker's. What the inputs cannot support is shown as **no
 passed: the ``workers`` guard (the tables did not come from the checker's workers) always, and the
 ``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given.
 
-`GateReport` is a `Report` plus the mismatch statistics (`rollout_consistency.gate.mismatch`), the guards that
-were not checked, and the sample ids; its table, JSON (same schema, extra keys ``mismatch``,
-``not_checked``, ``sample_ids``), JUnit XML (a ``<skipped>`` testcase per guard not checked, the
-statistics as ``<properties>``) and plot carry all of it.
+`GateReport` is a `Report` (which carries the mismatch statistics, `rollout_consistency.gate.mismatch`, as every
+report does) plus the guards that were not checked and the sample ids; its table, JSON (same schema, extra
+keys ``not_checked``, ``sample_ids``), JUnit XML (a ``<skipped>`` testcase per guard not checked) and plot
+carry all of it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from .doctor import attach_diagnosis
 from .metrics import MetricsInputError, compute_metrics
-from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats, compute_mismatch
+from .mismatch import compute_mismatch
 from .plan import window_problems
 from .report import Report, junit_xml
 from .tolerances import PROFILES, ToleranceError, resolve_tolerance
@@ -43,22 +43,18 @@ class GateInputError(ValueError):
 
 @dataclass(frozen=True)
 class GateReport(Report):
-    """A `Report` of gated tables, with the mismatch statistics and the guards that were not checked.
+    """A `Report` of gated tables, with the guards that were not checked.
 
     Attributes:
-        mismatch: the statistics of `rollout_consistency.gate.mismatch` (``None`` when the tables could not be
-            compared).
         not_checked: guard name -> why the inputs cannot support it.
         sample_ids: the caller's id of each row (default ``0..N-1``).
     """
 
-    mismatch: MismatchStats | None = None
     not_checked: Mapping[str, str] = field(default_factory=dict)
     sample_ids: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
-        data["mismatch"] = _encode_floats(None if self.mismatch is None else self.mismatch.to_dict())
         data["not_checked"] = dict(self.not_checked)
         data["sample_ids"] = list(self.sample_ids)
         return data
@@ -66,10 +62,8 @@ class GateReport(Report):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GateReport:
         base = Report.from_dict(data)
-        mismatch = data.get("mismatch")
         return cls(
             **{f.name: getattr(base, f.name) for f in dataclasses.fields(Report)},
-            mismatch=None if mismatch is None else MismatchStats.from_dict(_decode_floats(mismatch)),
             not_checked=dict(data.get("not_checked", {})),
             sample_ids=tuple(data.get("sample_ids", ())),
         )
@@ -82,8 +76,6 @@ class GateReport(Report):
             if at is not None:
                 lines[at] += "  " + "  ".join(f"{name} not checked" for name in self.not_checked)
                 lines[at + 1 : at + 1] = [f"    {name} not checked: {why}" for name, why in self.not_checked.items()]
-        if self.mismatch is not None:
-            lines[len(lines) :] = _mismatch_lines(self.mismatch)
         return "\n".join(lines)
 
     def write_junit(self, path: str | os.PathLike[str]) -> None:
@@ -129,8 +121,9 @@ def gate(
         clip_ratio_c (`float`): verl's dual-clip constant, for ``pg_clipfrac_dual``.
         micro_batch_size (`int`, *optional*): your trainer's micro-batch, for the per-cell aggregation of the
             gated figures (``None``: one micro-batch).
-        profile (`str`): ``"exact"`` (default: bit for bit) or ``"kernel"`` (two engines whose attention kernels
-            differ); ``"calibrated"`` needs the checker's second trainer pass and is refused here.
+        profile (`str`): ``"exact"`` (default: bit for bit), ``"implementation"`` (the same maths in other
+            code: float32 rounding) or ``"kernel"`` (two engines whose attention kernels differ);
+            ``"calibrated"`` needs the checker's second trainer pass and is refused here.
         compute_dtype (`str`): the narrowest dtype either side's forward runs in (``"bfloat16"``,
             ``"float16"`` or ``"float32"``); the ``kernel`` limits are 8x tighter for the latter two.
         thresholds (`dict`, *optional*): per-metric limit overrides (``None`` = report without gating).
@@ -145,10 +138,11 @@ def gate(
             length, duplicate sample ids, non-finite timesteps or advantages, an unknown profile).
     """
     if profile not in PROFILES:
-        raise GateInputError(f"unknown profile {profile!r}; use 'exact' or 'kernel'.")
+        raise GateInputError(f"unknown profile {profile!r}; use 'exact', 'implementation' or 'kernel'.")
     if profile == "calibrated":
         raise GateInputError(
-            "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact' or 'kernel', "
+            "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact', "
+            "'implementation' or 'kernel', "
             "or set limits with thresholds={...}."
         )
     rollout = _table(rollout_log_probs, "rollout_log_probs")
@@ -296,72 +290,9 @@ def _vector(value: Any, n: int, name: str, *, integer: bool) -> np.ndarray | Non
     return array.astype(np.float64)
 
 
-def _encode_floats(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _encode_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_encode_floats(v) for v in value]
-    return value
-
-
-def _decode_floats(value: Any) -> Any:
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
-    if isinstance(value, dict):
-        return {k: _decode_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode_floats(v) for v in value]
-    return value
-
-
-_SHORT = {
-    "k3_kl": "k3_kl",
-    "chi2": "chi2",
-    "ess": "ess",
-    "p99_abs_dlogp": "p99|dlogp|",
-    "max_abs_dlogp": "max|dlogp|",
-    "pearson_logp": "pearson",
-    "bias": "bias",
-    "pg_clipfrac_adv": "clip_adv",
-    "pg_clipfrac_dual": "clip_dual",
-}
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "nan"
-    return "0" if value == 0 else f"{value:.3e}"
-
-
-def _mismatch_lines(stats: MismatchStats) -> list[str]:
-    names = [n for n in stats.overall.names() if n not in ("bias_ci_low", "bias_ci_high")]
-    o = stats.overall
-    lines = ["", "  mismatch statistics (pooled over entries; reported, not gated; docs/checker.md)"]
-    lines.append(f"  {'':>14}" + "".join(f" {_SHORT[k]:>11}" for k in names) + "  bias 95% CI")
-    lines.append(_stat_row("overall", o, names))
-    for s in stats.by_timestep:
-        label = f"t={s.timestep:.4g}" if s.timestep is not None else f"step {s.position}"
-        lines.append(_stat_row(label, s.values, names))
-    if o.pg_clipfrac_adv is not None:
-        lines.append(
-            "  clip_adv/clip_dual: LLM verl's advantage-dependent pg_clipfrac and dual-clip pg_clipfrac_lower "
-            f"(clip_ratio_c {stats.clip_ratio_c:g})"
-        )
-    return lines
-
-
-def _stat_row(label: str, values: Any, names: Sequence[str]) -> str:
-    ci = f"[{_num(values.bias_ci_low)}, {_num(values.bias_ci_high)}]"
-    return f"  {label:>14}" + "".join(f" {_num(getattr(values, k)):>11}" for k in names) + f"  {ci}"
-
-
 def gate_junit_xml(report: GateReport) -> str:
-    """The report's JUnit XML plus a ``<skipped>`` testcase per guard not checked and the mismatch statistics
-    (overall and per timestep) as ``<properties>``; the system-out is the gate's table."""
+    """The report's JUnit XML (the mismatch statistics among its ``<properties>``) plus a ``<skipped>`` testcase
+    per guard not checked; the system-out is the gate's table."""
     root = ET.fromstring(junit_xml(report).split("\n", 1)[1])
     suite = root.find("testsuite")
     assert suite is not None  # junit_xml always writes one
@@ -373,18 +304,6 @@ def gate_junit_xml(report: GateReport) -> str:
     for element in (root, suite):
         element.set("tests", total)
     suite.set("skipped", str(len(report.not_checked)))
-    properties = suite.find("properties")
-    assert properties is not None
-    if report.mismatch is not None:
-        views = [("overall", report.mismatch.overall)] + [
-            (f"t={s.timestep:g}" if s.timestep is not None else f"step{s.position}", s.values)
-            for s in report.mismatch.by_timestep
-        ]
-        for view, values in views:
-            for name in MISMATCH_NAMES + ADVANTAGE_NAMES:
-                value = getattr(values, name)
-                if value is not None:
-                    ET.SubElement(properties, "property", name=f"mismatch.{view}.{name}", value=repr(float(value)))
     out = suite.find("system-out")
     if out is not None:
         suite.remove(out)

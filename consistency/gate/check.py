@@ -36,6 +36,7 @@ from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .distributed import DistributedError, run_sharded
 from .doctor import attach_diagnosis, diagnose_check
 from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
+from .mismatch import MismatchStats, compute_mismatch
 from .plan import make_plan, window_problems
 from .report import Report, SampleInfo
 from .tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
@@ -117,7 +118,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
-    metrics, tolerance = _judge(config, results, problems, notes)
+    metrics, tolerance, mismatch = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
         for s, start_ in zip(returned, starts, strict=False)
@@ -134,6 +135,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         precision=precision,
         notes=tuple(notes),
         run=run,
+        mismatch=mismatch,
     )
     return diagnose_check(report, config, plan)  # the doctor: ranked causes, localised where code is at hand
 
@@ -171,7 +173,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         score_trajectory(backend, trajectory, batch=0, sample_indices=tuple(range(n))), precision=None
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
-    metrics, tolerance = _judge(config, [result], problems, notes)
+    metrics, tolerance, mismatch = _judge(config, [result], problems, notes)
     samples = tuple(
         SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
         for i in range(n)
@@ -186,6 +188,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         precision=None,
         notes=tuple(notes),
         run=_run_info(config, "in-process", 1, timings, [result], start),
+        mismatch=mismatch,
     )
     return attach_diagnosis(report)  # the doctor from the figures alone: the rollout's code is not at hand
 
@@ -219,8 +222,8 @@ def _plugin_and_step2_checks(
 # ----------------------------------------------------------------------------------------------------
 def _judge(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
-) -> tuple[ConsistencyMetrics | None, Tolerance]:
-    """Metrics over every returned sample (global order) and the resolved tolerance."""
+) -> tuple[ConsistencyMetrics | None, Tolerance, MismatchStats | None]:
+    """Metrics over every returned sample (global order), the resolved tolerance, and the mismatch statistics."""
     profile = config.resolved_profile
     settings = dict(
         clip_ratio=config.clip_ratio,
@@ -230,15 +233,23 @@ def _judge(
     )
     if not results:
         problems.append(Problem("nonempty", "no rollout batch came back"))
-        return None, _fallback_tolerance(config, profile)
+        return None, _fallback_tolerance(config, profile), None
     try:
         rollout = _stack([r.rollout_log_probs for r in results], "rollout log-probs")
         trainer = _stack([r.trainer_log_probs for r in results], "trainer log-probs")
         timesteps = _stack([r.timesteps for r in results], "timesteps")
         metrics = compute_metrics(rollout, trainer, timesteps=timesteps, **settings)
+        mismatch = compute_mismatch(
+            rollout,
+            trainer,
+            valid=np.isfinite(rollout) & np.isfinite(trainer),  # non-finite entries FAIL through the metrics
+            timesteps=timesteps,
+            clip_ratio_low=metrics.clip_ratio_low,
+            clip_ratio_high=metrics.clip_ratio_high,
+        )
     except MetricsInputError as error:
         problems.append(Problem("shapes", str(error)))
-        return None, _fallback_tolerance(config, profile)
+        return None, _fallback_tolerance(config, profile), None
 
     floor, floor_parts = None, {}
     if profile == "calibrated":
@@ -274,7 +285,7 @@ def _judge(
         tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
         if advice:
             problems.append(Problem("exact", advice))
-    return metrics, tolerance
+    return metrics, tolerance, mismatch
 
 
 def _fallback_tolerance(config: CheckConfig, profile: str) -> Tolerance:

@@ -35,7 +35,10 @@ def add_gate_parser(subparsers: Any) -> None:
     )
     parser.add_argument("dump", metavar="DUMP", help="the .safetensors log-prob dump")
     parser.add_argument(
-        "--profile", choices=("exact", "kernel"), default="exact", help="tolerance profile (default: exact)"
+        "--profile",
+        choices=("exact", "implementation", "kernel"),
+        default="exact",
+        help="tolerance profile (default: exact)",
     )
     parser.add_argument(
         "--compute-dtype",

@@ -16,6 +16,8 @@ always present and in this order::
     run        {mode, workers, timings_s, environment, ...}
     diagnosis  [{cause, summary, evidence: [str], fix, confidence, source, details?}]  ranked likely causes
                of a FAIL or a near-limit PASS (rollout_consistency.gate.doctor); empty otherwise
+    mismatch   null | {overall, by_timestep, clip_ratio_low, clip_ratio_high, clip_ratio_c}: the statistics
+               LLM trainers log (rollout_consistency.gate.mismatch); reported, never gated
 
 Floats that are not finite are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (the file is
 strict JSON). Adding keys bumps nothing; renaming or removing one bumps ``schema_version``.
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
+from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats
 from .tolerances import Tolerance
 from .verdict import Verdict
 
@@ -69,6 +72,7 @@ class Report:
     notes: tuple[str, ...] = ()
     run: Mapping[str, Any] = field(default_factory=dict)
     diagnosis: tuple[Mapping[str, Any], ...] = ()  # rollout_consistency.gate.doctor.Diagnosis.to_dict(), ranked
+    mismatch: MismatchStats | None = None  # reported, never gated
 
     @property
     def passed(self) -> bool:
@@ -108,6 +112,7 @@ class Report:
             "notes": list(self.notes),
             "run": _encode(dict(self.run)),
             "diagnosis": _encode([dict(d) for d in self.diagnosis]),
+            "mismatch": _encode(None if self.mismatch is None else self.mismatch.to_dict()),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -132,6 +137,7 @@ class Report:
             notes=tuple(data["notes"]),
             run=dict(data["run"]),
             diagnosis=tuple(data.get("diagnosis", ())),
+            mismatch=None if data.get("mismatch") is None else MismatchStats.from_dict(_decode(data["mismatch"])),
         )
 
     @classmethod
@@ -166,6 +172,17 @@ def _encode(value: Any) -> Any:
         return {str(k): _encode(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value: Any) -> Any:
+    """Inverse of `_encode` for the floats: ``"nan"``, ``"inf"``, ``"-inf"`` back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
     return value
 
 
@@ -279,6 +296,8 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
                 f"  {s.index:>4} {group:>5} {seed:>8} {s.values.count:>4}"
                 + "".join(f" {_fmt(s.values.get(k), k):>12}" for k in METRIC_NAMES)
             )
+    if report.mismatch is not None:
+        lines.extend(_mismatch_lines(report.mismatch))
     if report.notes:
         lines.append("")
         lines.extend(f"  note: {n}" for n in report.notes)
@@ -287,6 +306,49 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
         lines.append("  FAIL because:")
         lines.extend(f"   - {r}" for r in report.reasons)
     return "\n".join(lines)
+
+
+_MISMATCH_SHORT = {
+    "k3_kl": "k3_kl",
+    "chi2": "chi2",
+    "ess": "ess",
+    "p99_abs_dlogp": "p99|dlogp|",
+    "max_abs_dlogp": "max|dlogp|",
+    "pearson_logp": "pearson",
+    "bias": "bias",
+    "pg_clipfrac_adv": "clip_adv",
+    "pg_clipfrac_dual": "clip_dual",
+}
+
+
+def _mismatch_lines(stats: MismatchStats) -> list[str]:
+    names = [n for n in stats.overall.names() if n not in ("bias_ci_low", "bias_ci_high")]
+    o = stats.overall
+    lines = ["", "  mismatch statistics (pooled over entries; reported, not gated; docs/checker.md)"]
+    lines.append(f"  {'':>14}" + "".join(f" {_MISMATCH_SHORT[k]:>11}" for k in names) + "  bias 95% CI")
+    lines.append(_mismatch_row("overall", o, names))
+    for s in stats.by_timestep:
+        label = f"t={s.timestep:.4g}" if s.timestep is not None else f"step {s.position}"
+        lines.append(_mismatch_row(label, s.values, names))
+    if o.pg_clipfrac_adv is not None:
+        lines.append(
+            "  clip_adv/clip_dual: LLM verl's advantage-dependent pg_clipfrac and dual-clip pg_clipfrac_lower "
+            f"(clip_ratio_c {stats.clip_ratio_c:g})"
+        )
+    return lines
+
+
+def _mismatch_row(label: str, values: Any, names: list[str]) -> str:
+    ci = f"[{_statistic(values.bias_ci_low)}, {_statistic(values.bias_ci_high)}]"
+    return f"  {label:>14}" + "".join(f" {_statistic(getattr(values, k)):>11}" for k in names) + f"  {ci}"
+
+
+def _statistic(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    return "0" if value == 0 else f"{value:.3e}"
 
 
 def _step_row(s: StepMetrics) -> str:
@@ -340,6 +402,16 @@ def junit_xml(report: Report) -> str:
             props[key] = report.config[key]
     for key, value in props.items():
         ET.SubElement(properties, "property", name=str(key), value=str(value))
+    if report.mismatch is not None:
+        views = [("overall", report.mismatch.overall)] + [
+            (f"t={s.timestep:g}" if s.timestep is not None else f"step{s.position}", s.values)
+            for s in report.mismatch.by_timestep
+        ]
+        for view, values in views:
+            for name in MISMATCH_NAMES + ADVANTAGE_NAMES:
+                value = getattr(values, name)
+                if value is not None:
+                    ET.SubElement(properties, "property", name=f"mismatch.{view}.{name}", value=repr(float(value)))
     classname = f"rollout_consistency.step1.{report.tolerance.profile}"
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.kind}", name=check.name, time="0")
