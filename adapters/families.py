@@ -175,11 +175,17 @@ def load_pretrained_transformer(
     model_class: type[ModelT], path: str | os.PathLike, *, dtype: torch.dtype, device: torch.device | str
 ) -> ModelT:
     """A diffusers transformer from a local model directory (its `transformer/` subfolder, or the folder
-    itself), on `device`, in `dtype`, in eval mode. FileNotFoundError when the directory is missing."""
+    itself), on `device`, in `dtype`, in eval mode. FileNotFoundError when the directory is missing or holds
+    no transformer config."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"No model directory at {path}.")
     subfolder = "transformer" if (path / "transformer").is_dir() else None
+    if not (path / (subfolder or "") / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} is not a diffusers model directory (no transformer/config.json or config.json); pass the "
+            f"folder a pipeline's save_pretrained wrote"
+        )
     model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
     # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast.
     return nn.Module.to(model, device=device, dtype=dtype).eval()

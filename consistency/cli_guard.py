@@ -63,7 +63,8 @@ def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: s
     except OSError as error:
         where = f" {error.filename}" if error.filename else ""
         fix = _RESOURCE_FIXES.get(error.errno or 0, "check the path and try again")
-        _say(prog, f"cannot access{where}: {error.strerror or error}; {fix}.", debug)
+        detail = str(error.strerror or error).rstrip(".")  # library messages often end in a period
+        _say(prog, f"cannot access{where}: {detail}; {fix}.", debug)
         return EXIT_USAGE
     except RecursionError:
         _say(prog, "input nested too deeply to process; simplify it.", debug)

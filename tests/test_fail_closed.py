@@ -273,6 +273,9 @@ CORPUS = [
     _config_case("yaml-seed-65-bits", "s.yaml", f"seed: {2**70}\n", "'seed' is"),
     Case("config-is-directory", lambda d: [*CHECK, "--config", str(d)], 2, "is a directory"),
     # -- trajectory files: validated header first, never read larger than the header says
+    # -- model directories
+    Case("model-path-missing", lambda d: [*CHECK, "--model-path", "no-such-model"], 2, "No model directory"),
+    Case("model-path-empty", lambda d: [*CHECK, "--model-path", str(d)], 2, "is not a diffusers model directory"),
     Case("trajectory-is-directory", lambda d: [*CHECK, "--trajectory", str(d)], 2, "is a directory"),
     Case("trajectory-symlink-loop", _symlink_loop, 2, "cannot be read"),
     _traj_case("trajectory-empty", b"", "too short"),
