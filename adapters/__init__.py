@@ -19,7 +19,7 @@ The main entry points (stable; see docs/adapters.md and docs/design.md):
 
 Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access `sd3`, `flux`,
 `stepwise` (step-wise continuous batching), `packing`, `rope`, `tiny` (the tiny offline models) and
-`vllm_omni` (the vLLM-omni backend). Importing this package never imports vllm.
+`vllm_omni` (the vLLM-omni backend, a subpackage). Importing this package never imports vllm.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ width (pass `text_width` to fix it, or pad prompts to one width) and a batch siz
 Otherwise the difference is rounding-level (tested).
 
 Layout: the per-request pieces are plain functions over plain dataclasses ([`RequestState`],
-[`WindowRecord`]) so a vLLM-omni pipeline (`rollout_consistency.adapters.vllm_omni`) can call them with its own state objects:
+[`WindowRecord`]) so a vLLM-omni pipeline (`rollout_consistency.adapters.vllm_omni.worker`) can call them with its own state objects:
 [`init_window_record`] / [`record_window_step`] / [`window_trajectory`] (trajectory assembly),
 [`gather_latents`] (with vLLM-omni's mixed-dtype check), [`scheduler_step`] (one request, one step),
 [`shared_text_width`] and the family's `collate_conditioning` (padding). Only [`denoise_step`] and

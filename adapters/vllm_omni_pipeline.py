@@ -141,7 +141,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
     @staticmethod
     def _failed(request_id: str, error: BaseException) -> DiffusionOutput:
         # The request id leads the error text: vLLM-omni's client raises the text alone, and the id's "{i}_"
-        # prefix is how the client names the failed sample (rollout_consistency.adapters.vllm_omni).
+        # prefix is how the client names the failed sample (rollout_consistency.adapters.vllm_omni.client).
         output = DiffusionOutput.from_exception(error)
         output.error = f"request {request_id}: {output.error}"
         return output

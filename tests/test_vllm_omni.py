@@ -33,6 +33,7 @@ from rollout_consistency.adapters.trajectory import TrajectoryFormatError
 from rollout_consistency.schedulers import SDEWindow, SDEWindowSchedule
 
 ROOT = Path(__file__).resolve().parent.parent
+MODULES = ("protocol", "engine_checks", "worker", "envelope", "client", "errors")
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
 SEEDS = [11, 12, 13, 14]
 GROUPS = [0, 0, 1, 1]
@@ -120,6 +121,15 @@ def test_importing_the_packages_imports_no_vllm():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_package_serves_every_public_name_of_its_modules():
+    """`rollout_consistency.adapters.vllm_omni` is the import path: each module's public names are the package's."""
+    modules = [importlib.import_module(f"{vo.__name__}.{name}") for name in MODULES]
+    assert {name for module in modules for name in module.__all__} >= set(vo.__all__)
+    for module in modules:
+        for name in module.__all__:
+            assert getattr(vo, name) is getattr(module, name), f"{module.__name__}.{name}"
 
 
 @pytest.mark.skipif(vo.vllm_omni_available(), reason="vLLM-omni is installed here")
