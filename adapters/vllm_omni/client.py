@@ -230,7 +230,6 @@ class VllmOmniRollout:
         prompt_groups: Sequence[int] | None = None,
         global_step: int = 0,
         include_normalizer: bool = True,
-        injection: Any = None,
         max_num_seqs: int | None = None,
         step_execution: bool | None = None,
         text_width: int | None = None,
@@ -244,8 +243,7 @@ class VllmOmniRollout:
         `max_num_seqs` / `step_execution`, when given, must match the engine's (they are fixed at start).
 
         Raises:
-            ValueError: bad settings (before anything is sent), an injection (stock-behaviour reproductions
-                exist for the PyTorch adapters only), or engine settings that differ from the call's.
+            ValueError: bad settings (before anything is sent), or engine settings that differ from the call's.
             VllmOmniRequestError: a request failed in the engine (the engine is closed after it).
             VllmOmniEngineClosedError: the engine was closed before this call.
             TrajectoryFormatError: a request returned no valid trajectory.
@@ -253,11 +251,6 @@ class VllmOmniRollout:
         if self._closed_by is not None:
             raise VllmOmniEngineClosedError(
                 f"The vLLM-omni engine on {self.model_path} is closed: {self._closed_by}. Start a new VllmOmniRollout."
-            )
-        if injection:
-            raise ValueError(
-                "--inject reproduces stock behaviours inside the PyTorch adapters; it has no meaning for the vLLM-omni "
-                "engine. Run the injection with rollout_backend 'torch'."
             )
         if family is not None and family.name not in SUPPORTED_FAMILIES:
             raise ValueError(
