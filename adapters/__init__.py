@@ -3,8 +3,11 @@
 
 The main entry points (stable; see docs/adapters.md and docs/design.md):
 
-    rollout(family, transformer, conditioning, *, scheduler_setup, seeds, window, noise_level, ...) -> Trajectory
+    rollout(family, transformer, conditioning, *, scheduler_setup, requests, sampling, ...) -> Trajectory
         the request-level rollout (`rollout_consistency.adapters.rollout`)
+    BatchRequests, SamplingSettings
+        the frozen settings a rollout takes: who the samples are, how each step is sampled
+        (`rollout_consistency.adapters.settings`)
     recompute_log_probs(transformer, trajectory, *, family=None, steps=None, autocast_dtype=None) -> (B, W) f32
     recompute_step_log_prob(transformer, trajectory, k, ...) -> (B,) f32, differentiable
         the trainer's side (`rollout_consistency.adapters.trainer`)
@@ -30,15 +33,17 @@ from . import qwen_image
 from .families import ModelFamily, family_names, get_family, register_family
 from .pitfalls import INJECTION_NAMES, MixedDtypeBatchError, apply_injection
 from .rollout import make_generators, rollout
-from .settings import PipelineSettings
+from .settings import BatchRequests, PipelineSettings, SamplingSettings
 from .trainer import recompute_log_probs, recompute_step_log_prob
 from .trajectory import Trajectory, TrajectoryFormatError, stack_trajectories
 
 __all__ = [
     "INJECTION_NAMES",
+    "BatchRequests",
     "MixedDtypeBatchError",
     "ModelFamily",
     "PipelineSettings",
+    "SamplingSettings",
     "Trajectory",
     "TrajectoryFormatError",
     "apply_injection",

@@ -37,7 +37,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup
 
 from . import trainer
 from .families import (
@@ -52,7 +52,7 @@ from .families import (
 )
 from .packing import pack_latents, packed_latent_grid, unpack_latents
 from .rollout import rollout as request_level_rollout
-from .settings import PipelineSettings
+from .settings import BatchRequests, PipelineSettings, SamplingSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -326,26 +326,20 @@ def rollout(
     height: int,
     width: int,
     num_inference_steps: int,
-    seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow],
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 3.5,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     true_cfg_scale: float = 1.0,
     scheduler_config: Mapping[str, Any] | None = None,
-    prompt_groups: Sequence[int] | None = None,
-    global_step: int = 0,
     vae_scale_factor: int = 8,
-    include_normalizer: bool = True,
     denoise_to_end: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
     """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
-    `guidance_scale` is the embedded guidance (default 3.5, `FluxPipeline`'s); `true_cfg_scale > 1` turns on
-    true CFG and needs the negative conditioning. `scheduler_config` defaults to FLUX.1's released config
-    ([`FLUX_SCHEDULER_CONFIG`]); the schedule is the pipeline's (`linspace(1, 1/N, N)` sigmas, `mu` from the
-    image sequence length).
+    `sampling.guidance_scale` is the embedded guidance (`FluxPipeline` uses 3.5; [`SamplingSettings`] defaults
+    to 1.0, so pass it); `true_cfg_scale > 1` turns on true CFG and needs the negative conditioning.
+    `scheduler_config` defaults to FLUX.1's released config ([`FLUX_SCHEDULER_CONFIG`]); the schedule is the
+    pipeline's (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
     """
     options = {
         "height": int(height),
@@ -360,15 +354,9 @@ def rollout(
         transformer,
         conditioning,
         scheduler_setup=setup,
-        seeds=seeds,
-        window=window,
-        noise_level=noise_level,
-        sde_type=sde_type,
-        guidance_scale=guidance_scale,
+        requests=requests,
+        sampling=sampling,
         options=options,
-        prompt_groups=prompt_groups,
-        global_step=global_step,
-        include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
         scheduler=scheduler,
     )

@@ -29,7 +29,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup
 
 from . import trainer
 from .families import (
@@ -48,7 +48,7 @@ from .rope import (
     padded_txt_seq_lens,
     takes_txt_seq_lens,
 )
-from .settings import PipelineSettings
+from .settings import BatchRequests, PipelineSettings, SamplingSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -361,17 +361,11 @@ def rollout(
     height: int,
     width: int,
     num_inference_steps: int,
-    seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow],
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 1.0,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     scheduler_config: Mapping[str, Any] | None = None,
-    prompt_groups: Sequence[int] | None = None,
-    global_step: int = 0,
     vae_scale_factor: int = 8,
     mask_text_padding: bool = True,
-    include_normalizer: bool = True,
     denoise_to_end: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
@@ -392,15 +386,9 @@ def rollout(
         transformer,
         conditioning,
         scheduler_setup=setup,
-        seeds=seeds,
-        window=window,
-        noise_level=noise_level,
-        sde_type=sde_type,
-        guidance_scale=guidance_scale,
+        requests=requests,
+        sampling=sampling,
         options=options,
-        prompt_groups=prompt_groups,
-        global_step=global_step,
-        include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
         scheduler=scheduler,
     )

@@ -30,6 +30,7 @@ from torch import nn
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 from .families import ModelFamily, model_device
+from .settings import BatchRequests, SamplingSettings
 from .trajectory import Trajectory
 
 __all__ = ["make_generators", "resolve_windows", "rollout"]
@@ -45,9 +46,16 @@ def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
     return generators
 
 
-def resolve_windows(window: SDEWindow | Sequence[SDEWindow], batch_size: int, num_steps: int) -> tuple[SDEWindow, ...]:
+def resolve_windows(
+    window: SDEWindow | Sequence[SDEWindow] | None, batch_size: int, num_steps: int
+) -> tuple[SDEWindow, ...]:
     """One window per sample: a single `SDEWindow` is shared; a sequence must hold `batch_size` windows of one
-    size. Raises ValueError for a window that does not belong to a `num_steps`-step schedule."""
+    size. Raises ValueError for a window that does not belong to a `num_steps`-step schedule, or for `None`."""
+    if window is None:
+        raise ValueError(
+            "BatchRequests.windows is None: this rollout needs explicit windows (one SDEWindow, or one per sample; "
+            "draw them with rollout_consistency.schedulers.draw_sde_window)."
+        )
     windows = (window,) * batch_size if isinstance(window, SDEWindow) else tuple(window)
     if len(windows) != batch_size:
         raise ValueError(f"{len(windows)} windows for {batch_size} samples: pass one window, or one per sample.")
@@ -86,15 +94,9 @@ def rollout(
     conditioning: Mapping[str, torch.Tensor],
     *,
     scheduler_setup: SchedulerSetup,
-    seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow],
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 1.0,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     options: Mapping[str, Any] | None = None,
-    prompt_groups: Sequence[int] | None = None,
-    global_step: int = 0,
-    include_normalizer: bool = True,
     denoise_to_end: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
@@ -103,15 +105,15 @@ def rollout(
     Args:
         family: the model family (e.g. `rollout_consistency.adapters.qwen_image.FAMILY`).
         transformer: the family's transformer, any dtype; inputs are cast to it for the forward only.
-        conditioning: batch-first tensors the velocity function consumes (one row per sample, `B = len(seeds)`).
+        conditioning: batch-first tensors the velocity function consumes (one row per sample,
+            `B = len(requests.seeds)`).
         scheduler_setup: the schedule (see [`SchedulerSetup`]).
-        seeds: per-sample seeds (initial and SDE noise; see the module docstring).
-        window: one `SDEWindow` for all samples or one per sample (samples of a prompt group must share it).
-        noise_level, sde_type, include_normalizer: SDE settings, passed to the scheduler.
-        guidance_scale: true-CFG scale; CFG runs when > 1 and then needs negative conditioning.
+        requests ([`BatchRequests`]): the samples: per-sample seeds (initial and SDE noise; see the module
+            docstring), one `SDEWindow` for all samples or one per sample (samples of a prompt group must share
+            it), prompt-group ids (default: each sample its own group) and the training step (stored).
+        sampling ([`SamplingSettings`]): noise level, SDE type and normaliser (passed to the scheduler) and the
+            guidance scale (CFG runs when > 1 and then needs negative conditioning).
         options: the family's forward settings (stored as `Trajectory.family_options`).
-        prompt_groups: per-sample prompt-group ids (default: each sample its own group).
-        global_step: training step (stored).
         denoise_to_end: also run the steps after the last window and store `final_latents` (for the reward);
             `False` stops after the last window step.
         scheduler: the scheduler to step with (default: `scheduler_setup.scheduler()`, cached on the setup) — a
@@ -119,13 +121,16 @@ def rollout(
             stateless `sample_previous_step` is called.
 
     Returns:
-        A validated float32 [`Trajectory`].
+        A validated float32 [`Trajectory`] (its `.requests` / `.sampling` give back what was asked, per sample).
     """
     options = dict(options or {})
-    seeds, prompt_groups = _check_rollout_args(seeds, prompt_groups, noise_level, global_step)
+    noise_level, sde_type = sampling.noise_level, sampling.sde_type
+    guidance_scale, include_normalizer = sampling.guidance_scale, sampling.include_normalizer
+    global_step = requests.global_step
+    seeds, prompt_groups = _check_rollout_args(requests.seeds, requests.prompt_groups, noise_level, global_step)
     batch = len(seeds)
     num_steps = scheduler_setup.num_inference_steps
-    windows = resolve_windows(window, batch, num_steps)
+    windows = resolve_windows(requests.windows, batch, num_steps)
     family.check_conditioning(transformer, conditioning, batch, guidance_scale, options)
 
     device = model_device(transformer)

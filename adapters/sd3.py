@@ -33,7 +33,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, image_seq_len_shift
+from rollout_consistency.schedulers import SchedulerSetup, image_seq_len_shift
 
 from . import trainer
 from .families import (
@@ -47,7 +47,7 @@ from .families import (
     register_family,
 )
 from .rollout import rollout as request_level_rollout
-from .settings import PipelineSettings
+from .settings import BatchRequests, PipelineSettings, SamplingSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -296,22 +296,16 @@ def rollout(
     height: int,
     width: int,
     num_inference_steps: int,
-    seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow],
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 1.0,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     scheduler_config: Mapping[str, Any] | None = None,
-    prompt_groups: Sequence[int] | None = None,
-    global_step: int = 0,
     vae_scale_factor: int = 8,
-    include_normalizer: bool = True,
     denoise_to_end: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
     """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
 
-    `guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
+    `sampling.guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
     `scheduler_config` defaults to SD3's released config ([`SD3_SCHEDULER_CONFIG`]); the schedule is the
     pipeline's (see `_scheduler_setup`).
     """
@@ -323,15 +317,9 @@ def rollout(
         transformer,
         conditioning,
         scheduler_setup=setup,
-        seeds=seeds,
-        window=window,
-        noise_level=noise_level,
-        sde_type=sde_type,
-        guidance_scale=guidance_scale,
+        requests=requests,
+        sampling=sampling,
         options=options,
-        prompt_groups=prompt_groups,
-        global_step=global_step,
-        include_normalizer=include_normalizer,
         denoise_to_end=denoise_to_end,
         scheduler=scheduler,
     )

@@ -45,6 +45,7 @@ from .batch_invariance import is_batch_invariant
 from .families import ModelFamily, model_device
 from .pitfalls import MixedDtypeBatchError
 from .rollout import make_generators
+from .settings import SamplingSettings
 from .trajectory import Trajectory, stack_trajectories
 
 __all__ = [
@@ -360,14 +361,11 @@ def run_stepwise(
     requests: Sequence[StepwiseRequest],
     *,
     scheduler_setup: SchedulerSetup,
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 1.0,
+    sampling: SamplingSettings,
     options: Mapping[str, Any] | None = None,
     max_num_seqs: int = 4,
     text_width: int | None = None,
     global_step: int = 0,
-    include_normalizer: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
     """Continuous-batching rollout of `requests`; returns one trajectory, rows in the order of `requests`.
@@ -377,12 +375,16 @@ def run_stepwise(
     text of each forward is padded to `text_width` (fixed) or to the widest running prompt (`None`, as
     vLLM-omni does). Requests run the whole schedule (their final latents are stored). `scheduler` (default:
     the setup's cached one) is what every request steps with, as in `rollout_consistency.adapters.rollout.rollout`.
+    `sampling` ([`SamplingSettings`]) is every request's; each request carries its own seed, window and prompt
+    group, and `global_step` is the batch's.
 
     Raises:
         MixedDtypeBatchError: only under the `stepwise-bf16` reproduction, when a fresh float32 request joins
             running bf16 ones.
     """
     options = dict(options or {})
+    noise_level, sde_type = sampling.noise_level, sampling.sde_type
+    guidance_scale, include_normalizer = sampling.guidance_scale, sampling.include_normalizer
     if not requests:
         raise ValueError("run_stepwise needs at least one request.")
     if len({r.request_id for r in requests}) != len(requests):

@@ -38,6 +38,8 @@ from safetensors.torch import save as save_safetensors_bytes
 
 from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow
 
+from .settings import BatchRequests, SamplingSettings
+
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -92,6 +94,9 @@ class Trajectory:
         final_latents (`torch.Tensor` `(B, *latent_shape)`, float32, *optional*): fully denoised latents
             (for the reward); `None` when the rollout stopped after the window.
         provenance (`Mapping[str, str]`): free-form provenance (`path`: `request-level` / `step-wise`, ...).
+
+    The read-only views `.sampling` ([`SamplingSettings`]) and `.requests` ([`BatchRequests`], per sample) give
+    the settings back in the form a rollout takes them.
     """
 
     latents: torch.Tensor
@@ -124,6 +129,26 @@ class Trajectory:
     @property
     def latent_shape(self) -> tuple[int, ...]:
         return tuple(self.latents.shape[2:])
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The sampling settings of every step: `noise_level`, `sde_type`, `guidance_scale`, `include_normalizer`."""
+        return SamplingSettings(
+            noise_level=self.noise_level,
+            sde_type=self.sde_type,
+            guidance_scale=self.guidance_scale,
+            include_normalizer=self.include_normalizer,
+        )
+
+    @property
+    def requests(self) -> BatchRequests:
+        """The batch's samples, per sample: `seeds`, `windows` (one per sample), `prompt_groups`, `global_step`."""
+        return BatchRequests(
+            seeds=self.seeds,
+            windows=self.windows,
+            prompt_groups=self.prompt_groups,
+            global_step=self.global_step,
+        )
 
     @property
     def window(self) -> SDEWindow:

@@ -27,7 +27,15 @@ from pathlib import Path
 
 import torch
 
-from rollout_consistency.adapters import Trajectory, make_generators, qwen_image, recompute_log_probs, rollout
+from rollout_consistency.adapters import (
+    BatchRequests,
+    SamplingSettings,
+    Trajectory,
+    make_generators,
+    qwen_image,
+    recompute_log_probs,
+    rollout,
+)
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow
@@ -64,15 +72,14 @@ def main() -> None:
     cond = encoder.conditioning(prompts, [" "] * args.batch if args.guidance > 1 else None)
     width = cond["prompt_embeds"].shape[1]
     window = SDEWindow(start=1, size=args.window, num_steps=args.steps)
-    seeds = list(range(args.batch))
+    requests = BatchRequests(seeds=tuple(range(args.batch)), windows=window)
+    sampling = SamplingSettings(noise_level=0.7, guidance_scale=args.guidance)
     rollout_kwargs = dict(
         height=args.size,
         width=args.size,
         num_inference_steps=args.steps,
-        seeds=seeds,
-        window=window,
-        noise_level=0.7,
-        guidance_scale=args.guidance,
+        requests=requests,
+        sampling=sampling,
     )
     trajectory = qwen_image.rollout(model, cond, **rollout_kwargs)
     passes = 2 if args.guidance > 1 else 1
@@ -108,10 +115,8 @@ def main() -> None:
     # checker) does; `qwen_image.rollout` builds a new setup per call (one scheduler build, ~0.25 ms).
     generic_kwargs = dict(
         scheduler_setup=trajectory.scheduler,
-        seeds=seeds,
-        window=window,
-        noise_level=0.7,
-        guidance_scale=args.guidance,
+        requests=requests,
+        sampling=sampling,
         options=trajectory.family_options,
     )
 
@@ -120,7 +125,7 @@ def main() -> None:
         rollout(qwen_image.FAMILY, model, cond, **generic_kwargs)
         return (time.perf_counter() - start) / args.steps
 
-    requests = [
+    stepwise_requests = [
         StepwiseRequest(f"r{i}", seed=i, conditioning={k: v[i : i + 1] for k, v in cond.items()}, window=window)
         for i in range(args.batch)
     ]
@@ -130,10 +135,9 @@ def main() -> None:
         run_stepwise(
             qwen_image.FAMILY,
             model,
-            requests,
+            stepwise_requests,
             scheduler_setup=trajectory.scheduler,
-            noise_level=0.7,
-            guidance_scale=args.guidance,
+            sampling=sampling,
             options=trajectory.family_options,
             max_num_seqs=args.batch,
             text_width=width,
@@ -147,7 +151,7 @@ def main() -> None:
         return (time.perf_counter() - start) / (-(-args.steps // args.window) * args.window)
 
     scheduler = trajectory.scheduler.scheduler()
-    generators = make_generators(seeds)
+    generators = make_generators(requests.seeds)
     velocity = torch.randn_like(x)
 
     def scheduler_sde() -> float:
@@ -273,10 +277,10 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
         cond = encode_prompts(backend, (PROMPTS * args.batch)[: args.batch])
         common = dict(
             scheduler_setup=backend.scheduler_setup,
-            seeds=list(range(args.batch)),
-            window=SDEWindow(start=1, size=args.window, num_steps=args.steps),
-            noise_level=0.7,
-            guidance_scale=backend.guidance,
+            requests=BatchRequests(
+                seeds=tuple(range(args.batch)), windows=SDEWindow(start=1, size=args.window, num_steps=args.steps)
+            ),
+            sampling=SamplingSettings(noise_level=0.7, guidance_scale=backend.guidance),
             options=backend.options,
         )
         models = {"default": model, "invariant": batch_invariant(model, family)}

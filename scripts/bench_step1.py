@@ -84,14 +84,18 @@ def adapter_calls(config: CheckConfig) -> float:
                 backend.rollout_model,
                 conditioning,
                 scheduler_setup=backend.scheduler_setup,
-                seeds=[s.seed for s in batch.samples],
-                window=windows,
-                noise_level=config.noise_level,
-                sde_type=config.sde_type,
-                guidance_scale=backend.kit.guidance(config),
+                requests=adapters.BatchRequests(
+                    seeds=[s.seed for s in batch.samples],
+                    windows=windows,
+                    prompt_groups=[s.prompt_group for s in batch.samples],
+                    global_step=config.global_step,
+                ),
+                sampling=adapters.SamplingSettings(
+                    noise_level=config.noise_level,
+                    sde_type=config.sde_type,
+                    guidance_scale=backend.kit.guidance(config),
+                ),
                 options=backend.options,
-                prompt_groups=[s.prompt_group for s in batch.samples],
-                global_step=config.global_step,
                 denoise_to_end=False,
             )
             for first in range(0, trajectory.batch_size, micro):

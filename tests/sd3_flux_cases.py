@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, StableDiffusion3Pipeline
+from rollout_args import rollout_args
 
 from rollout_consistency.adapters import Trajectory, flux, sd3
 from rollout_consistency.adapters.tiny.sd3_flux import (
@@ -124,7 +125,7 @@ def rollout(family: Family, model, cond, **kwargs) -> Trajectory:
         **SIZE,
     )
     args.update(kwargs)
-    return family.adapter.rollout(model, cond, **args)
+    return family.adapter.rollout(model, cond, **rollout_args(args))
 
 
 def recompute(family: Family, model, trajectory, **kwargs) -> torch.Tensor:

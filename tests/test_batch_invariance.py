@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rollout_args import rollout_args
 from sd3_flux_cases import FAMILIES
 
-from rollout_consistency.adapters import qwen_image, recompute_step_log_prob
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_step_log_prob
 from rollout_consistency.adapters.batch_invariance import BatchInvariant, batch_invariant, is_batch_invariant
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
@@ -47,10 +48,9 @@ class Case:
             height=32,
             width=32,
             num_inference_steps=STEPS,
-            seeds=[SEEDS[r] for r in rows],
-            window=WINDOW,
-            noise_level=0.7,
-            **self.settings(cfg),
+            **rollout_args(
+                {"seeds": [SEEDS[r] for r in rows], "window": WINDOW, "noise_level": 0.7, **self.settings(cfg)}
+            ),
         )
 
     def recompute(self, model, trajectory):
@@ -96,8 +96,7 @@ def test_staggered_stepwise_arrivals_give_the_request_level_bits(case):
         model,
         requests,
         scheduler_setup=reference.scheduler,
-        noise_level=0.7,
-        guidance_scale=reference.guidance_scale,
+        sampling=reference.sampling,
         options=reference.family_options,
         max_num_seqs=3,
     )
@@ -128,7 +127,13 @@ def test_the_proxy_is_the_transformer_with_the_same_parameters_and_gradients():
     assert batch_invariant(proxy, qwen_image.FAMILY).module is model  # no proxy of a proxy
     cond = TinyPromptEncoder().conditioning(PROMPTS[:2], pad_to=12)
     rollout = qwen_image.rollout(
-        proxy, cond, height=32, width=32, num_inference_steps=STEPS, seeds=[1, 2], window=WINDOW, noise_level=0.7
+        proxy,
+        cond,
+        height=32,
+        width=32,
+        num_inference_steps=STEPS,
+        requests=BatchRequests(seeds=(1, 2), windows=WINDOW),
+        sampling=SamplingSettings(noise_level=0.7),
     )
     log_prob = recompute_step_log_prob(proxy, rollout, 1)
     assert torch.equal(log_prob.detach(), rollout.log_probs[:, 1])
@@ -160,6 +165,6 @@ def test_bad_uses_are_one_line_errors():
             batch_invariant(model, qwen_image.FAMILY),
             requests,
             scheduler_setup=setup,
-            noise_level=0.7,
+            sampling=SamplingSettings(noise_level=0.7),
             options={"height": 32, "width": 32},
         )

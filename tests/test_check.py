@@ -251,10 +251,8 @@ def _save_trajectory(tmp_path, name="t.safetensors", windows=None):
         height=32,
         width=32,
         num_inference_steps=6,
-        seeds=[1, 2, 3, 4],
-        window=window,
-        noise_level=0.7,
-        prompt_groups=[0, 0, 1, 1],
+        requests=adapters.BatchRequests(seeds=[1, 2, 3, 4], windows=window, prompt_groups=[0, 0, 1, 1]),
+        sampling=adapters.SamplingSettings(noise_level=0.7),
     )
     path = tmp_path / name
     trajectory.save(path)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rollout_consistency import Report
-from rollout_consistency.adapters import INJECTION_NAMES, qwen_image
+from rollout_consistency.adapters import INJECTION_NAMES, BatchRequests, SamplingSettings, qwen_image
 from rollout_consistency.adapters.pitfalls import StockMaskSumRope
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
@@ -137,9 +137,8 @@ def trajectory(model):
         height=32,
         width=32,
         num_inference_steps=4,
-        seeds=[1, 2],
-        window=SDEWindow(1, 2, 4),
-        noise_level=0.7,
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4)),
+        sampling=SamplingSettings(noise_level=0.7),
         mask_text_padding=False,
         denoise_to_end=False,
     )

@@ -59,7 +59,7 @@ def _no_temp_files(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def trajectory_file(tmp_path_factory) -> Path:
-    from rollout_consistency.adapters import qwen_image
+    from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image
     from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
     from rollout_consistency.schedulers import SDEWindow
 
@@ -71,12 +71,10 @@ def trajectory_file(tmp_path_factory) -> Path:
         height=32,
         width=32,
         num_inference_steps=6,
-        seeds=[11, 12],
-        window=SDEWindow(start=1, size=2, num_steps=6),
-        noise_level=0.7,
-        guidance_scale=1.0,
-        prompt_groups=[0, 1],
-        global_step=0,
+        requests=BatchRequests(
+            seeds=[11, 12], windows=SDEWindow(start=1, size=2, num_steps=6), prompt_groups=[0, 1], global_step=0
+        ),
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=1.0),
     )
     return trajectory.save(tmp_path_factory.mktemp("traj") / "t.safetensors")
 

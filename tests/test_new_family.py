@@ -14,6 +14,8 @@ import torch
 
 from rollout_consistency import run_step1_check
 from rollout_consistency.adapters import (
+    BatchRequests,
+    SamplingSettings,
     Trajectory,
     family_names,
     get_family,
@@ -63,9 +65,8 @@ def test_rollout_file_and_recompute_of_a_registered_family(model_and_conditionin
         model,
         conditioning,
         scheduler_setup=setup,
-        seeds=[1, 2],
-        window=SDEWindow(1, 2, 6),
-        noise_level=0.7,
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 6)),
+        sampling=SamplingSettings(noise_level=0.7),
         options=OPTIONS,
     )
     assert trajectory.model_family == "toy-qwen"
@@ -80,9 +81,8 @@ def test_rollout_file_and_recompute_of_a_registered_family(model_and_conditionin
         model,
         conditioning,
         scheduler_setup=setup,
-        seeds=[1, 2],
-        window=SDEWindow(1, 2, 6),
-        noise_level=0.7,
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 6)),
+        sampling=SamplingSettings(noise_level=0.7),
         options=OPTIONS,
     )
     assert torch.equal(builtin.log_probs, trajectory.log_probs)
@@ -96,7 +96,13 @@ def test_stepwise_engine_stacks_a_registered_family(model_and_conditioning):
         StepwiseRequest(f"r{i}", seed=i + 1, conditioning=row, window=SDEWindow(1, 2, 6)) for i, row in enumerate(rows)
     ]
     trajectory = run_stepwise(
-        TOY, model, requests, scheduler_setup=setup, noise_level=0.7, options=OPTIONS, max_num_seqs=2
+        TOY,
+        model,
+        requests,
+        scheduler_setup=setup,
+        sampling=SamplingSettings(noise_level=0.7),
+        options=OPTIONS,
+        max_num_seqs=2,
     )
     assert trajectory.model_family == "toy-qwen" and trajectory.batch_size == 2
 

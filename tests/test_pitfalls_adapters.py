@@ -11,8 +11,16 @@ import random
 import pytest
 import torch
 from diffusers import QwenImageTransformer2DModel
+from rollout_args import rollout_args, sampling_args
 
-from rollout_consistency.adapters import INJECTION_NAMES, apply_injection, qwen_image, recompute_log_probs
+from rollout_consistency.adapters import (
+    INJECTION_NAMES,
+    BatchRequests,
+    SamplingSettings,
+    apply_injection,
+    qwen_image,
+    recompute_log_probs,
+)
 from rollout_consistency.adapters.pitfalls import (
     MixedDtypeBatchError,
     StockMaskSumRope,
@@ -80,8 +88,8 @@ def test_bf16_truncated_latents_bias_low_and_clip_only_low(model_bf16, encoder):
     cond = encoder.conditioning(PROMPTS)
     args = dict(seeds=list(range(4)), window=BIAS_WINDOW, denoise_to_end=False, **BIAS_SETTINGS)
     rounded = StockRoundedLatents(_setup(model_bf16, cond).scheduler(), torch.bfloat16)
-    stock = qwen_image.rollout(model_bf16, cond, scheduler=rounded, **args)
-    fixed = qwen_image.rollout(model_bf16, cond, **args)
+    stock = qwen_image.rollout(model_bf16, cond, scheduler=rounded, **rollout_args(args))
+    fixed = qwen_image.rollout(model_bf16, cond, **rollout_args(args))
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model_bf16, stock) - stock.log_probs
         fixed_ratio = recompute_log_probs(model_bf16, fixed) - fixed.log_probs
@@ -102,9 +110,8 @@ def test_bf16_latents_injection_is_a_no_op_on_fp32_weights(model, encoder):
     trajectory = qwen_image.rollout(
         model,
         cond,
-        seeds=[0, 1],
-        window=SDEWindow(1, 2, 4),
-        noise_level=0.7,
+        requests=BatchRequests(seeds=(0, 1), windows=SDEWindow(1, 2, 4)),
+        sampling=SamplingSettings(noise_level=0.7),
         num_inference_steps=4,
         height=64,
         width=64,
@@ -137,10 +144,8 @@ def _setup(model, cond):
     return qwen_image.rollout(
         model,
         {k: v[:2] for k, v in cond.items()},
-        seeds=[0, 1],
-        window=BIAS_WINDOW,
         denoise_to_end=False,
-        **BIAS_SETTINGS,
+        **rollout_args(dict(seeds=[0, 1], window=BIAS_WINDOW, **BIAS_SETTINGS)),
     ).scheduler
 
 
@@ -151,8 +156,10 @@ def test_stepwise_bf16_state_biases_low_and_fp32_state_is_exact(model_bf16, enco
         scheduler_setup=_setup(model_bf16, cond), noise_level=0.1, options=options, max_num_seqs=4, text_width=8
     )
     requests = _bias_requests(cond, [0] * 4)
-    stock = run_stepwise(qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **common)
-    fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **common)
+    stock = run_stepwise(
+        qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **sampling_args(common)
+    )
+    fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **sampling_args(common))
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model_bf16, stock) - stock.log_probs
         fixed_ratio = recompute_log_probs(model_bf16, fixed) - fixed.log_probs
@@ -175,17 +182,18 @@ def test_stepwise_bf16_state_fails_when_an_fp32_request_joins(model_bf16, encode
     setup = qwen_image.rollout(
         model_bf16,
         {k: v[:2] for k, v in cond.items()},
-        seeds=[0, 1],
-        window=window,
-        noise_level=0.7,
+        requests=BatchRequests(seeds=(0, 1), windows=window),
+        sampling=SamplingSettings(noise_level=0.7),
         num_inference_steps=4,
         height=64,
         width=64,
     ).scheduler
     common = dict(scheduler_setup=setup, noise_level=0.7, options=options, text_width=8)
     with pytest.raises(MixedDtypeBatchError, match="Mixed dtypes in latents batch"):
-        run_stepwise(qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **common)
-    fixed = run_stepwise(qwen_image.FAMILY, model_bf16, requests, **common)  # same arrivals, fp32 state: fine
+        run_stepwise(qwen_image.FAMILY, model_bf16, requests, scheduler=_stepwise_bf16(common), **sampling_args(common))
+    fixed = run_stepwise(
+        qwen_image.FAMILY, model_bf16, requests, **sampling_args(common)
+    )  # same arrivals, fp32 state: fine
     with torch.no_grad():
         assert torch.equal(recompute_log_probs(model_bf16, fixed), fixed.log_probs)
 
@@ -227,8 +235,8 @@ def _rope_case(model, encoder, width, mask_text_padding):
         mask_text_padding=mask_text_padding,
         denoise_to_end=False,
     )
-    stock = qwen_image.rollout(StockMaskSumRope(model), cond, **args)
-    fixed = qwen_image.rollout(model, cond, **args)
+    stock = qwen_image.rollout(StockMaskSumRope(model), cond, **rollout_args(args))
+    fixed = qwen_image.rollout(model, cond, **rollout_args(args))
     with torch.no_grad():
         stock_ratio = recompute_log_probs(model, stock) - stock.log_probs
         fixed_ratio = recompute_log_probs(model, fixed) - fixed.log_probs
@@ -267,9 +275,8 @@ def test_mask_sum_rope_needs_a_model_that_takes_txt_seq_lens(model, encoder):
             height=64,
             width=64,
             num_inference_steps=3,
-            seeds=[1, 2],
-            window=SDEWindow(0, 1, 3),
-            noise_level=0.7,
+            requests=BatchRequests(seeds=(1, 2), windows=SDEWindow(0, 1, 3)),
+            sampling=SamplingSettings(noise_level=0.7),
         )
 
 
@@ -301,7 +308,7 @@ def test_per_request_window_injection_shows_in_the_trajectory(model, encoder):
         prompt_groups=[0] * 8,
         denoise_to_end=False,
     )
-    fixed = qwen_image.rollout(model, cond, **args)
+    fixed = qwen_image.rollout(model, cond, **rollout_args(args))
     assert set(fixed.windows) == {window}
     # The stock draw is unseeded: 8 rollouts land on one start with probability 11^-7; retry once anyway.
     for _ in range(2):
@@ -312,7 +319,7 @@ def test_per_request_window_injection_shows_in_the_trajectory(model, encoder):
             windows=[window] * 8,
             request_ids=[f"r{i}" for i in range(8)],
         ).windows
-        stock = qwen_image.rollout(model, cond, **{**args, "window": stock_windows})
+        stock = qwen_image.rollout(model, cond, **rollout_args({**args, "window": stock_windows}))
         if len(set(stock.windows)) > 1:
             break
     assert len(set(stock.windows)) > 1

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from rollout_args import rollout_args
 
 from rollout_consistency.adapters import make_generators, packing, qwen_image, recompute_step_log_prob
 from rollout_consistency.adapters.batch_invariance import batch_invariant
@@ -47,7 +48,7 @@ def _rollout(model, cond, **kwargs):
         **SIZE,
     )
     args.update(kwargs)
-    return qwen_image.rollout(model, cond, **args)
+    return qwen_image.rollout(model, cond, **rollout_args(args))
 
 
 def test_ode_steps_match_diffusers_pipeline_bit_for_bit(model, cond):

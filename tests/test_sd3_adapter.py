@@ -10,7 +10,7 @@ import pytest
 import torch
 from sd3_flux_cases import PROMPTS, SD3, SEEDS, SIZE, recompute, rollout
 
-from rollout_consistency.adapters import flux, sd3
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, flux, sd3
 from rollout_consistency.adapters.tiny.sd3_flux import TINY_SD3_CONFIG, load_flux, load_sd3, tiny_flux_prompt_encoder
 from rollout_consistency.schedulers import SDEWindow
 
@@ -85,9 +85,8 @@ def test_trajectory_of_another_family_is_refused(model, cond):
         load_flux(),
         tiny_flux_prompt_encoder().conditioning(PROMPTS),
         num_inference_steps=4,
-        seeds=SEEDS,
-        window=SDEWindow(0, 2, 4),
-        noise_level=0.7,
+        requests=BatchRequests(seeds=SEEDS, windows=SDEWindow(0, 2, 4)),
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.5),
         **SIZE,
     )
     with pytest.raises(ValueError, match="'flux' rollout"):

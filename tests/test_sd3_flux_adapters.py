@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from rollout_args import rollout_args
 from sd3_flux_cases import FAMILIES, PROMPTS, SEEDS, SIZE, Family, recompute, rollout
 
-from rollout_consistency.adapters import Trajectory, recompute_step_log_prob
+from rollout_consistency.adapters import SamplingSettings, Trajectory, recompute_step_log_prob
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import StockRoundedLatents
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
@@ -135,8 +136,7 @@ def test_stepwise_equals_request_level_bit_for_bit(family, model, cond, arrivals
         model,
         requests,
         scheduler_setup=reference.scheduler,
-        noise_level=0.7,
-        guidance_scale=family.guidance_scale,
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=family.guidance_scale),
         options=reference.family_options,
         max_num_seqs=4,
     )
@@ -181,9 +181,11 @@ def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
         denoise_to_end=False,
     )
     args[family.cfg_key] = 1.0  # no CFG: the 16 prompts come without negatives
-    fixed_setup = family.adapter.rollout(model_bf16, {k: v[:1] for k, v in cond16.items()}, **{**args, "seeds": [0]})
+    fixed_setup = family.adapter.rollout(
+        model_bf16, {k: v[:1] for k, v in cond16.items()}, **rollout_args({**args, "seeds": [0]})
+    )
     rounded = StockRoundedLatents(fixed_setup.scheduler.scheduler(), torch.bfloat16)
-    stock = family.adapter.rollout(model_bf16, cond16, scheduler=rounded, **args)
+    stock = family.adapter.rollout(model_bf16, cond16, scheduler=rounded, **rollout_args(args))
     stock_recomputed = recompute(family, model_bf16, stock)
     log_ratio = (stock_recomputed - stock.log_probs).double()
     clip = 1e-4
@@ -197,7 +199,7 @@ def test_stock_bf16_stored_latents_bias_the_log_ratio_down(family, model_bf16):
     assert not verdict.passed
     assert {"ratio_mean", "ppo_kl", "pg_clipfrac_lower"} <= {c.name for c in verdict.checks if not c.passed}
 
-    fixed = family.adapter.rollout(model_bf16, cond16, **args)
+    fixed = family.adapter.rollout(model_bf16, cond16, **rollout_args(args))
     recomputed = recompute(family, model_bf16, fixed)
     assert torch.equal(recomputed - fixed.log_probs, torch.zeros(16, 4))
     assert _verdict(fixed.log_probs, recomputed, fixed).passed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout_consistency.adapters import qwen_image, recompute_log_probs
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_log_probs
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.stepwise import (
@@ -57,11 +57,10 @@ def _reference(model, cond, windows=None, guidance_scale=3.0):
         model,
         cond,
         num_inference_steps=6,
-        seeds=[1, 2, 3, 4],
-        window=WINDOW if windows is None else windows,
-        noise_level=0.7,
-        guidance_scale=guidance_scale,
-        prompt_groups=[0, 0, 1, 1],
+        requests=BatchRequests(
+            seeds=(1, 2, 3, 4), windows=WINDOW if windows is None else windows, prompt_groups=(0, 0, 1, 1)
+        ),
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=guidance_scale),
         height=64,
         width=64,
     )
@@ -73,8 +72,7 @@ def _stepwise(model, requests, reference, guidance_scale=3.0, **kwargs):
         model,
         requests,
         scheduler_setup=reference.scheduler,
-        noise_level=0.7,
-        guidance_scale=guidance_scale,
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=guidance_scale),
         options=OPTIONS,
         **kwargs,
     )
@@ -157,7 +155,13 @@ def test_running_batch_respects_max_num_seqs_and_order(model, encoder):
     model = batch_invariant(model, qwen_image.FAMILY)
     cond = encoder.conditioning(PROMPTS, pad_to=12)
     reference = qwen_image.rollout(
-        model, cond, num_inference_steps=6, seeds=[1, 2, 3, 4], window=WINDOW, noise_level=0.7, height=64, width=64
+        model,
+        cond,
+        num_inference_steps=6,
+        requests=BatchRequests(seeds=(1, 2, 3, 4), windows=WINDOW),
+        sampling=SamplingSettings(noise_level=0.7),
+        height=64,
+        width=64,
     )
     seen_batches = []
     original = qwen_image.FAMILY.velocity
@@ -175,7 +179,7 @@ def test_running_batch_respects_max_num_seqs_and_order(model, encoder):
         model,
         requests,
         scheduler_setup=reference.scheduler,
-        noise_level=0.7,
+        sampling=SamplingSettings(noise_level=0.7),
         options=OPTIONS,
         max_num_seqs=2,
         text_width=12,

@@ -9,10 +9,22 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollout_consistency.adapters import Trajectory, TrajectoryFormatError, qwen_image, stack_trajectories
+from rollout_consistency.adapters import (
+    BatchRequests,
+    SamplingSettings,
+    Trajectory,
+    TrajectoryFormatError,
+    qwen_image,
+    stack_trajectories,
+)
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.adapters.trajectory import tensors_sha256
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
+
+REQUESTS = BatchRequests(
+    seeds=(11, 12), windows=(SDEWindow(start=1, size=3, num_steps=6),) * 2, prompt_groups=(0, 1), global_step=5
+)
+SAMPLING = SamplingSettings(noise_level=0.7, guidance_scale=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +32,7 @@ def trajectory() -> Trajectory:
     model = load_qwen_image()
     cond = TinyPromptEncoder().conditioning(["a red cat", "a dog in the garden at night"], [" ", " "])
     return qwen_image.rollout(
-        model,
-        cond,
-        height=32,
-        width=32,
-        num_inference_steps=6,
-        seeds=[11, 12],
-        window=SDEWindow(start=1, size=3, num_steps=6),
-        noise_level=0.7,
-        guidance_scale=3.0,
-        prompt_groups=[0, 1],
-        global_step=5,
+        model, cond, height=32, width=32, num_inference_steps=6, requests=REQUESTS, sampling=SAMPLING
     )
 
 
@@ -54,6 +56,25 @@ def test_rollout_trajectory_is_fp32_and_valid(trajectory):
     expected = trajectory.scheduler.timesteps()[1:4]
     assert torch.equal(trajectory.timesteps, expected.expand(2, 3))
     assert trajectory.validate() is trajectory
+
+
+def test_sampling_and_requests_round_trip_through_the_file(trajectory, tmp_path):
+    """`.sampling` / `.requests` give back what the rollout was given, before and after save/load."""
+    loaded = Trajectory.load(trajectory.save(tmp_path / "settings.safetensors"))
+    assert trajectory.sampling == loaded.sampling == SAMPLING
+    assert trajectory.requests == loaded.requests == REQUESTS
+    assert isinstance(loaded.sampling, SamplingSettings) and isinstance(loaded.requests, BatchRequests)
+
+
+def test_settings_are_frozen_and_hold_tuples():
+    requests = BatchRequests(seeds=[1, 2], windows=[SDEWindow(0, 1, 2)] * 2, prompt_groups=[0, 0])
+    assert requests.seeds == (1, 2) and requests.prompt_groups == (0, 0)
+    assert requests.windows == (SDEWindow(0, 1, 2),) * 2
+    assert BatchRequests(seeds=[1], windows=SDEWindow(0, 1, 2)).windows == SDEWindow(0, 1, 2)  # one for all
+    with pytest.raises(AttributeError):
+        requests.global_step = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        SAMPLING.noise_level = 0.1  # type: ignore[misc]
 
 
 def test_round_trip_is_bit_exact(trajectory, tmp_path):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from rollout_args import rollout_args
 
-from rollout_consistency.adapters import qwen_image, recompute_log_probs, stepwise
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_log_probs, stepwise
 from rollout_consistency.adapters import vllm_omni as vo
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
@@ -81,7 +82,7 @@ def _build(setup, cond, **overrides):
         global_step=3,
     )
     kwargs.update(overrides)
-    return vo.build_requests(cond, **kwargs)
+    return vo.build_requests(cond, **rollout_args(kwargs))
 
 
 def _engine(transformer, prompts, extra_args, arrivals=None, max_num_seqs=4):
@@ -372,13 +373,8 @@ def test_request_wave_equals_torch_rollout_bit_for_bit(model, encoder, setup, sd
         height=HEIGHT,
         width=WIDTH,
         num_inference_steps=6,
-        seeds=SEEDS,
-        window=WINDOW,
-        noise_level=0.7,
-        sde_type=sde_type,
-        guidance_scale=guidance,
-        prompt_groups=GROUPS,
-        global_step=3,
+        requests=BatchRequests(seeds=SEEDS, windows=WINDOW, prompt_groups=GROUPS, global_step=3),
+        sampling=SamplingSettings(noise_level=0.7, sde_type=sde_type, guidance_scale=guidance),
     )
     prompts, extra = _build(setup, cond, sde_type=sde_type, guidance_scale=guidance)
     payloads = _engine(_view(model), prompts, extra)
@@ -415,8 +411,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
         model,
         requests,
         scheduler_setup=setup,
-        noise_level=0.7,
-        guidance_scale=3.0,
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.0),
         options=_options(),
         max_num_seqs=4,
         text_width=12,
@@ -683,11 +678,9 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
             None,
             cond,
             scheduler_setup=setup,
-            seeds=SEEDS,
-            window=window,
-            noise_level=0.7,
+            requests=BatchRequests(seeds=SEEDS, windows=window, prompt_groups=GROUPS),
+            sampling=SamplingSettings(noise_level=0.7),
             options=options,
-            prompt_groups=GROUPS,
             max_num_seqs=4,
             step_execution=step_execution,
         )

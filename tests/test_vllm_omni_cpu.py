@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_consistency.adapters import qwen_image, recompute_log_probs
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_log_probs
 from rollout_consistency.adapters import vllm_omni as vo
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
@@ -231,13 +231,9 @@ def _requests(setup, cond, *, guidance=3.0, window=WINDOW, **overrides):
     prompts, extra_args = vo.build_requests(
         cond,
         scheduler_setup=setup,
-        seeds=SEEDS,
-        window=window,
-        noise_level=0.7,
-        guidance_scale=guidance,
+        requests=BatchRequests(seeds=SEEDS, windows=window, prompt_groups=GROUPS, global_step=3),
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=guidance),
         options=_options(),
-        prompt_groups=GROUPS,
-        global_step=3,
         text_width=TEXT_WIDTH,
         **overrides,
     )
@@ -278,13 +274,8 @@ def _torch_rollout(model, cond, guidance, sde_type="sde"):
         height=HEIGHT,
         width=WIDTH,
         num_inference_steps=6,
-        seeds=SEEDS,
-        window=WINDOW,
-        noise_level=0.7,
-        sde_type=sde_type,
-        guidance_scale=guidance,
-        prompt_groups=GROUPS,
-        global_step=3,
+        requests=BatchRequests(seeds=SEEDS, windows=WINDOW, prompt_groups=GROUPS, global_step=3),
+        sampling=SamplingSettings(noise_level=0.7, sde_type=sde_type, guidance_scale=guidance),
     )
 
 
@@ -445,12 +436,9 @@ def _rollout_call(client, setup):
         None,
         _conditioning(3.0),
         scheduler_setup=setup,
-        seeds=SEEDS,
-        window=WINDOW,
-        noise_level=0.7,
-        guidance_scale=3.0,
+        requests=BatchRequests(seeds=SEEDS, windows=WINDOW, prompt_groups=GROUPS),
+        sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.0),
         options=_options(),
-        prompt_groups=GROUPS,
     )
 
 

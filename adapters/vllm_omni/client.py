@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from rollout_consistency.adapters.families import ModelFamily, get_family
+from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
 from rollout_consistency.adapters.trajectory import Trajectory, TrajectoryFormatError, stack_trajectories
-from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, SDEWindowSchedule
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindowSchedule
 
 from .envelope import order_by_sample_index, trajectory_from_payload
 from .errors import VllmOmniEngineClosedError, VllmOmniRequestError, require_vllm_omni
@@ -221,15 +222,9 @@ class VllmOmniRollout:
         conditioning: Mapping[str, torch.Tensor] | None,
         *,
         scheduler_setup: SchedulerSetup,
-        seeds: Sequence[int],
-        window: SDEWindow | Sequence[SDEWindow],
-        noise_level: float,
-        sde_type: str = "sde",
-        guidance_scale: float = 1.0,
+        requests: BatchRequests,
+        sampling: SamplingSettings,
         options: Mapping[str, Any],
-        prompt_groups: Sequence[int] | None = None,
-        global_step: int = 0,
-        include_normalizer: bool = True,
         max_num_seqs: int | None = None,
         step_execution: bool | None = None,
         text_width: int | None = None,
@@ -238,7 +233,7 @@ class VllmOmniRollout:
     ) -> Trajectory:
         """Sample a batch on the engine: the same arguments as `rollout_consistency.adapters.rollout`, the same float32 [`Trajectory`].
 
-        Rows are in the order of `seeds` (completion order is mapped back). `transformer` is accepted for
+        Rows are in the order of `requests.seeds` (completion order is mapped back). `transformer` is accepted for
         signature compatibility and unused: the engine holds its own copy of the weights from `model_path`.
         `max_num_seqs` / `step_execution`, when given, must match the engine's (they are fixed at start).
 
@@ -265,15 +260,9 @@ class VllmOmniRollout:
         request_prompts, extra_args = build_requests(
             conditioning,
             scheduler_setup=scheduler_setup,
-            seeds=seeds,
-            window=window,
-            noise_level=noise_level,
-            sde_type=sde_type,
-            guidance_scale=guidance_scale,
+            requests=requests,
+            sampling=sampling,
             options=options,
-            prompt_groups=prompt_groups,
-            global_step=global_step,
-            include_normalizer=include_normalizer,
             text_width=text_width,
             launcher_seed=self.launcher_seed,
             window_schedule=self.window_schedule,
@@ -282,17 +271,17 @@ class VllmOmniRollout:
         )
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-        sampling = OmniDiffusionSamplingParams(
+        params = OmniDiffusionSamplingParams(
             **sampling_params_kwargs(
                 scheduler_setup=scheduler_setup,
                 options=options,
-                guidance_scale=guidance_scale,
+                guidance_scale=sampling.guidance_scale,
                 extra_args=extra_args,
                 launcher_seed=self.launcher_seed,
             )
         )
         try:
-            outputs = self._omni.generate(request_prompts, sampling, use_tqdm=False)
+            outputs = self._omni.generate(request_prompts, params, use_tqdm=False)
         except Exception as error:
             # vLLM-omni 0.30's Omni.generate raises a failed request's error (vLLM's EngineGenerateError, not a
             # per-output `error`) and closes the engine before re-raising: never hand that engine out again.

@@ -25,6 +25,7 @@ import torch
 from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.qwen_image import latent_grid
 from rollout_consistency.adapters.rollout import resolve_windows
+from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
 from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 __all__ = [
@@ -453,15 +454,9 @@ def build_requests(
     conditioning: Mapping[str, torch.Tensor] | None,
     *,
     scheduler_setup: SchedulerSetup,
-    seeds: Sequence[int],
-    window: SDEWindow | Sequence[SDEWindow] | None,
-    noise_level: float,
-    sde_type: str = "sde",
-    guidance_scale: float = 1.0,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     options: Mapping[str, Any],
-    prompt_groups: Sequence[int] | None = None,
-    global_step: int = 0,
-    include_normalizer: bool = True,
     text_width: int | None = None,
     launcher_seed: int | None = None,
     window_schedule: SDEWindowSchedule | None = None,
@@ -475,9 +470,10 @@ def build_requests(
             each request gets its row, so the engine runs the trainer's exact embeddings. `None`: send
             `prompts` (and `negative_prompts` for CFG) and let the engine's text encoder embed them (the
             trajectory then stores the engine's embeddings).
-        seeds, window, prompt_groups, global_step: per sample, as for `rollout_consistency.adapters.rollout`; `window=None` sends no
-            explicit window: the engine derives each from (launcher_seed, global_step, prompt group) with
-            `window_schedule` (both then required).
+        requests ([`BatchRequests`]): the samples, as for `rollout_consistency.adapters.rollout`;
+            `requests.windows=None` sends no explicit window: the engine derives each from (launcher_seed,
+            global_step, prompt group) with `window_schedule` (both then required).
+        sampling ([`SamplingSettings`]): noise level, SDE type, guidance scale and normaliser of every step.
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
             padded alike, as the checker's step-wise torch path does), or `None` in text mode.
         launcher_seed, window_schedule: let the engine re-derive and check each window.
@@ -486,7 +482,8 @@ def build_requests(
     Returns:
         `(prompts, extra_args)`: pass `extra_args` as `OmniDiffusionSamplingParams(extra_args=...)`.
     """
-    seeds = list(seeds)
+    seeds = list(requests.seeds)
+    prompt_groups, global_step, window = requests.prompt_groups, requests.global_step, requests.windows
     if not seeds:
         raise ValueError("build_requests needs at least one sample (one seed per sample).")
     count = len(seeds)
@@ -496,7 +493,7 @@ def build_requests(
     if window is None:
         if window_schedule is None or launcher_seed is None:
             raise ValueError(
-                "window=None needs window_schedule and launcher_seed: the engine derives each window from them."
+                "windows=None needs window_schedule and launcher_seed: the engine derives each window from them."
             )
         windows: Sequence[SDEWindow | None] = [None] * count
     else:
@@ -516,11 +513,11 @@ def build_requests(
             text_width = stepwise.shared_text_width(rows)
     batch = BatchSettings(
         scheduler=scheduler_setup,
-        noise_level=noise_level,
-        sde_type=sde_type,
-        guidance_scale=guidance_scale,
+        noise_level=sampling.noise_level,
+        sde_type=sampling.sde_type,
+        guidance_scale=sampling.guidance_scale,
         options=options,
-        include_normalizer=include_normalizer,
+        include_normalizer=sampling.include_normalizer,
         text_width=text_width,
         window_schedule=window_schedule,
     )

@@ -387,21 +387,29 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
     """The rollout side of `run_batch` alone: the batch's float32 `Trajectory` (the doctor replays it too)."""
     import torch
 
+    from rollout_consistency.adapters import BatchRequests
     from rollout_consistency.schedulers import SDEWindow
 
     config = backend.config
-    windows = [SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples]
+    requests = BatchRequests(
+        seeds=tuple(s.seed for s in batch.samples),
+        windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples),
+        prompt_groups=tuple(s.prompt_group for s in batch.samples),
+        global_step=config.global_step,
+    )
     with torch.no_grad():
         conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
         with attention(config.rollout_attention):
-            return _rollout(
-                backend,
-                conditioning,
-                [s.seed for s in batch.samples],
-                [s.prompt_group for s in batch.samples],
-                windows,
-                backend.guidance,
-            )
+            return _rollout(backend, conditioning, requests, sampling_settings(backend))
+
+
+def sampling_settings(backend: Backend) -> Any:
+    """The run's [`SamplingSettings`](rollout_consistency.adapters.SamplingSettings): the config's SDE settings
+    and the family's guidance."""
+    from rollout_consistency.adapters import SamplingSettings
+
+    config = backend.config
+    return SamplingSettings(noise_level=config.noise_level, sde_type=config.sde_type, guidance_scale=backend.guidance)
 
 
 def score_trajectory(
@@ -454,7 +462,9 @@ def score_trajectory(
     )
 
 
-def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
+def _rollout(backend: Backend, conditioning, requests, sampling):
+    import dataclasses
+
     from rollout_consistency import adapters
 
     config = backend.config
@@ -465,33 +475,24 @@ def _rollout(backend: Backend, conditioning, seeds, groups, windows, guidance):
             None,
             conditioning,
             scheduler_setup=backend.scheduler_setup,
-            seeds=seeds,
-            window=windows,
-            noise_level=config.noise_level,
-            sde_type=config.sde_type,
-            guidance_scale=guidance,
+            requests=requests,
+            sampling=sampling,
             options=backend.options,
-            prompt_groups=groups,
-            global_step=config.global_step,
             max_num_seqs=config.max_num_seqs,
             step_execution=config.step_execution,
         )
-    transformer, scheduler, windows = _rollout_side(backend, windows)
+    transformer, scheduler, windows = _rollout_side(backend, requests.windows)
+    requests = dataclasses.replace(requests, windows=tuple(windows))
     if config.step_execution:
-        return _rollout_stepwise(backend, transformer, scheduler, conditioning, seeds, groups, windows, guidance)
+        return _rollout_stepwise(backend, transformer, scheduler, conditioning, requests, sampling)
     return adapters.rollout(
         backend.family,
         transformer,
         conditioning,
         scheduler_setup=backend.scheduler_setup,
-        seeds=seeds,
-        window=windows,
-        noise_level=config.noise_level,
-        sde_type=config.sde_type,
-        guidance_scale=guidance,
+        requests=requests,
+        sampling=sampling,
         options=backend.options,
-        prompt_groups=groups,
-        global_step=config.global_step,
         denoise_to_end=False,
         scheduler=scheduler,
     )
@@ -515,7 +516,7 @@ def _rollout_side(backend: Backend, windows):
     return injected.transformer, injected.scheduler, list(injected.windows)
 
 
-def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, seeds, groups, windows, guidance):
+def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, batch_requests, sampling):
     """The step-wise engine on the batch's requests (`max_num_seqs` running; see `stagger_arrivals`).
 
     Every request's text is padded to the batch's width and every forward uses that width: the stored
@@ -525,6 +526,7 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, se
     from rollout_consistency.adapters import stepwise
 
     config = backend.config
+    seeds, windows, groups = batch_requests.seeds, batch_requests.windows, batch_requests.prompt_groups
     rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(len(seeds))]
     # Staggered: two requests join per engine step, so forwards mix requests at different steps (pairs keep
     # every forward at >= 2 rows: this CPU build takes another kernel for a single row).
@@ -544,13 +546,11 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, se
         transformer,
         requests,
         scheduler_setup=backend.scheduler_setup,
-        noise_level=config.noise_level,
-        sde_type=config.sde_type,
-        guidance_scale=guidance,
+        sampling=sampling,
         options=backend.options,
         max_num_seqs=config.max_num_seqs,
         text_width=stepwise.shared_text_width(rows),
-        global_step=config.global_step,
+        global_step=batch_requests.global_step,
         scheduler=scheduler,
     )
 

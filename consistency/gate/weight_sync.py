@@ -310,7 +310,7 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
     from rollout_consistency import adapters
     from rollout_consistency.schedulers import SDEWindow
 
-    from .backends import encode_prompts
+    from .backends import encode_prompts, sampling_settings
 
     config = backend.config
     samples = batch.samples
@@ -321,14 +321,14 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
             backend.rollout_model,
             conditioning,
             scheduler_setup=backend.scheduler_setup,
-            seeds=[s.seed for s in samples],
-            window=[SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples],
-            noise_level=config.noise_level,
-            sde_type=config.sde_type,
-            guidance_scale=backend.guidance,
+            requests=adapters.BatchRequests(
+                seeds=tuple(s.seed for s in samples),
+                windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples),
+                prompt_groups=tuple(s.prompt_group for s in samples),
+                global_step=config.global_step,
+            ),
+            sampling=sampling_settings(backend),
             options=backend.options,
-            prompt_groups=[s.prompt_group for s in samples],
-            global_step=config.global_step,
             denoise_to_end=False,
         )
     return trajectory, trajectory.log_probs.detach().cpu().numpy().copy()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rollout_consistency import CheckConfig
-from rollout_consistency.adapters import get_family
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, get_family
 from rollout_consistency.adapters import rollout as sample_with_logprob
 from rollout_consistency.adapters.tiny import load_qwen_image, load_qwen_image_scheduler_config
 from rollout_consistency.gate.plugins import PluginRollout, RolloutRequest
@@ -57,14 +57,18 @@ class FlowGRPORollout:
                 self.model,
                 request.conditioning,
                 scheduler_setup=request.scheduler_setup,
-                seeds=request.seeds,
-                window=request.windows,
-                noise_level=self.config.noise_level,
-                sde_type=self.config.sde_type,
-                guidance_scale=request.guidance_scale,
+                requests=BatchRequests(
+                    seeds=request.seeds,
+                    windows=request.windows,
+                    prompt_groups=request.prompt_groups,
+                    global_step=self.config.global_step,
+                ),
+                sampling=SamplingSettings(
+                    noise_level=self.config.noise_level,
+                    sde_type=self.config.sde_type,
+                    guidance_scale=request.guidance_scale,
+                ),
                 options=request.options,
-                prompt_groups=request.prompt_groups,
-                global_step=self.config.global_step,
                 denoise_to_end=False,
             )
         samples = {
