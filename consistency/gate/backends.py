@@ -387,20 +387,27 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
     """The rollout side of `run_batch` alone: the batch's float32 `Trajectory` (the doctor replays it too)."""
     import torch
 
+    config = backend.config
+    requests = batch_requests(backend, batch)
+    with torch.no_grad():
+        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
+        with attention(config.rollout_attention):
+            return _rollout(backend, conditioning, requests, sampling_settings(backend))
+
+
+def batch_requests(backend: Backend, batch: BatchSpec) -> Any:
+    """The planned batch's [`BatchRequests`](rollout_consistency.adapters.BatchRequests): each sample's seed,
+    window and prompt group, and the config's training step."""
     from rollout_consistency.adapters import BatchRequests
     from rollout_consistency.schedulers import SDEWindow
 
     config = backend.config
-    requests = BatchRequests(
+    return BatchRequests(
         seeds=tuple(s.seed for s in batch.samples),
         windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples),
         prompt_groups=tuple(s.prompt_group for s in batch.samples),
         global_step=config.global_step,
     )
-    with torch.no_grad():
-        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
-        with attention(config.rollout_attention):
-            return _rollout(backend, conditioning, requests, sampling_settings(backend))
 
 
 def sampling_settings(backend: Backend) -> Any:

@@ -308,25 +308,17 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
     import torch
 
     from rollout_consistency import adapters
-    from rollout_consistency.schedulers import SDEWindow
 
-    from .backends import encode_prompts, sampling_settings
+    from .backends import batch_requests, encode_prompts, sampling_settings
 
-    config = backend.config
-    samples = batch.samples
     with torch.no_grad():
-        conditioning = encode_prompts(backend, [s.prompt for s in samples])
+        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
         trajectory = adapters.rollout(
             backend.family,
             backend.rollout_model,
             conditioning,
             scheduler_setup=backend.scheduler_setup,
-            requests=adapters.BatchRequests(
-                seeds=tuple(s.seed for s in samples),
-                windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples),
-                prompt_groups=tuple(s.prompt_group for s in samples),
-                global_step=config.global_step,
-            ),
+            requests=batch_requests(backend, batch),
             sampling=sampling_settings(backend),
             options=backend.options,
             denoise_to_end=False,
