@@ -179,6 +179,10 @@ CASES = {
 }
 
 
+#: Cases whose size is float32 rounding of a forward: whether (and how far) they show depends on this CPU's kernels.
+ROUNDING_CASES = {"other attention kernel"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_disagreement_is_localised_to_its_stage(case, model, trajectory):
     rollout_changes, trainer_changes, stage, cause = CASES[case]
@@ -194,10 +198,15 @@ def test_a_disagreement_is_localised_to_its_stage(case, model, trajectory):
     )
     if replays_the_maker:  # the replay of the rollout that made the trajectory reproduces its log-probs
         assert loc.replay_max_abs == 0
+    if case in ROUNDING_CASES and loc.first_stage is None:
+        # Two kernels may agree bit for bit on this CPU for these shapes: then no stage may differ.
+        assert all(s.max_abs == 0 for s in loc.stages), loc.describe()
+        return
     assert loc.first_stage is not None and loc.first_stage.startswith(stage), loc.describe()
     assert from_localisation(loc, {}).cause == cause
     log_prob = next(s for s in loc.stages if s.stage == "log_prob")
-    assert log_prob.max_abs > 0  # the disagreement reaches the log-prob
+    if case not in ROUNDING_CASES:  # a rounding-level velocity difference may round away in the log-prob
+        assert log_prob.max_abs > 0  # the disagreement reaches the log-prob
 
 
 def test_identical_sides_agree_at_every_stage(model, trajectory):
