@@ -40,6 +40,7 @@ from rollout_consistency.gate.tolerances import PROFILES
 __all__ = ["UsageError", "main"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+PROG = "rollout-consistency"
 
 
 class UsageError(Exception):
@@ -47,10 +48,19 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 pass, 1 fail, 2 could not run, 130 interrupted)."""
+    """Run the command line; returns the exit code (0 pass, 1 fail, 2 could not run, 130 interrupted).
+
+    Without `argv` — the process entry: the console script, ``python -m rollout_consistency`` — the command runs
+    in a supervised child process (`rollout_consistency.supervisor`), so no user code can turn the run into exit
+    0 without a verdict. With `argv` (tests, a Python launcher) it runs in this process, fenced but unsupervised.
+    """
     from rollout_consistency.cli_guard import guarded
 
-    return guarded(_main, argv, "rollout-consistency")
+    if argv is None:
+        from rollout_consistency.supervisor import run_supervised
+
+        return run_supervised(main, sys.argv[1:], PROG)
+    return guarded(_main, argv, PROG)
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -65,8 +75,10 @@ def _main(argv: Sequence[str]) -> int:
     try:
         return args.run(args)
     except UsageError as error:
-        one_line = " ".join(line.strip() for line in str(error).splitlines() if line.strip())  # parser messages wrap
-        print(f"rollout-consistency {args.command}: error: {one_line}", file=sys.stderr)
+        # Parser messages wrap: one line. An indented block after a blank line is an example, shown as is.
+        message, _, example = str(error).partition("\n\n")
+        one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        print(f"{PROG} {args.command}: error: {one_line}" + (f"\n{example}" if example else ""), file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -114,22 +126,26 @@ def _build_parser() -> argparse.ArgumentParser:
 # shared helpers
 
 
-def _load_spec(spec: str) -> Any:
+def _load_spec(spec: str, owner: str, timeout_s: float | None) -> Any:
     from rollout_consistency.object_spec import SpecError, load_object
 
     try:
-        return load_object(spec)
+        return load_object(spec, owner=owner, timeout_s=timeout_s)
     except SpecError as error:
         raise UsageError(str(error)) from error
 
 
-def _call_factory(factory: Any, spec: str, optional: dict[str, Any], required: dict[str, Any]) -> Any:
+def _call_factory(
+    factory: Any, spec: str, optional: dict[str, Any], required: dict[str, Any], owner: str, timeout_s: float | None
+) -> Any:
+    from rollout_consistency.fence import fenced
     from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs
 
     if not callable(factory):
         return factory  # the spec named the object itself
     try:
-        return call_with_supported_kwargs(factory, optional=optional, required=required)
+        with fenced(owner, "the factory", timeout_s=timeout_s):
+            return call_with_supported_kwargs(factory, optional=optional, required=required)
     except SpecError as error:
         raise UsageError(f"{spec}: {error}") from error
     except (TypeError, ValueError) as error:  # the factory refused its arguments (e.g. --arg dropout=abc)
@@ -225,10 +241,32 @@ def _add_checkpointing_parser(subparsers: Any) -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the repeat of the reference run")
     parser.add_argument("--top", type=int, default=10, help="gradients shown in the table (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    _add_timeout_argument(parser)
     parser.set_defaults(run=_run_checkpointing)
 
 
-def _resolve_checkpoint(name: str) -> Callable[..., Any]:
+def _add_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    from rollout_consistency.fence import DEFAULT_TIMEOUT_S
+
+    parser.add_argument(
+        "--user-code-timeout-s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"bound on each call into your code (import, factory, the check) (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    from rollout_consistency.gate.bounds import BOUNDS
+
+    low, high = BOUNDS["user_code_timeout_s"]
+    if not low <= args.user_code_timeout_s <= high:
+        raise UsageError(f"--user-code-timeout-s {args.user_code_timeout_s} must lie in [{low:g}, {high:g}].")
+    return args.user_code_timeout_s
+
+
+def _resolve_checkpoint(name: str, timeout_s: float | None) -> Callable[..., Any]:
     import functools
 
     import torch.utils.checkpoint
@@ -245,16 +283,20 @@ def _resolve_checkpoint(name: str) -> Callable[..., Any]:
         raise UsageError(
             f"--checkpoint must be one of {', '.join(_CHECKPOINT_CHOICES)} or a 'module:function' spec, got {name!r}"
         )
-    function = _load_spec(name)
+    function = _load_spec(name, f"--checkpoint {name!r}", timeout_s)
     if not callable(function):
         raise UsageError(f"--checkpoint {name} is not callable")
     return function
 
 
-def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any]) -> dict[str, Any]:
+def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     from torch import nn
 
-    case = _call_factory(_load_spec(spec), spec, optional={"seed": seed}, required=factory_args)
+    owner = f"checkpointing SPEC {spec!r}"
+    factory = _load_spec(spec, owner, timeout_s)
+    case = _call_factory(
+        factory, spec, optional={"seed": seed}, required=factory_args, owner=owner, timeout_s=timeout_s
+    )
     if isinstance(case, tuple) and len(case) in (2, 3):
         case = dict(zip(("module", "inputs", "loss_fn"), case, strict=False))
     if not isinstance(case, dict) or "module" not in case or "inputs" not in case:
@@ -297,23 +339,29 @@ def _run_checkpointing(args: argparse.Namespace) -> int:
         raise UsageError(f"--seed {args.seed} must lie in [0, 2**63-1].")
     if not 0 <= args.top <= 100000:
         raise UsageError(f"--top {args.top} must lie in [0, 100000].")
-    case = _checkpointing_case(args.spec, args.seed, _parse_factory_args(args.arg))
-    checkpoint_fn = _resolve_checkpoint(args.checkpoint)
+    from rollout_consistency.fence import fenced
+
+    timeout = _timeout(args)
+    case = _checkpointing_case(args.spec, args.seed, _parse_factory_args(args.arg), timeout)
+    checkpoint_fn = _resolve_checkpoint(args.checkpoint, timeout)
     segments = args.segments if args.segments is not None else case.get("segments")
     set_checkpointing = None if args.segments is not None else case.get("set_checkpointing")
+    # The check runs the SPEC's module, loss and hooks and the --checkpoint function: user code throughout.
+    owner = f"checkpointing SPEC {args.spec!r} with --checkpoint {args.checkpoint!r}"
     try:
-        report = check_checkpointing(
-            case["module"],
-            case["inputs"],
-            checkpoint_fn,
-            segments=segments,
-            set_checkpointing=set_checkpointing,
-            loss_fn=case.get("loss_fn"),
-            seed=args.seed,
-            rtol=args.rtol,
-            atol=args.atol,
-            baseline=not args.no_baseline,
-        )
+        with fenced(owner, "the forward/backward runs", timeout_s=timeout):
+            report = check_checkpointing(
+                case["module"],
+                case["inputs"],
+                checkpoint_fn,
+                segments=segments,
+                set_checkpointing=set_checkpointing,
+                loss_fn=case.get("loss_fn"),
+                seed=args.seed,
+                rtol=args.rtol,
+                atol=args.atol,
+                baseline=not args.no_baseline,
+            )
     except ValueError as error:
         raise UsageError(str(error)) from error
     print(report.format(top=args.top))
@@ -358,6 +406,7 @@ def _add_precision_parser(subparsers: Any) -> None:
         help="audit: exit 1 when a finding of this severity or worse exists (default error)",
     )
     parser.add_argument("--json", metavar="PATH", help="write the report (or the diff) as JSON")
+    _add_timeout_argument(parser)
     parser.set_defaults(run=_run_precision)
 
 
@@ -378,16 +427,21 @@ def _run_precision(args: argparse.Namespace) -> int:
         _write_json(args.json, diff.to_dict())
         return EXIT_PASS if diff.consistent else EXIT_FAIL
 
+    from rollout_consistency.fence import fenced
+
     objects: dict[str, Any] = {}
+    owner, timeout = f"precision --spec {args.spec!r}", _timeout(args)
     if args.spec:
-        objects = _call_factory(_load_spec(args.spec), args.spec, optional={}, required=_parse_factory_args(args.arg))
+        factory = _load_spec(args.spec, owner, timeout)
+        objects = _call_factory(factory, args.spec, {}, _parse_factory_args(args.arg), owner=owner, timeout_s=timeout)
         allowed = {"model", "optimizer", "scaler", "autocast_dtype", "device"}
         if not isinstance(objects, dict) or not set(objects) <= allowed:
             raise UsageError(f"{args.spec} must return a mapping with keys among {sorted(allowed)}")
     elif args.arg:
         raise UsageError("--arg needs --spec")
     try:
-        report = audit_precision(**objects, label=args.label)
+        with fenced(owner, "the audit of its objects", timeout_s=timeout):  # reads the user's objects
+            report = audit_precision(**objects, label=args.label)
     except (TypeError, ValueError) as error:
         raise UsageError(f"{args.spec}: {error}") from error
     print(report.format())
@@ -461,7 +515,8 @@ FIELD_HELP: dict[str, str] = {
     "mask_text_padding": "pass the text mask to attention (Qwen-Image)",
     "noise_level": "SDE noise level",
     "sde_type": "SDE step",
-    "sde_window_size": "stochastic (log-prob carrying) steps per rollout",
+    "sde_window_size": "stochastic (log-prob carrying) steps per rollout, or 'all': every step (Flow-GRPO samples "
+    "with the SDE on every step)",
     "sde_window_range": "half-open step range [LOW, HIGH) the window lies in",
     "sde_window_kind": "how the window is drawn per prompt group",
     "guidance_scale": "guidance (FLUX embedded guidance / SD3 CFG)",
@@ -482,6 +537,8 @@ FIELD_HELP: dict[str, str] = {
     "workers": "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
     "ray_address": "join this Ray cluster ('auto', 'ray://host:10001')",
     "ray_timeout_s": "seconds to reach --ray-address before giving up (exit 2)",
+    "user_code_timeout_s": "seconds each call into your code (plug-in import, factory, rollout, compute_log_prob, "
+    "weight sync) may take before the check stops with exit 2",
     "progress": "progress bar on stderr",
     "weight_sync": "also check step 2: one optimizer update, this sync to the rollout (load_state_dict, peft or 'package.module:function'), check again",
     "weight_sync_lr": "Adam learning rate of the step-2 update",
@@ -544,11 +601,22 @@ def _show(value: Any) -> str:
 
 
 def _flag_type(name: str, default: Any):
+    if name == "sde_window_size":
+        return _window_size
     if name in ("micro_batch_size",) or (isinstance(default, int) and not isinstance(default, bool)):
         return int
     if name in ("clip_ratio_low", "clip_ratio_high") or isinstance(default, float):
         return float
     return str
+
+
+def _window_size(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"invalid window size {text!r}: an integer or 'all'") from error
 
 
 def config_from_args(args: argparse.Namespace) -> CheckConfig:

@@ -8,9 +8,15 @@
   limit, out of memory), an unreachable cluster, or an unexpected error — printed as one line naming the
   problem and the fix; ``--debug`` prints the traceback too;
 * 130 interrupted: Ctrl-C or SIGTERM (the commands' ``finally`` blocks and the all-or-nothing report
-  writer remove their temporary files and Ray processes on the way out).
+  writer remove their temporary files and Ray processes on the way out). A second SIGINT or SIGTERM within a
+  second of the first is the same interrupt (a terminal's Ctrl-C reaches the supervisor and its child both,
+  and the supervisor forwards it): the clean-up is not interrupted in turn.
 
-A closed stdout (``rollout-consistency --help | head``) is not an error: further output is discarded.
+A closed stdout or stderr (``rollout-consistency check --json r.json 2>&1 | head``) is not an error: further
+output is discarded and the exit code stays the verdict's. User code that ends or overruns a fenced call
+(`rollout_consistency.fence`), an input path that is a FIFO, a device or a socket (`rollout_consistency.paths`)
+and an input too large for the memory left (`rollout_consistency.memory_budget`) are usage errors (2); an
+out-of-memory error names a fix that fits the command.
 """
 
 from __future__ import annotations
@@ -21,12 +27,24 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_PASS", "EXIT_USAGE", "guarded", "split_debug"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: What to do about running out of memory, by command (the first word of the command line).
+_MEMORY_FIXES = {
+    "check": "lower the image size, batch size or number of samples",
+    "gate": "gate fewer samples (a dump of fewer rows) or raise the memory limit",
+    "doctor": "the report is too large for the memory left; free memory or raise the memory limit",
+    "checkpointing": "shrink the factory's module or inputs",
+    "recompute": "shrink the factory's module or inputs",
+    "precision": "shrink the factory's model, or compare smaller reports",
+    "lint": "lint fewer or smaller files",
+}
 
 _RESOURCE_FIXES = {
     errno.ENOSPC: "free disk space or write the reports elsewhere",
@@ -49,16 +67,24 @@ def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
     """``run(argv)`` with every escaping exception turned into an exit code and one line on stderr."""
+    from rollout_consistency.fence import UserCodeError
+    from rollout_consistency.memory_budget import MemoryBudgetError
+    from rollout_consistency.paths import InputPathError
+
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     try:
-        with _sigterm_as_interrupt(), _tolerate_closed_stdout():
+        with _signals_as_interrupt(), _tolerate_closed_streams():
             return run(argv)
     except KeyboardInterrupt:
         _say(prog, "interrupted; no report was written (reports are written all at once at the end).", debug)
         _forget_interrupt_inside_exec()
         return EXIT_INTERRUPTED
+    except (UserCodeError, InputPathError, MemoryBudgetError) as error:
+        _say(prog, _first_line(getattr(error, "cause", None) or error), debug)  # a Ray task error wraps the cause
+        return EXIT_USAGE
     except MemoryError:
-        _say(prog, "out of memory; lower the image size, batch size or number of samples.", debug)
+        fix = _MEMORY_FIXES.get(_command(argv), "free memory or raise the memory limit")
+        _say(prog, f"out of memory; {fix}.", debug)
         return EXIT_USAGE
     except OSError as error:
         where = f" {error.filename}" if error.filename else ""
@@ -72,6 +98,10 @@ def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: s
     except Exception as error:  # a bug or an input no check anticipated: could not run, never a FAIL
         _say(prog, f"could not run ({type(error).__name__}: {_first_line(error)}); {_debug_hint(debug)}", debug)
         return EXIT_USAGE
+
+
+def _command(argv: Sequence[str]) -> str:
+    return next((word for word in argv if not word.startswith("-")), "")
 
 
 def _forget_interrupt_inside_exec() -> None:
@@ -98,25 +128,38 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:500] if lines else "no message"
 
 
+#: A second interrupt this soon after the first is the same one (delivered twice: to a process group, and
+#: forwarded by the supervisor).
+_SAME_INTERRUPT_S = 1.0
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _signals_as_interrupt() -> Iterator[None]:
     # SIGTERM (CI cancelling a job) cleans up like Ctrl-C; signal handlers can only be set on the main thread.
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    last: list[float] = []
 
     def interrupt(_signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if last and now - last[0] < _SAME_INTERRUPT_S:
+            return
+        last[:] = [now]
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT stays ignored
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class _ClosedPipeSafe:
-    """A stdout that drops output once the reader went away (and stops Python's exit-time flush error)."""
+    """A stdout/stderr that drops output once the reader went away (and stops Python's exit-time flush error)."""
 
     def __init__(self, stream: object) -> None:
         self._stream = stream
@@ -149,12 +192,14 @@ class _ClosedPipeSafe:
 
 
 @contextlib.contextmanager
-def _tolerate_closed_stdout() -> Iterator[None]:
-    original = sys.stdout
-    sys.stdout = _ClosedPipeSafe(original)  # type: ignore[assignment]
+def _tolerate_closed_streams() -> Iterator[None]:
+    # A reader that went away (`| head`) must not turn a finished verdict into an error: stdout and stderr both.
+    originals = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeSafe(originals[0]), _ClosedPipeSafe(originals[1])  # type: ignore[assignment]
     try:
         yield
     finally:
-        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
-            sys.stdout.flush()
-        sys.stdout = original
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = originals

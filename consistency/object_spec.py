@@ -4,10 +4,18 @@
 Specs look like `package.module:factory` (imported like any module, so the package must be
 importable: installed, or under the current directory) or `path/to/file.py:factory` (loaded from the
 file). The attribute part may be dotted (`module:Class.method`).
+
+A file is imported **once per process**, with **its own folder importable** (put first on ``sys.path``, as
+``python path/to/file.py`` does): two specs naming one file — a rollout and a trainer plug-in — get the same
+module, so module-level state is shared, and the file may ``import`` its neighbours. It is imported under its
+own name (``my_loop.py`` as ``my_loop``, so a neighbour's ``import my_loop`` gets the same module) unless that
+name is taken by another module. The import is fenced (`rollout_consistency.fence`): a ``sys.exit`` at the
+module's top level is a usage error, not the end of the run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -23,23 +31,33 @@ class SpecError(ValueError):
     """A spec that cannot be resolved; the message says what to fix."""
 
 
-def load_object(spec: str) -> Any:
+def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None = None) -> Any:
     """Resolve `module:attr` or `file.py:attr` to the object it names.
 
+    Args:
+        spec: the spec.
+        owner: who names it, for the fence's messages (default ``"spec '<spec>'"``).
+        timeout_s: bound on the import (`rollout_consistency.fence`; ``None``: unbounded).
+
     Raises:
-        SpecError: malformed spec, module or file not importable, attribute missing.
+        SpecError: malformed spec, module or file not importable (or a FIFO, a device), attribute missing.
+        rollout_consistency.fence.UserCodeError: the module's import raised SystemExit or overran `timeout_s`.
     """
+    from rollout_consistency.fence import fenced
+
     module_part, sep, attr_part = spec.rpartition(":")
     if not sep or not module_part or not attr_part:
         raise SpecError(f"spec {spec!r} must look like 'package.module:factory' or 'path/to/file.py:factory'")
+    fence = fenced(owner or f"spec {spec!r}", f"import of {module_part}", timeout_s=timeout_s)
     if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _load_file(Path(module_part), spec)
+        module = _load_file(Path(module_part), spec, fence)
     else:
         # The current directory first, as `python -m` would: specs usually name the user's own code.
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
         try:
-            module = importlib.import_module(module_part)
+            with fence:
+                module = importlib.import_module(module_part)
         except ImportError as error:
             raise SpecError(f"cannot import {module_part!r} from spec {spec!r}: {error}") from error
     value: Any = module
@@ -51,23 +69,69 @@ def load_object(spec: str) -> Any:
     return value
 
 
-def _load_file(path: Path, spec: str) -> Any:
+def _load_file(path: Path, spec: str, fence: Any) -> Any:
+    from rollout_consistency.paths import special_kind
+
+    kind = special_kind(path)
+    if kind is not None:
+        raise SpecError(f"file {str(path)!r} of spec {spec!r} is {kind}, not a Python file; name the .py file")
     if not path.is_file():
         raise SpecError(f"file {str(path)!r} of spec {spec!r} does not exist")
-    module_name = f"_rollout_consistency_spec_{abs(hash(path.resolve()))}"
-    file_spec = importlib.util.spec_from_file_location(module_name, path)
+    resolved = path.resolve()
+    folder = str(resolved.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # its neighbours are importable, as for `python path/to/file.py`
+    module_name = _module_name(resolved)
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and _is_file_of(loaded, resolved):
+        return loaded  # once per process: both sides of a check share the module's state
+    file_spec = importlib.util.spec_from_file_location(module_name, resolved)
     if file_spec is None or file_spec.loader is None:
         raise SpecError(f"cannot load {str(path)!r} as a Python module (spec {spec!r})")
     module = importlib.util.module_from_spec(file_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-    file_spec.loader.exec_module(module)
+    try:
+        with fence:
+            file_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)  # as a failed import does: a retry imports afresh
+        raise
     return module
 
 
+def _module_name(resolved: Path) -> str:
+    """The file's own name when importing that name gives this file (or nothing yet), else a private one."""
+    stem = resolved.stem
+    if stem.isidentifier():
+        loaded = sys.modules.get(stem)
+        if loaded is not None:
+            if _is_file_of(loaded, resolved):
+                return stem
+        else:
+            try:
+                found = importlib.util.find_spec(stem)
+            except (ImportError, ValueError):
+                found = None
+            if found is not None and found.origin and Path(found.origin).resolve() == resolved:
+                return stem
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    return f"_rollout_consistency_spec_{stem if stem.isidentifier() else 'file'}_{digest}"
+
+
+def _is_file_of(module: Any, resolved: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    return origin is not None and Path(origin).resolve() == resolved
+
+
 def call_with_supported_kwargs(
-    factory: Callable[..., Any], *, optional: dict[str, Any] | None = None, required: dict[str, Any] | None = None
+    factory: Callable[..., Any],
+    *,
+    optional: dict[str, Any] | None = None,
+    required: dict[str, Any] | None = None,
+    positional: tuple[Any, ...] = (),
 ) -> Any:
-    """Call `factory` with keywords: `required` ones always, `optional` ones only if its signature takes them.
+    """Call `factory` with `positional` arguments and keywords: `required` ones always, `optional` ones only if
+    its signature takes them.
 
     Raises:
         SpecError: the factory does not accept one of the `required` keywords.
@@ -76,7 +140,7 @@ def call_with_supported_kwargs(
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # no introspectable signature: pass only what was asked for
-        return factory(**required)
+        return factory(*positional, **required)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     rejected = [name for name in required if not (takes_any or name in parameters)]
     if rejected:
@@ -86,4 +150,4 @@ def call_with_supported_kwargs(
         )
     kwargs = {name: value for name, value in optional.items() if takes_any or name in parameters}
     kwargs.update(required)
-    return factory(**kwargs)
+    return factory(*positional, **kwargs)

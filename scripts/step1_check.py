@@ -20,7 +20,9 @@ Inside a Python launcher, call the same API directly::
 
 import sys
 
-from rollout_consistency.cli import main
+from rollout_consistency.cli import PROG, main
+from rollout_consistency.supervisor import run_supervised
 
 if __name__ == "__main__":
-    raise SystemExit(main(["check", *sys.argv[1:]]))
+    # Supervised like the console script: user code (plug-ins) cannot end the run with exit 0 and no verdict.
+    raise SystemExit(run_supervised(main, ["check", *sys.argv[1:]], PROG))

@@ -73,7 +73,7 @@ class BatchResult:
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
     """A batch whose rollout could not run: no entries, the reason recorded (the check then FAILs)."""
-    empty = np.zeros((0, config.sde_window_size), dtype=np.float32)
+    empty = np.zeros((0, config.resolved_window_size), dtype=np.float32)
     return BatchResult(
         batch=batch.index,
         sample_indices=(),
@@ -271,7 +271,7 @@ def vllm_omni_engine_arguments(config: CheckConfig) -> dict[str, Any]:
     schedule = SDEWindowSchedule(
         kind=config.sde_window_kind,
         num_steps=config.num_inference_steps,
-        window_size=config.sde_window_size,
+        window_size=config.resolved_window_size,
         window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
     )
     return {

@@ -37,6 +37,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "clip_ratio_high": (0.0, 100.0),
     "calibration_multiple": (1.0, 1e9),
     "ray_timeout_s": (0.1, 3600.0),
+    "user_code_timeout_s": (0.1, 86400.0),
 }
 
 #: Largest image (height × width) and number of rollouts (num_prompts × num_images_per_prompt) of one check.
@@ -48,7 +49,7 @@ def check_bounds(settings: Any, error: type[Exception]) -> None:
     """Raise `error` naming the first setting of `settings` (a `CheckConfig`) outside its bound."""
     for name, (low, high) in BOUNDS.items():
         value = getattr(settings, name, None)
-        if value is None:
+        if not isinstance(value, (int, float)):  # None, or a word such as sde_window_size "all"
             continue
         if not low <= value <= high:
             raise error(f"setting {name!r} is {value}; it must lie in [{_show(low)}, {_show(high)}] (docs/checker.md).")

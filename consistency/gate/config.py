@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_consistency.fence import DEFAULT_TIMEOUT_S
+
 from .bounds import check_bounds
 from .metrics import METRIC_NAMES
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
@@ -164,7 +166,8 @@ class CheckConfig:
             attended, as in a kernel without a key-padding mask).
         noise_level, sde_type: the SDE step (docs/scheduler.md).
         sde_window_size, sde_window_range, sde_window_kind: which steps are stochastic; the window of a
-            prompt group is drawn from (seed, global_step, prompt group) only.
+            prompt group is drawn from (seed, global_step, prompt group) only. ``sde_window_size="all"``: every
+            step is an SDE step (Flow-GRPO samples that way); `resolved_window_size` is then num_inference_steps.
         guidance_scale, true_cfg_scale: FLUX/SD3 guidance and Qwen-Image's true CFG (1 = off).
         seed: the launcher's seed; global_step: the training step whose rollout is checked.
 
@@ -182,7 +185,9 @@ class CheckConfig:
     Run:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
-        the cluster at ray_address before failing (exit 2). progress: show a progress bar.
+        the cluster at ray_address before failing (exit 2). user_code_timeout_s: bound on each call into
+        user code — a plug-in's import, factory and calls, a weight-sync function (`rollout_consistency.fence`).
+        progress: show a progress bar.
         weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
         then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
@@ -215,7 +220,7 @@ class CheckConfig:
     mask_text_padding: bool = True
     noise_level: float = 0.7
     sde_type: str = "sde"
-    sde_window_size: int = 2
+    sde_window_size: int | str = 2
     sde_window_range: tuple[int, int] | None = None
     sde_window_kind: str = "random"
     guidance_scale: float = 1.0
@@ -240,6 +245,7 @@ class CheckConfig:
     workers: int = 1
     ray_address: str | None = None
     ray_timeout_s: float = 30.0
+    user_code_timeout_s: float = DEFAULT_TIMEOUT_S
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -258,6 +264,11 @@ class CheckConfig:
     def compute_dtype(self) -> str:
         """The narrowest dtype either side computes in (the ``kernel`` profile's limits scale with it)."""
         return narrowest_dtype(self.rollout_dtype, self.trainer_dtype)
+
+    @property
+    def resolved_window_size(self) -> int:
+        """SDE steps per rollout: `sde_window_size`, or every step for ``"all"``."""
+        return self.num_inference_steps if self.sde_window_size == "all" else int(self.sde_window_size)
 
     @property
     def resolved_micro_batch_size(self) -> int:
@@ -402,7 +413,6 @@ _INT_FIELDS = {
     "width",
     "num_inference_steps",
     "max_sequence_length",
-    "sde_window_size",
     "seed",
     "global_step",
     "rollout_batch_size",
@@ -416,6 +426,7 @@ _FLOAT_FIELDS = {
     "clip_ratio",
     "calibration_multiple",
     "ray_timeout_s",
+    "user_code_timeout_s",
     "weight_sync_lr",
 }
 _OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
@@ -458,6 +469,12 @@ def _coerce(name: str, value: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"setting {name!r} cannot be empty.")
+    if name == "sde_window_size":
+        if value == "all":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"setting 'sde_window_size' must be an integer or 'all' (every step), got {value!r}.")
+        return int(value)
     if name in _INT_FIELDS or name in _OPTIONAL_INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"setting {name!r} must be an integer, got {value!r}.")
@@ -550,12 +567,13 @@ def _validate(config: CheckConfig) -> None:
         "width",
         "num_inference_steps",
         "max_sequence_length",
-        "sde_window_size",
+        "resolved_window_size",
         "rollout_batch_size",
         "workers",
     ):
         if getattr(config, name) < 1:
-            raise ConfigError(f"setting {name!r} must be >= 1, got {getattr(config, name)}.")
+            shown = "sde_window_size" if name == "resolved_window_size" else name
+            raise ConfigError(f"setting {shown!r} must be >= 1, got {getattr(config, name)}.")
     if config.global_step < 0:
         raise ConfigError(f"setting 'global_step' must be >= 0, got {config.global_step}.")
     if not config.noise_level > 0:
@@ -563,13 +581,14 @@ def _validate(config: CheckConfig) -> None:
             f"setting 'noise_level' is {config.noise_level}: with noise_level 0 every step is a deterministic "
             f"ODE step and carries no log-prob, so there is nothing to check. Use the run's SDE noise level."
         )
-    if config.sde_window_size > config.num_inference_steps:
+    if config.resolved_window_size > config.num_inference_steps:
         raise ConfigError(
-            f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}."
+            f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}; "
+            f"sde_window_size 'all' makes every step an SDE step."
         )
     if config.sde_window_range is not None:
         low, high = config.sde_window_range
-        if not (0 <= low < high <= config.num_inference_steps) or config.sde_window_size > high - low:
+        if not (0 <= low < high <= config.num_inference_steps) or config.resolved_window_size > high - low:
             raise ConfigError(
                 f"sde_window_range {list(config.sde_window_range)} must satisfy 0 <= low < high <= "
                 f"num_inference_steps ({config.num_inference_steps}) and hold sde_window_size "

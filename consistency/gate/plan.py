@@ -67,7 +67,7 @@ def make_plan(config: CheckConfig) -> tuple[BatchSpec, ...]:
     schedule = SDEWindowSchedule(
         kind=config.sde_window_kind,
         num_steps=config.num_inference_steps,
-        window_size=config.sde_window_size,
+        window_size=config.resolved_window_size,
         window_range=config.sde_window_range,
     )
     prompts = config.resolved_prompts

@@ -133,33 +133,102 @@ class TrainerPlugin(Protocol):
     def __call__(self, batch: Any, *, micro_batch_size: int) -> Any: ...
 
 
+#: The shapes a side may take, shown in the error when the factory returned something else.
+ACCEPTED_SHAPES = {
+    "rollout": "a function rollout(request), or an object with a rollout(request) method (or __call__)",
+    "trainer": "a function trainer(batch, *, micro_batch_size), or an object with a "
+    "recompute_log_probs(batch, *, micro_batch_size) method (or __call__)",
+}
+#: The method each side's object may carry instead of ``__call__`` (preferred when both exist: an nn.Module's
+#: ``__call__`` is its forward). Not ``compute_log_prob``: flow_grpo's function of that name scores one timestep
+#: with another signature, and a trainer object may well carry it as a helper.
+METHODS = {"rollout": "rollout", "trainer": "recompute_log_probs"}
+
+_EXAMPLE = """
+    class MyRollout:                              # rollout_backend = "my_loop.py:make_rollout"
+        def __init__(self, config): self.pipeline = load_my_pipeline(config)
+        def rollout(self, request):               # RolloutRequest -> Trajectory | PluginRollout
+            return my_sample_with_logprob(self.pipeline, request)
+    def make_rollout(config): return MyRollout(config)"""
+
+
 @dataclass
 class PluginSides:
-    """A worker's plug-in sides (None where the side is built in)."""
+    """A worker's plug-in sides (None where the side is built in).
+
+    Attributes:
+        rollout, trainer: the objects the factories returned (their ``model``, ``train_step`` are read here).
+        specs: side -> spec. timeout_s: `CheckConfig.user_code_timeout_s`, the bound on each call.
+    """
 
     rollout: Any = None
     trainer: Any = None
     specs: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+    def call_rollout(self, request: RolloutRequest) -> Any:
+        """The rollout plug-in on one request, fenced (`rollout_consistency.fence`)."""
+        from rollout_consistency.fence import fenced
+
+        call, takes = _resolve_call(self.rollout, "rollout")
+        with fenced(
+            self.owner("rollout"), f"{takes}(request) on rollout batch {request.batch}", timeout_s=self.timeout_s
+        ):
+            return call(request)
+
+    def call_trainer(self, batch: Any, micro_batch_size: int) -> Any:
+        """The trainer plug-in on one batch, fenced; ``micro_batch_size`` only when its signature takes it."""
+        from rollout_consistency.fence import fenced
+        from rollout_consistency.object_spec import call_with_supported_kwargs
+
+        call, takes = _resolve_call(self.trainer, "trainer")
+        with fenced(
+            self.owner("trainer"), f"{takes}(batch, micro_batch_size={micro_batch_size})", timeout_s=self.timeout_s
+        ):
+            return call_with_supported_kwargs(
+                call, optional={"micro_batch_size": micro_batch_size}, positional=(batch,)
+            )
+
+    def owner(self, side: str) -> str:
+        return f"{side}_backend {self.specs[side]!r}"
+
+
+def _resolve_call(plugin: Any, side: str) -> tuple[Any, str]:
+    """(the callable to use, how it is called in messages) for a side's object (see `ACCEPTED_SHAPES`)."""
+    method = getattr(plugin, METHODS[side], None)
+    if callable(method):
+        return method, f"{type(plugin).__name__}.{METHODS[side]}"
+    return plugin, getattr(plugin, "__name__", type(plugin).__name__)
 
 
 def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
     """Import the factory named by `spec` and build the `side` (``"rollout"``/``"trainer"``) plug-in.
 
+    The import, the factory call and every later call into the plug-in are fenced (`rollout_consistency.fence`):
+    a ``sys.exit`` in them is a usage error, and each is bounded by ``config.user_code_timeout_s``. The file
+    of a ``file.py:factory`` spec is imported once per process with its folder importable
+    (`rollout_consistency.object_spec`), so a rollout and a trainer in one file share its module state.
+
     Raises:
-        PluginError: the spec cannot be resolved, the factory fails to accept ``config``, or it returns a
-            non-callable.
+        PluginError: the spec cannot be resolved, the factory fails to accept ``config``, or it returns
+            something that is none of the `ACCEPTED_SHAPES` (the message shows a 5-line example).
+        rollout_consistency.fence.UserCodeError: the import or the factory raised SystemExit or overran.
     """
+    from rollout_consistency.fence import fenced
     from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
 
+    owner = f"{side}_backend {spec!r}"
+    timeout = config.user_code_timeout_s
     try:
-        factory = load_object(spec)
-        plugin = call_with_supported_kwargs(factory, optional={"config": config})
+        factory = load_object(spec, owner=owner, timeout_s=timeout)
+        with fenced(owner, "the factory", timeout_s=timeout):
+            plugin = call_with_supported_kwargs(factory, optional={"config": config})
     except SpecError as error:
-        raise PluginError(f"{side}_backend {spec!r}: {error}") from error
-    if not callable(plugin):
+        raise PluginError(f"{owner}: {error}") from error
+    if not callable(getattr(plugin, METHODS[side], None)) and not callable(plugin):
         raise PluginError(
-            f"{side}_backend {spec!r}: the factory returned a {type(plugin).__name__}, not a callable {side}; "
-            f"return an object with __call__ (see rollout_consistency.gate.plugins)."
+            f"{owner}: the factory returned a {type(plugin).__name__}, which is not a {side}; return "
+            f"{ACCEPTED_SHAPES[side]}. For example:\n" + _EXAMPLE
         )
     return plugin
 
@@ -177,6 +246,7 @@ def build_sides(config: CheckConfig) -> PluginSides | None:
         rollout=load_plugin(specs["rollout"], config, "rollout") if "rollout" in specs else None,
         trainer=load_plugin(specs["trainer"], config, "trainer") if "trainer" in specs else None,
         specs=specs,
+        timeout_s=config.user_code_timeout_s,
     )
 
 
@@ -223,7 +293,7 @@ def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
     from .backends import attention
 
     with attention(backend.config.rollout_attention):
-        out = backend.plugins.rollout(request)
+        out = backend.plugins.call_rollout(request)
     spec = backend.plugins.specs["rollout"]
     if isinstance(out, Trajectory):
         try:
@@ -264,24 +334,21 @@ def as_float32_table(value: Any, what: str) -> np.ndarray:
     return value.copy()
 
 
-def trainer_log_probs(trainer: Any, spec: str, batch: Any, micro_batch_size: int) -> np.ndarray:
+def trainer_log_probs(sides: PluginSides, batch: Any, micro_batch_size: int) -> np.ndarray:
     """The trainer plug-in's ``(n, W)`` float32 log-probs of `batch` (a Trajectory is cut into micro-batches)."""
     import torch
 
     from rollout_consistency.adapters import Trajectory
 
+    what = f"{sides.owner('trainer')} output"
     with torch.no_grad():
         if isinstance(batch, Trajectory):
             parts = []
             for start in range(0, batch.batch_size, micro_batch_size):
                 part = batch.select(range(start, min(start + micro_batch_size, batch.batch_size)))
-                parts.append(
-                    as_float32_table(
-                        trainer(part, micro_batch_size=micro_batch_size), f"trainer_backend {spec!r} output"
-                    )
-                )
+                parts.append(as_float32_table(sides.call_trainer(part, micro_batch_size), what))
             return np.concatenate(parts, axis=0)
-        return as_float32_table(trainer(batch, micro_batch_size=micro_batch_size), f"trainer_backend {spec!r} output")
+        return as_float32_table(sides.call_trainer(batch, micro_batch_size), what)
 
 
 def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
@@ -289,12 +356,7 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
     from .backends import attention
 
     with attention(kernel):
-        return trainer_log_probs(
-            backend.plugins.trainer,
-            backend.plugins.specs["trainer"],
-            batch,
-            backend.config.resolved_micro_batch_size,
-        )
+        return trainer_log_probs(backend.plugins, batch, backend.config.resolved_micro_batch_size)
 
 
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:

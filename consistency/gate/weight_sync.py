@@ -83,13 +83,13 @@ BUILTIN_SYNCS: dict[str, Callable[[SideHandle, SideHandle], Any]] = {
 }
 
 
-def resolve_sync(name: str) -> Callable[[SideHandle, SideHandle], Any]:
+def resolve_sync(name: str, timeout_s: float | None = None) -> Callable[[SideHandle, SideHandle], Any]:
     if name in BUILTIN_SYNCS:
         return BUILTIN_SYNCS[name]
     from rollout_consistency.object_spec import SpecError, load_object
 
     try:
-        sync = load_object(name)
+        sync = load_object(name, owner=f"weight_sync {name!r}", timeout_s=timeout_s)
     except SpecError as error:
         raise ConfigError(f"weight_sync {name!r}: {error}") from error
     if not callable(sync):
@@ -187,7 +187,7 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     name = config.weight_sync
     if name is None:
         raise ConfigError("run_weight_sync_check needs config.weight_sync.")
-    sync = resolve_sync(name)
+    sync = resolve_sync(name, config.user_code_timeout_s)
     notes: list[str] = []
     if config.workers > 1 or config.ray_address is not None:
         notes.append("step 2 (weight sync) ran in this process: one trainer updates, one rollout is synced")
@@ -221,8 +221,13 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
             info,
         )
 
+    from rollout_consistency.fence import UserCodeError, fenced
+
     try:
-        sync_out = sync(trainer, rollout)
+        with fenced(f"weight_sync {name!r}", "sync(trainer, rollout)", timeout_s=config.user_code_timeout_s):
+            sync_out = sync(trainer, rollout)
+    except UserCodeError:
+        raise  # it ended the process or hung: a usage error, not a finding about the sync
     except Exception as error:  # the user's sync failing is this check's finding, not a crash
         return Step2Result((f"the weight sync {name!r} raised {type(error).__name__}: {error}",), tuple(notes), info)
     weights_after = fingerprints(rollout.model, trainer.model)
@@ -356,6 +361,11 @@ def _train_step(
                 f"weight_sync needs one optimizer update, but trainer_backend {config.trainer_backend!r} has no "
                 f"train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)."
             )
-        train_step(batches, **settings)
+        from rollout_consistency.fence import fenced
+
+        with fenced(
+            f"trainer_backend {config.trainer_backend!r}", "train_step(...)", timeout_s=config.user_code_timeout_s
+        ):
+            train_step(batches, **settings)
         return
     torch_train_step(trainer.model, batches, **settings)
