@@ -470,16 +470,14 @@ def read_header_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 def _open_regular(path: Path) -> Any:
     """`open(path, "rb")` with a one-line error for a directory, a symlink loop or an unreadable file."""
+    from rollout_consistency.paths import InputPathError, open_regular
+
     if path.is_dir():
         raise TrajectoryFormatError(f"{path} is a directory; name the trajectory .safetensors file inside it.")
     try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        raise TrajectoryFormatError(
-            f"{path}: cannot be read ({error.strerror or error}); check the path and its permissions."
-        ) from error
+        return open_regular(path, "")  # never blocks: a FIFO or a device is refused
+    except InputPathError as error:
+        raise TrajectoryFormatError(str(error)) from error
 
 
 def _header_length(prefix: bytes, size: int, path: Path) -> int:
@@ -502,6 +500,10 @@ def _read_checked_bytes(path: Path) -> bytes:
         header_len = _header_length(prefix, size, path)
         head = prefix + handle.read(header_len)
         _read_header_metadata(head, path, file_size=size)  # raises before the data is read
+        from rollout_consistency.memory_budget import check_fits
+
+        # The bytes, the tensors and the checksum's copies: refuse what cannot fit before reading it.
+        check_fits(3 * size, f"loading the trajectory {path} ({size} bytes)", "check fewer samples per file")
         body = handle.read(size - len(head))
     if len(head) + len(body) != size:
         raise TrajectoryFormatError(f"{path}: the file changed size while it was read; write it completely first.")

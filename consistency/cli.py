@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import difflib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -182,7 +183,26 @@ def _write_json(path: str | None, data: dict[str, Any]) -> None:
         raise UsageError(f"cannot write {path}: {error}") from error
 
 
+#: Largest report a command reads (a report of 65536 samples is a few tens of MB); parsing takes about 10x.
+MAX_REPORT_BYTES = 256 << 20
+
+
+def _check_report_file(path: str, what: str) -> None:
+    """A report input: a readable regular file of at most MAX_REPORT_BYTES whose parse fits the memory left."""
+    from rollout_consistency.memory_budget import MemoryBudgetError, check_fits
+    from rollout_consistency.paths import InputPathError, check_input_file
+
+    try:
+        size = check_input_file(path, what, max_bytes=MAX_REPORT_BYTES)
+        check_fits(12 * size, f"reading {what} {path} ({size} bytes)", "free memory or raise the memory limit")
+    except FileNotFoundError as error:
+        raise UsageError(f"{what} {path}: no such file.") from error
+    except (InputPathError, MemoryBudgetError) as error:
+        raise UsageError(str(error)) from error
+
+
 def _read_json(path: str) -> Any:
+    _check_report_file(path, "--diff input")
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -687,6 +707,13 @@ def _add_lint_parser(subparsers: Any) -> None:
 def _run_lint(args: argparse.Namespace) -> int:
     from rollout_consistency.lint import LintUsageError
     from rollout_consistency.lint.cli import run
+    from rollout_consistency.paths import InputPathError, refuse_special
+
+    try:  # the paths named on the command line; the lint refuses what it finds inside folders itself
+        for path in getattr(args, "paths", None) or ():
+            refuse_special(path, "PATH")
+    except InputPathError as error:
+        raise UsageError(str(error)) from error
 
     try:
         return run(args)
@@ -705,6 +732,9 @@ def _add_doctor_parser(subparsers: Any) -> None:
 
 def _run_doctor(args: argparse.Namespace) -> int:
     from rollout_consistency.gate.doctor import DoctorInputError, run
+
+    if os.path.exists(args.report):  # the doctor words a missing report itself
+        _check_report_file(args.report, "REPORT.json")
 
     try:
         return run(args)

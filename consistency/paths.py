@@ -58,7 +58,8 @@ def refuse_special(path: str | os.PathLike[str], what: str) -> None:
 
     Args:
         path: the input path.
-        what: how the command names the input (``"--config"``, ``"DUMP"``, ``"trajectory"``).
+        what: how the command names the input (``"--config"``, ``"DUMP"``, ``"trajectory"``; ``""``: the
+            path alone, for a caller that names the input itself).
     """
     kind = special_kind(path)
     if kind is not None:
@@ -67,7 +68,7 @@ def refuse_special(path: str | os.PathLike[str], what: str) -> None:
 
 def _special_message(path: str | os.PathLike[str], what: str, kind: str) -> str:
     return (
-        f"{what} {os.fspath(path)} is {kind}, not a regular file: reading it could block or never end; "
+        f"{_label(path, what)} is {kind}, not a regular file: reading it could block or never end; "
         f"write the data to a file and pass that file."
     )
 
@@ -87,18 +88,18 @@ def check_input_file(path: str | os.PathLike[str], what: str, *, max_bytes: int 
     except OSError as error:
         raise InputPathError(_os_message(path, what, error)) from error
     if stat.S_ISDIR(info.st_mode):
-        raise InputPathError(f"{what} {os.fspath(path)} is a directory; name the file inside it.")
+        raise InputPathError(f"{_label(path, what)} is a directory; name the file inside it.")
     kind = _kind(info.st_mode)
     if kind is not None:
         raise InputPathError(_special_message(path, what, kind))
     if not os.access(path, os.R_OK):
         raise InputPathError(
-            f"{what} {os.fspath(path)}: permission denied (the file exists but this user may not read it); "
+            f"{_label(path, what)}: permission denied (the file exists but this user may not read it); "
             f"fix its permissions (chmod u+r) or run as its owner."
         )
     if max_bytes is not None and info.st_size > max_bytes:
         raise InputPathError(
-            f"{what} {os.fspath(path)} is {info.st_size} bytes, more than the {max_bytes} this input may hold; "
+            f"{_label(path, what)} is {info.st_size} bytes, more than the {max_bytes} this input may hold; "
             f"is this the right file?"
         )
     return info.st_size
@@ -120,7 +121,7 @@ def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise InputPathError(f"{what} {os.fspath(path)} is a directory; name the file inside it.")
+            raise InputPathError(f"{_label(path, what)} is a directory; name the file inside it.")
         kind = _kind(mode)
         if kind is not None:
             raise InputPathError(_special_message(path, what, kind))
@@ -132,14 +133,18 @@ def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
         raise
 
 
+def _label(path: str | os.PathLike[str], what: str) -> str:
+    return f"{what} {os.fspath(path)}" if what else os.fspath(path)
+
+
 def _os_message(path: str | os.PathLike[str], what: str, error: OSError) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
         return (
-            f"{what} {os.fspath(path)}: permission denied (it exists but this user may not read it or its "
+            f"{_label(path, what)}: permission denied (it exists but this user may not read it or its "
             f"folder); fix the permissions or run as its owner."
         )
     if error.errno == errno.ELOOP:
-        return f"{what} {os.fspath(path)}: a symlink loop; point it at the file."
+        return f"{_label(path, what)} cannot be read (a symlink loop); point it at the file."
     if error.errno == errno.EISDIR:
-        return f"{what} {os.fspath(path)} is a directory; name the file inside it."
-    return f"{what} {os.fspath(path)} cannot be read ({error.strerror or error}); check the path."
+        return f"{_label(path, what)} is a directory; name the file inside it."
+    return f"{_label(path, what)} cannot be read ({error.strerror or error}); check the path."

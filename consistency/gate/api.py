@@ -158,6 +158,8 @@ def gate(
         )
     groups = _vector(prompt_groups, n, "prompt_groups", integer=True)
     starts = _vector(window_starts, n, "window_starts", integer=True)
+    if starts is not None and (starts < 0).any():
+        raise GateInputError(f"window_starts holds {int(starts.min())}; pass the first SDE step (>= 0) of each window.")
     adv = _vector(advantages, n, "advantages", integer=False)
     steps = None
     if timesteps is not None:

@@ -77,6 +77,8 @@ def run_gate(args: argparse.Namespace) -> int:
     from rollout_consistency.gate.api import GateInputError
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
     from rollout_consistency.gate.dump import DumpFormatError, read_dump
+    from rollout_consistency.memory_budget import MemoryBudgetError
+    from rollout_consistency.paths import InputPathError
 
     outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
     try:
@@ -98,7 +100,14 @@ def run_gate(args: argparse.Namespace) -> int:
             thresholds=thresholds,
             source=str(args.dump),
         )
-    except (FileNotFoundError, DumpFormatError, GateInputError, ConfigError) as error:
+    except (
+        FileNotFoundError,
+        DumpFormatError,
+        GateInputError,
+        ConfigError,
+        InputPathError,
+        MemoryBudgetError,
+    ) as error:
         raise UsageError(str(error)) from error
     print(report.format_table(per_sample=args.per_sample))
     writers = (report.write_json, report.write_junit, report.write_plot)

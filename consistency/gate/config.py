@@ -318,11 +318,17 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
             unknown key.
     """
+    from rollout_consistency.paths import InputPathError, check_input_file
+
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ConfigError(f"config file {path!r} is a directory; name the .yaml or .toml file inside it.")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist.")
+    try:
+        check_input_file(path, "config file")  # a FIFO or a device would block or never end
+    except FileNotFoundError as error:
+        raise ConfigError(f"config file {path!r} does not exist.") from error
+    except InputPathError as error:
+        raise ConfigError(str(error)) from error
     extension = os.path.splitext(path)[1].lower()
     try:
         if extension in (".yaml", ".yml"):

@@ -18,8 +18,10 @@ tensor                 shape       dtype    meaning
 =====================  ==========  =======  ===========================================================
 
 Other metadata keys (strings) are kept and shown in the report's notes. Reading validates the header —
-format, version, tensor names, dtypes and shapes — before any data is loaded, then the values (timesteps and
-advantages finite, ids unique); every error is one line naming the fix. NaN/inf *log-probs* are allowed:
+format, version, tensor names, dtypes and shapes, the data's extent against the file's size — and checks that
+gating that many cells fits the memory left (`rollout_consistency.memory_budget`) before any data is loaded,
+then the values (timesteps and advantages finite, window starts >= 0, ids unique); every error is one line
+naming the fix. A FIFO, a device or a socket is refused unread (`rollout_consistency.paths`). NaN/inf *log-probs* are allowed:
 they are a finding, and the gate FAILs them (``finite``). Adding an optional tensor keeps version 1;
 renaming or removing one, or changing a dtype, bumps it.
 """
@@ -27,6 +29,7 @@ renaming or removing one, or changing a dtype, bumps it.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -51,6 +54,12 @@ _SPEC: dict[str, tuple[int, tuple[str, ...]]] = {
     "advantages": (1, ("F32",)),
 }
 _NUMPY_DTYPE = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+_ITEM_BYTES = {"F32": 4, "I64": 8, "I32": 4}
+#: safetensors' own bound on the JSON header.
+_MAX_HEADER_BYTES = 100_000_000
+#: Peak bytes `gate` allocates per (sample, step) cell and per sample, measured on 4e6-cell dumps (200-270 bytes
+#: per cell, whatever the shape; tests/test_fail_closed.py), with headroom.
+GATE_BYTES_PER_CELL, GATE_BYTES_PER_SAMPLE = 320, 2048
 
 
 class DumpFormatError(ValueError):
@@ -139,6 +148,7 @@ def write_dump(
     meta.update(format=DUMP_FORMAT, format_version=str(DUMP_FORMAT_VERSION))
     header = {name: (_st_dtype(a.dtype), tuple(a.shape)) for name, a in tensors.items()}
     _check_header(header, meta, where="write_dump")
+    _check_values(tensors, where="write_dump")  # never write a dump that read_dump refuses
     from safetensors.numpy import save_file
 
     target = Path(path)
@@ -163,17 +173,19 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
     """
     from safetensors import SafetensorError, safe_open
 
+    from rollout_consistency.memory_budget import check_fits
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such dump file; write one with rollout_consistency.gate.write_dump.")
+    header, meta = _read_header(path)
+    _check_header(header, meta, where=str(path))
+    rows, steps = header["rollout_log_probs"][1]
+    check_fits(
+        rows * steps * GATE_BYTES_PER_CELL + rows * GATE_BYTES_PER_SAMPLE,
+        f"gating {path} ({rows} samples x {steps} steps)",
+        "gate fewer samples at a time (write dumps of fewer rows) or raise the memory limit",
+    )
     try:
         with safe_open(str(path), framework="numpy") as handle:
-            meta = dict(handle.metadata() or {})
-            header = {
-                name: (handle.get_slice(name).get_dtype(), tuple(handle.get_slice(name).get_shape()))
-                for name in handle.keys()  # noqa: SIM118 (a safe_open handle is not iterable)
-            }
-            _check_header(header, meta, where=str(path))
             arrays = {name: handle.get_tensor(name) for name in header}
     except SafetensorError as error:
         raise DumpFormatError(
@@ -184,6 +196,51 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
 
 
 # ----------------------------------------------------------------------------------------------------
+def _read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """(name -> (dtype, shape), metadata) from the safetensors header alone, with the data's extent checked
+    against the file's size (a truncated or extended file is refused before any data is read)."""
+    from rollout_consistency.paths import open_regular
+
+    try:
+        handle = open_regular(path, "dump")
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"{path}: no such dump file; write one with rollout_consistency.gate.write_dump."
+        ) from error
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if length < 0 or length > min(_MAX_HEADER_BYTES, size - 8):
+            raise DumpFormatError(
+                f"{path}: not a safetensors file ({size} bytes, header length {length}); write it with "
+                f"rollout_consistency.gate.write_dump."
+            )
+        text = handle.read(length)
+    try:
+        raw = json.loads(text)
+        meta = {str(k): str(v) for k, v in (raw.pop("__metadata__", None) or {}).items()}
+        header, end = {}, 0
+        for name, entry in raw.items():
+            dtype, shape, (begin, stop) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            if min(shape, default=0) < 0 or stop - begin != count * _ITEM_BYTES.get(dtype, 0) or begin < 0:
+                raise ValueError(f"tensor {name!r}: its data offsets do not match dtype {dtype} and shape {shape}")
+            header[name] = (dtype, shape)
+            end = max(end, int(stop))
+    except (ValueError, TypeError, KeyError, AttributeError) as error:  # JSON, UTF-8 and layout errors
+        raise DumpFormatError(
+            f"{path}: not a readable safetensors file (bad header: {error}); write it with "
+            f"rollout_consistency.gate.write_dump."
+        ) from error
+    if 8 + length + end != size:
+        raise DumpFormatError(
+            f"{path}: the header describes {8 + length + end} bytes but the file holds {size}; it is truncated or "
+            f"has trailing bytes (copy it again, or write it again with rollout_consistency.gate.write_dump)."
+        )
+    return header, meta
+
+
 def _st_dtype(dtype: np.dtype) -> str:
     return {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}.get(
         np.dtype(dtype), str(np.dtype(dtype))
@@ -243,6 +300,12 @@ def _check_values(arrays: Mapping[str, np.ndarray], *, where: str) -> None:
     for name in ("timesteps", "advantages"):
         if name in arrays and not np.isfinite(arrays[name]).all():
             raise DumpFormatError(f"{where}: {name!r} holds NaN or inf; store the values your trainer used.")
+    starts = arrays.get("window_starts")
+    if starts is not None and (starts < 0).any():
+        raise DumpFormatError(
+            f"{where}: 'window_starts' holds {int(starts.min())}; a window starts at step 0 or later (store the "
+            f"first SDE step of each sample's window)."
+        )
     ids = arrays.get("sample_ids")
     if ids is not None and np.unique(ids).size != ids.size:
         raise DumpFormatError(f"{where}: 'sample_ids' repeat; each row must be one sample (drop the duplicates).")

@@ -41,9 +41,14 @@ def read_checked(path: str | os.PathLike[str], format_name: str, version: int) -
 
     Raises:
         FileNotFoundError: no such file.
+        rollout_consistency.paths.InputPathError: a FIFO, a device, a socket, or a permission error.
+        rollout_consistency.memory_budget.MemoryBudgetError: the payload cannot fit the memory left.
         CaptureFormatError: empty, truncated, trailing bytes, checksum mismatch, another format or version.
     """
-    with open(path, "rb") as handle:
+    from rollout_consistency.memory_budget import check_fits
+    from rollout_consistency.paths import open_regular
+
+    with open_regular(path, "capture") as handle:  # a FIFO or a device is refused, never read
         size = os.fstat(handle.fileno()).st_size
         line = handle.readline(MAX_HEADER_BYTES)
         try:
@@ -67,6 +72,8 @@ def read_checked(path: str | os.PathLike[str], format_name: str, version: int) -
                 f"{path}: the header announces {expected} payload bytes but the file holds {size - len(line)}; the "
                 f"capture is truncated or has trailing bytes (copy it again, or capture the step again)."
             )
+        # The payload is held twice (the bytes, then the unpickled tensors) and hashed: refuse what cannot fit.
+        check_fits(3 * expected, f"loading the capture {path} ({expected} bytes)", "replay it on a larger machine")
         data = handle.read(expected)
     if hashlib.sha256(data).hexdigest() != header.get("sha256"):
         raise CaptureFormatError(
