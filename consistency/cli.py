@@ -742,6 +742,53 @@ def _run_doctor(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
 
 
+# plugin-template: a working flow_grpo-style plug-in pair (consistency/plugin_template.py) to start from.
+
+
+def _add_plugin_template_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plugin-template",
+        help="write a working flow_grpo-style rollout/trainer plug-in pair to start from",
+        description=(
+            "Write a plug-in file holding a flow_grpo-style rollout (pipeline_with_logprob) and trainer "
+            "(compute_log_prob) that passes the step-1 check on the built-in tiny model as written; replace the "
+            "parts marked YOUR CODE with yours. Without PATH it is printed."
+        ),
+        epilog="Then: rollout-consistency check --rollout-backend PATH:make_rollout --trainer-backend "
+        "PATH:make_trainer --sde-window-size all. Docs: docs/checker.md",
+    )
+    parser.add_argument("path", metavar="PATH", nargs="?", help="the .py file to write (never overwritten)")
+    parser.set_defaults(run=_run_plugin_template)
+
+
+def _run_plugin_template(args: argparse.Namespace) -> int:
+    from rollout_consistency import plugin_template
+
+    text = Path(plugin_template.__file__).read_text(encoding="utf-8")
+    if args.path is None:
+        print(text, end="")
+        return EXIT_PASS
+    if not args.path.endswith(".py"):
+        raise UsageError(f"PATH {args.path} must end in .py: the checker imports it as a Python file.")
+    if os.path.lexists(args.path):
+        raise UsageError(f"PATH {args.path} exists; name a new file (the template never overwrites one).")
+    _write_text_exclusive(args.path, text)
+    print(
+        f"wrote {args.path}; run it with:\n  rollout-consistency check --rollout-backend {args.path}:make_rollout "
+        f"--trainer-backend {args.path}:make_trainer --sde-window-size all",
+        file=sys.stderr,
+    )
+    return EXIT_PASS
+
+
+def _write_text_exclusive(path: str, text: str) -> None:
+    try:
+        with open(path, "x", encoding="utf-8") as handle:  # "x": a file created meanwhile is not overwritten
+            handle.write(text)
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from error
+
+
 # Registration order is the order in `--help`; the step-1 `check` command goes first.
 _COMMANDS: list[Callable[[Any], None]] = [
     _add_check_parser,
@@ -749,6 +796,7 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_precision_parser,
     _add_lint_parser,
     _add_doctor_parser,
+    _add_plugin_template_parser,
 ]
 
 # `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.

@@ -125,10 +125,12 @@ def test_fails_closed_on_bad_recordings():
         recorder.finish()
     with pytest.raises(RecorderError, match="nothing was recorded"):
         Step1Recorder().finish()
-    with pytest.raises(RecorderError, match="never recorded"):
-        absent = Step1Recorder(expected_samples=3)
-        absent.record(torch.tensor([0, 1]), 0, one, one)
-        absent.finish()
+    absent = Step1Recorder(expected_samples=3)
+    absent.record(torch.tensor([0, 1]), 0, one, one)
+    report = absent.finish()  # a sample never recorded is a `complete` FAIL in the report, naming it
+    assert not report.passed and report.run["coverage"]["not_gated"] == [2]
+    (reason,) = [r for r in report.reasons if r.startswith("complete:")]
+    assert "1 of the 3 samples the rollout produced were not gated (ids [2])" in reason
 
 
 def _free_port() -> int:

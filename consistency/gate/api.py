@@ -105,6 +105,9 @@ def gate(
     thresholds: Mapping[str, float | None] | None = None,
     source: str = "tables",
     notes: Sequence[str] = (),
+    expected_samples: int | Sequence[int] | None = None,
+    ungated_reason: str = "the tables have no row for them",
+    not_checked: Mapping[str, str] | None = None,
 ) -> GateReport:
     """Gate the user's rollout log-probs against the user's trainer's recomputation of them.
 
@@ -128,6 +131,11 @@ def gate(
             ``"float16"`` or ``"float32"``); the ``kernel`` limits are 8x tighter for the latter two.
         thresholds (`dict`, *optional*): per-metric limit overrides (``None`` = report without gating).
         source, notes: where the tables came from, and notes for the report.
+        expected_samples (`int` or ids, *optional*): the samples the rollout produced — a count, or the ids
+            (compared with `sample_ids`). Fewer rows is a ``complete`` FAIL naming how many (and which) were
+            not gated, and why (`ungated_reason`). The in-loop recorder passes it.
+        not_checked (`dict`, *optional*): further guards the caller's tables cannot support, with why (the
+            recorder without ``expected_samples``: ``{"complete": ...}``); reported as not checked.
 
     Returns:
         `GateReport`: PASS, or FAIL with every reason. A shape mismatch between the two tables is a FAIL
@@ -180,7 +188,8 @@ def gate(
         raise GateInputError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}.")
 
     problems: list[Problem] = []
-    not_checked = dict(_NEVER_CHECKED)
+    problems += _coverage_problems(expected_samples, ids, ungated_reason)
+    not_checked = {**_NEVER_CHECKED, **dict(not_checked or {})}
     if groups is not None and starts is not None:
         problems += [Problem("windows", m) for m in window_problems(None, starts.tolist(), groups.tolist())]
     else:
@@ -249,6 +258,25 @@ def gate(
 
 
 # ----------------------------------------------------------------------------------------------------
+def _coverage_problems(expected: int | Sequence[int] | None, ids: np.ndarray, why: str) -> list[Problem]:
+    """A ``complete`` problem when the rows do not cover every sample the rollout produced."""
+    if expected is None:
+        return []
+    if isinstance(expected, (int, np.integer)) and not isinstance(expected, bool):
+        if expected < 0:
+            raise GateInputError(f"expected_samples must be >= 0, got {expected}.")
+        count, missing = int(expected), None
+        absent = max(0, count - ids.size)
+    else:
+        wanted = {int(i) for i in expected}
+        count, missing = len(wanted), sorted(wanted - {int(i) for i in ids})
+        absent = len(missing)
+    if not absent:
+        return []
+    which = f" (ids {missing[:6]}{' ...' if len(missing) > 6 else ''})" if missing else ""
+    return [Problem("complete", f"{absent} of the {count} samples the rollout produced were not gated{which}: {why}")]
+
+
 def _to_numpy(value: Any) -> Any:
     # A torch tensor without importing torch: detach/cpu when present.
     if hasattr(value, "detach") and hasattr(value, "cpu"):

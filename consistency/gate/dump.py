@@ -54,6 +54,8 @@ _SPEC: dict[str, tuple[int, tuple[str, ...]]] = {
     "advantages": (1, ("F32",)),
 }
 _NUMPY_DTYPE = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+#: Metadata key of the in-loop recorder's coverage (JSON; `rollout_consistency.gate.recorder.coverage_settings`).
+COVERAGE_KEY = "recorder_coverage"
 _ITEM_BYTES = {"F32": 4, "I64": 8, "I32": 4}
 #: safetensors' own bound on the JSON header.
 _MAX_HEADER_BYTES = 100_000_000
@@ -87,8 +89,15 @@ class LogProbDump:
         """`rollout_consistency.gate.gate` on this dump's tables; `settings` are gate's keywords (profile, clip_ratio, ...)."""
         from .api import gate
 
-        extra = {k: v for k, v in self.metadata.items() if k not in ("format", "format_version")}
+        extra = {k: v for k, v in self.metadata.items() if k not in ("format", "format_version", COVERAGE_KEY)}
         notes = [f"dump metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()))}"] if extra else []
+        if COVERAGE_KEY in self.metadata:  # written by the recorder: the same coverage, the same verdict
+            from .recorder import coverage_notes, coverage_settings
+
+            coverage = json.loads(self.metadata[COVERAGE_KEY])
+            notes += coverage_notes(coverage)
+            for key, value in coverage_settings(coverage).items():
+                settings.setdefault(key, value)
         settings.setdefault("notes", notes)
         return gate(**self.arrays(), **settings)
 
@@ -192,6 +201,7 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
             f"{path}: not a readable safetensors file ({error}); write it with rollout_consistency.gate.write_dump."
         ) from error
     _check_values(arrays, where=str(path))
+    _check_coverage(meta, where=str(path))
     return LogProbDump(**arrays, metadata=meta)
 
 
@@ -294,6 +304,25 @@ def _check_header(header: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mappi
                 f"{where}: {name!r} has shape {dims}, expected {expected_shape} (rollout_log_probs is {shape}); every "
                 f"tensor must describe the same (N samples, T steps)."
             )
+
+
+def _check_coverage(meta: Mapping[str, str], *, where: str) -> None:
+    if COVERAGE_KEY not in meta:
+        return
+    try:
+        coverage = json.loads(meta[COVERAGE_KEY])
+        expected = coverage["expected_samples"]
+        ids = coverage.get("expected_ids")
+        valid = (expected is None or (isinstance(expected, int) and expected >= 0)) and (
+            ids is None or all(isinstance(i, int) for i in ids)
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        valid = False
+    if not valid:
+        raise DumpFormatError(
+            f"{where}: metadata {COVERAGE_KEY!r} is not the recorder's coverage; write the dump with Step1Recorder "
+            f"or drop the key."
+        )
 
 
 def _check_values(arrays: Mapping[str, np.ndarray], *, where: str) -> None:

@@ -14,9 +14,23 @@ A few lines in the trainer, where it recomputes log-probs at its first update::
 Each call records one ``(sample, step)`` cell per row, in any order: shuffled samples, permuted timesteps
 (Flow-GRPO permutes both per epoch: pass each row's *original* step index), per-timestep micro-batches and
 gradient accumulation all work, because cells are keyed by (sample id, step), never by call order. The
-recording ends at the first ``optimizer.step()`` (a step pre-hook: everything recorded so far was scored by
-the weights the rollout used); later calls are ignored. ``finish()`` ends it by hand (a loop with no
-optimizer, or a context manager's exit).
+recording ends at the first step that really updates the weights (a step pre-hook on the innermost torch
+optimizer: everything recorded so far was scored by the weights the rollout used); later calls are ignored.
+``finish()`` ends it by hand (a loop with no optimizer, or a context manager's exit).
+
+**The optimizer users hold.** The recorder looks through the wrappers for the torch optimizer whose ``step``
+updates the weights, following ``.optimizer`` / ``.optim`` / ``.scheduler``: accelerate's
+``AcceleratedOptimizer`` (whose ``step()`` under ``accelerator.accumulate`` skips the inner step until the
+gradients sync: the first *real* update ends the recording), a ``torch.optim.lr_scheduler`` (or accelerate's
+``AcceleratedScheduler``), DeepSpeed's engine and ZeRO optimizer (``.optimizer``, by duck typing: DeepSpeed is
+not a dependency), ``ZeroRedundancyOptimizer`` (``.optim``). A ``GradScaler`` step skipped for inf/NaN
+gradients updates nothing, so the recording goes on.
+
+**Coverage.** ``expected_samples`` (a count ``N`` — ids ``0..N-1`` — or the ids) says which samples the
+rollout produced. With it the ``complete`` guard checks that every one was gated, and the report names those
+that were not (a loop that updates after each micro-batch scores the others with updated weights: they cannot
+be step-1 gated); without it ``complete`` is *not checked*. The report's ``run["coverage"]`` and notes say how
+many samples and steps were recorded, and the dump carries the same so ``gate DUMP`` reaches the same verdict.
 
 At the end, with ``torch.distributed`` initialised, every rank's cells are gathered (``all_gather_object``;
 sample ids must be global), so every rank holds the same tables. The recorded samples become rows (sorted by
@@ -24,16 +38,17 @@ id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency
 rank gates the tables (`rollout_consistency.gate.gate`) into ``recorder.report``.
 
 Fails closed with a `RecorderError` naming the cell: a (sample, step) recorded twice (also across ranks), a
-recorded sample lacking a recorded step (or a step of ``range(num_steps)``), an expected sample never
-recorded, mismatched shapes, a NaN/inf log-prob, a per-sample value (prompt group, window start,
-advantage) that changes between calls, or nothing recorded at all.
+recorded sample lacking a recorded step (or a step of ``range(num_steps)``), mismatched shapes, a NaN/inf
+log-prob or timestep, a negative window start, a per-sample value (prompt group, window start, advantage)
+that changes between calls, or nothing recorded at all — so every dump it writes is one ``gate`` accepts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,14 +74,17 @@ class Step1Recorder:
     """Records (sample id, step, rollout log-prob, trainer log-prob) until the first optimizer step.
 
     Args:
-        optimizer (`torch.optim.Optimizer`, *optional*): its first ``step()`` ends the recording (a step
-            pre-hook, removed afterwards). Without one, call `finish` yourself.
+        optimizer (*optional*): the optimizer your loop steps — a ``torch.optim.Optimizer``, accelerate's
+            ``AcceleratedOptimizer``, a DeepSpeed engine or ZeRO optimizer, an lr scheduler: the first step of
+            the torch optimizer inside that really updates the weights ends the recording (a step pre-hook,
+            removed afterwards). Without one, call `finish` yourself.
         dump (`str` or path, *optional*): write the tables here (rank 0 only) as a log-prob dump.
         gate (`bool`): gate the tables in process into ``report`` (default ``True``).
         num_steps (`int`, *optional*): every recorded sample must have steps ``0 .. num_steps-1``; without it,
             every recorded sample must have every step recorded for any sample.
-        expected_samples (`int` or iterable of ids, *optional*): samples that must be recorded (an int ``N``
-            means ids ``0 .. N-1``).
+        expected_samples (`int` or iterable of ids, *optional*): the samples the rollout produced (an int ``N``
+            means ids ``0 .. N-1``): the ``complete`` guard FAILs naming those not recorded before the first
+            update; without it ``complete`` is not checked.
         raise_on_fail (`bool`): raise `Step1GateFailed` from the optimizer step when the gate FAILs, before
             the weights change.
         **gate_settings: `rollout_consistency.gate.gate` keywords (``profile``, ``clip_ratio``, ...).
@@ -99,8 +117,10 @@ class Step1Recorder:
         self.report: Any = None
         self.tables: dict[str, np.ndarray] | None = None
         self._hook = None
+        self._hooked = ""
         if optimizer is not None:
-            self._hook = optimizer.register_step_pre_hook(self._on_first_step)
+            inner, self._hooked = innermost_optimizer(optimizer)
+            self._hook = inner.register_step_pre_hook(self._on_first_step)
 
     @property
     def done(self) -> bool:
@@ -151,6 +171,12 @@ class Step1Recorder:
         ts = None if timesteps is None else _floats(timesteps, "timesteps", n, allow_wide=True)
         if (steps < 0).any():
             raise RecorderError(f"step must be >= 0, got {steps.tolist()}.")
+        if ts is not None and not np.isfinite(ts).all():
+            i = int(np.nonzero(~np.isfinite(ts))[0][0])
+            raise RecorderError(
+                f"timesteps is {ts[i]} at sample {int(ids[i])} step {int(steps[i])}; pass the scheduler's timestep "
+                f"of each stored step."
+            )
         for name, values in (("old_log_probs", old), ("log_probs", new)):
             bad = np.nonzero(~np.isfinite(values))[0]
             if bad.size:
@@ -169,7 +195,10 @@ class Step1Recorder:
             self._cells[key] = _Cell(float(old[i]), float(new[i]), None if ts is None else float(ts[i]))
         for name, value in (("prompt_groups", prompt_groups), ("window_starts", window_starts)):
             if value is not None:
-                self._remember(name, ids, _ints(value, name, n))
+                values = _ints(value, name, n)
+                if name == "window_starts" and (values < 0).any():
+                    raise RecorderError(f"window_starts must be >= 0 (the first SDE step), got {values.tolist()}.")
+                self._remember(name, ids, values)
         if advantages is not None:
             values = _floats(advantages, "advantages", n, allow_wide=True)
             if not np.isfinite(values).all():
@@ -187,18 +216,42 @@ class Step1Recorder:
         self._done = True
         self._remove_hook()
         cells, per_sample = _gather(self._cells, self._per_sample)
-        self.tables = _tables(cells, per_sample, self._num_steps, self._expected)
+        self.tables = _tables(cells, per_sample, self._num_steps)
+        coverage = self._coverage()
         if self._dump is not None and _rank() == 0:
-            from .dump import write_dump
+            from .dump import COVERAGE_KEY, write_dump
 
-            write_dump(self._dump, **self.tables, metadata={"producer": "rollout_consistency.gate.Step1Recorder"})
+            metadata = {"producer": "rollout_consistency.gate.Step1Recorder", COVERAGE_KEY: json.dumps(coverage)}
+            write_dump(self._dump, **self.tables, metadata=metadata)
         if self._gate:
             from .api import gate
 
-            self.report = gate(**self.tables, source="Step1Recorder", **self._gate_settings)
+            settings = {**coverage_settings(coverage), **self._gate_settings}
+            settings["notes"] = [*settings.get("notes", ()), *coverage_notes(coverage)]
+            self.report = gate(**self.tables, source="Step1Recorder", **settings)
+            self.report.run["coverage"] = coverage
             if self._raise_on_fail and not self.report.passed:
                 raise Step1GateFailed("step-1 gate FAILED at the first optimizer step\n" + self.report.format_table())
         return self.report
+
+    def _coverage(self) -> dict[str, Any]:
+        """What was recorded against what the rollout produced (see `coverage_settings`)."""
+        assert self.tables is not None
+        recorded = self.tables["sample_ids"].tolist()
+        coverage: dict[str, Any] = {
+            "recorded_samples": len(recorded),
+            "recorded_steps": int(self.tables["rollout_log_probs"].shape[1]),
+            "ended_by": f"the first step of {self._hooked}" if self._hooked else "finish()",
+            "expected_samples": None,
+            "not_gated": None,
+        }
+        if self._expected is not None:
+            coverage["expected_samples"] = len(self._expected)
+            coverage["not_gated"] = sorted(set(self._expected) - set(recorded))
+            coverage["expected_ids"] = (
+                None if self._expected == list(range(len(self._expected))) else list(self._expected)
+            )
+        return coverage
 
     # ------------------------------------------------------------------------------------------------
     def _on_first_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -293,10 +346,7 @@ def _gather(
 
 
 def _tables(
-    cells: dict[tuple[int, int], _Cell],
-    per_sample: dict[str, dict[int, float]],
-    num_steps: int | None,
-    expected: list[int] | None,
+    cells: dict[tuple[int, int], _Cell], per_sample: dict[str, dict[int, float]], num_steps: int | None
 ) -> dict[str, np.ndarray]:
     if not cells:
         raise RecorderError(
@@ -309,13 +359,6 @@ def _tables(
         beyond = sorted(key for key in cells if key[1] >= num_steps)
         if beyond:
             raise RecorderError(f"sample {beyond[0][0]} step {beyond[0][1]} is beyond num_steps={num_steps}.")
-    if expected is not None:
-        absent = sorted(set(expected) - set(samples))
-        if absent:
-            raise RecorderError(
-                f"{len(absent)} expected sample(s) never recorded before the first optimizer step: {absent[:6]}; "
-                f"record every sample of the first update (or lower expected_samples)."
-            )
     missing = [(sid, step) for sid in samples for step in steps if (sid, step) not in cells]
     if missing:
         shown = ", ".join(f"sample {s} step {t}" for s, t in missing[:6])
@@ -354,3 +397,68 @@ def _tables(
         tables[name] = np.asarray([values[sid] for sid in samples], dtype=dtype)
     assert all(math.isfinite(v) for v in old.ravel().tolist() + new.ravel().tolist())  # checked at record()
     return tables
+
+
+# ----------------------------------------------------------------------------------------------------
+#: Attributes through which wrappers hold the optimizer (accelerate, lr schedulers, DeepSpeed, ZeRO).
+_INNER = ("optimizer", "optim", "scheduler")
+
+
+def innermost_optimizer(optimizer: Any) -> tuple[Any, str]:
+    """(the torch optimizer whose ``step`` updates the weights, a description of the path to it) inside what a
+    training loop holds: `optimizer` itself, or the one found through ``.optimizer`` / ``.optim`` /
+    ``.scheduler`` (accelerate's AcceleratedOptimizer and AcceleratedScheduler, lr schedulers, DeepSpeed's
+    engine and ZeRO optimizer, ZeroRedundancyOptimizer).
+
+    Raises:
+        RecorderError: no torch optimizer that accepts step hooks was found (the message lists the path).
+    """
+    path, current = [], optimizer
+    for _ in range(8):  # wrappers nest two or three deep; a cycle must not loop
+        path.append(type(current).__name__)
+        inner = next(
+            (getattr(current, name) for name in _INNER if getattr(current, name, None) not in (None, current)), None
+        )
+        if inner is None or isinstance(inner, (list, tuple, dict)):
+            break
+        current = inner
+    if not hasattr(current, "_optimizer_step_pre_hooks") or not hasattr(current, "register_step_pre_hook"):
+        raise RecorderError(
+            f"Step1Recorder: no torch optimizer found inside {' -> '.join(path)} (looked through .optimizer, "
+            f".optim, .scheduler); pass the torch.optim.Optimizer that updates the weights, or call "
+            f"recorder.finish() yourself before the first update."
+        )
+    described = path[-1] + (f" (inside {' inside '.join(reversed(path[:-1]))})" if len(path) > 1 else "")
+    return current, described
+
+
+def coverage_settings(coverage: Mapping[str, Any]) -> dict[str, Any]:
+    """`gate` keywords for a recorder's coverage: ``expected_samples`` when known, else ``complete`` not checked."""
+    if coverage.get("expected_samples") is None:
+        return {
+            "not_checked": {
+                "complete": "the recorder does not know how many samples the rollout produced; pass "
+                "expected_samples=N to check that every sample was gated"
+            }
+        }
+    ids = coverage.get("expected_ids")
+    return {
+        "expected_samples": ids if ids is not None else list(range(int(coverage["expected_samples"]))),
+        "ungated_reason": "not scored before the first optimizer update (scored later, they come from updated "
+        "weights and cannot be step-1 gated): score the whole rollout batch before the first real update "
+        "(gradient accumulation), or set expected_samples to the samples of the first update",
+    }
+
+
+def coverage_notes(coverage: Mapping[str, Any]) -> list[str]:
+    """The report's notes on what a recorder recorded."""
+    line = (
+        f"recorded {coverage['recorded_samples']} samples x {coverage['recorded_steps']} steps, until "
+        f"{coverage['ended_by']}"
+    )
+    if coverage.get("expected_samples") is None:
+        return [line + "; the rollout's sample count is unknown (expected_samples not given)"]
+    missing = coverage.get("not_gated") or []
+    if not missing:
+        return [line + f"; all {coverage['expected_samples']} expected samples gated"]
+    return [line + f"; {len(missing)} of {coverage['expected_samples']} expected samples not gated: {missing[:6]}"]
