@@ -9,8 +9,8 @@ temporary files are removed and no target is touched: a pre-existing report stay
 left that disagrees with the exit code. Two runs writing one path never tear it: each renames its own
 complete file, and the last rename wins.
 
-[`check_output_paths`] is the matching usage check: an output equal to an input, to another output, or to a
-directory is refused before any work starts.
+[`check_output_paths`] is the matching usage check: an empty output path (``--json ''``), an output equal to an
+input, to another output, or to a directory is refused before any work starts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def check_output_paths(outputs: Mapping[str, str | None], inputs: Mapping[str, s
     """Refuse outputs that would destroy something: raises [`OutputPathError`] naming the flags and the fix.
 
     Args:
-        outputs: flag -> path of each requested output (``None``: not requested).
+        outputs: flag -> path of each requested output (``None``: not requested; ``""``: refused).
         inputs: flag -> path of each input file the run reads (``None``: not given).
 
     Paths are compared after resolving symlinks, so a link to the config file counts as the config file.
@@ -42,8 +42,10 @@ def check_output_paths(outputs: Mapping[str, str | None], inputs: Mapping[str, s
     real_inputs = {os.path.realpath(path): flag for flag, path in inputs.items() if path}
     seen: dict[str, str] = {}
     for flag, path in outputs.items():
-        if not path:
+        if path is None:
             continue
+        if not str(path).strip():  # `--json ''` (an unset shell variable) would silently write nothing
+            raise OutputPathError(f"{flag} was given an empty path; name the file to write (or drop {flag}).")
         real = os.path.realpath(path)
         if real in real_inputs:
             raise OutputPathError(

@@ -53,14 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Without `argv` — the process entry: the console script, ``python -m rollout_consistency`` — the command runs
     in a supervised child process (`rollout_consistency.supervisor`), so no user code can turn the run into exit
-    0 without a verdict. With `argv` (tests, a Python launcher) it runs in this process, fenced but unsupervised.
+    0 without a verdict, and the process exits with the code (this call does not return). With `argv` (tests, a
+    Python launcher) it runs in this process, fenced but unsupervised, and returns the code.
     """
     from rollout_consistency.cli_guard import guarded
 
-    if argv is None:
-        from rollout_consistency.supervisor import run_supervised
+    if argv is None:  # the process entry: the process ends here, with the code the child handed over
+        from rollout_consistency.supervisor import exit_now, run_supervised
 
-        return run_supervised(main, sys.argv[1:], PROG)
+        exit_now(run_supervised(main, sys.argv[1:], PROG))
     return guarded(_main, argv, PROG)
 
 

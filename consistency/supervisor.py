@@ -28,7 +28,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["enter_user_code", "leave_user_code", "run_supervised"]
+__all__ = ["enter_user_code", "exit_now", "leave_user_code", "run_supervised"]
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -58,8 +58,9 @@ def _send(message: str) -> bool:
 def run_supervised(command: Callable[[list[str]], int], argv: Sequence[str], prog: str) -> int:
     """Run ``command(argv)`` in a child process; return the exit code it handed over (see the module docstring).
 
-    In the child this function returns the command's own exit code (the child then exits normally); in the
-    parent it returns the code to exit with.
+    Returns the code to exit with, in the parent. The child never returns from here: it raises
+    ``SystemExit(code)`` once the code is handed over, so the caller's code after this call runs only in the
+    parent (the child exits normally: ``finally`` blocks and ``atexit`` handlers run).
     """
     if not hasattr(os, "fork"):
         return command(list(argv))
@@ -90,7 +91,7 @@ def run_supervised(command: Callable[[list[str]], int], argv: Sequence[str], pro
             signal.signal(signum, handler)
         code = command(list(argv))
         _send(f"done\t{code}")
-        return code
+        raise SystemExit(code)
     child_pid.append(pid)
     os.close(write_fd)
     try:
@@ -100,6 +101,15 @@ def run_supervised(command: Callable[[list[str]], int], argv: Sequence[str], pro
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return _decide(messages, status, prog)
+
+
+def exit_now(code: int) -> None:
+    """End the supervising parent with `code` at once: it ran no user code and holds nothing to clean up, and a
+    second interpreter shutdown (the child already had one) costs 0.1-0.2 s of a short command."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(code)
 
 
 def _collect(read_fd: int, pid: int) -> tuple[list[str], int]:

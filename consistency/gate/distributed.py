@@ -243,7 +243,7 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
         try:
             ray.get([a.ready.remote() for a in actors])
         except RayActorError as error:
-            raise DistributedError(f"a Ray worker could not start (its setup failed): {error}") from error
+            raise _setup_failure(error) from error
         startup_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -264,7 +264,7 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
                 result = ray.get(done[0])
             except RayActorError as error:
                 if getattr(error, "actor_init_failed", False):
-                    raise DistributedError(f"a Ray worker could not start (its setup failed): {error}") from error
+                    raise _setup_failure(error) from error
                 ray.kill(actor, no_restart=True)
                 if attempts[index] < max_attempts:
                     pending.insert(0, index)
@@ -297,6 +297,20 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
             ray.shutdown()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _setup_failure(error: BaseException) -> Exception:
+    """The error to raise for a worker whose setup failed: Ray hands back only the actor's traceback as text, whose
+    last line is the exception; user code that ended or overran its call stays that usage error."""
+    from rollout_consistency.fence import UserCodeExit, UserCodeTimeout
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(error).__name__
+    name, sep, message = last.partition(": ")
+    for kind in (UserCodeExit, UserCodeTimeout):
+        if sep and name.endswith("." + kind.__name__):
+            return kind(message)
+    return DistributedError(f"a Ray worker could not start (its setup failed): {last[:500]}")
 
 
 def _first_line(error: BaseException) -> str:
