@@ -255,7 +255,7 @@ CORPUS = [
     Case("lint-output-is-linted-file", lambda d: ["lint", "old.json", "--output", "old.json"], 2, "PATH old.json"),
     Case("lint-output-is-directory", lambda d: ["lint", "c.yaml", "--output", str(d)], 2, "is a directory"),
     Case("doctor-json-is-report", lambda d: ["doctor", "old.json", "--json", "old.json"], 2, "REPORT.json"),
-    Case("doctor-report-is-directory", lambda d: ["doctor", str(d)], 2, "cannot read"),
+    Case("doctor-report-is-directory", lambda d: ["doctor", str(d)], 2, "is a directory"),
     # -- config files: safe YAML, duplicate keys, size limit, a directory
     _config_case("yaml-alias-bomb", "bomb.yaml", ALIAS_BOMB, "aliases"),
     _config_case("yaml-simple-alias", "a.yaml", "seed: &s 3\nglobal_step: *s\n", "aliases (*s)"),
@@ -300,6 +300,193 @@ CORPUS = [
 
 def _gate_args(root: Path, *flags: str) -> list[str]:
     return ["gate", str(_gate_dump(root)), *flags]
+
+
+# -- user code fenced (issue 24): a SystemExit of any code raised by user code is a usage error naming the call,
+#    never exit 0 (PASS) or 1 (FAIL); a call that never returns stops at user_code_timeout_s. In-process here; the
+#    supervised command line (os._exit, kills) is tested with subprocesses below.
+TINY = ["--num-prompts", "1", "--num-images-per-prompt", "1", "--rollout-batch-size", "1", "--num-inference-steps", "2"]
+TINY += ["--sde-window-size", "1"]
+ROLLOUT_OBJECT = "class R:\n    def rollout(self, request):\n        {body}\ndef make(config):\n    return R()\n"
+
+
+def _user_file(name: str, source: str) -> Callable[[Path], str]:
+    def write(root: Path) -> str:
+        (root / name).write_text(source)
+        return str(root / name)
+
+    return write
+
+
+def _plugin_case(id_: str, side: str, source: str, message: str, *extra: str) -> Case:
+    def setup(root: Path) -> list[str]:
+        path = _user_file("user_loop.py", source)(root)
+        return [*CHECK, *TINY, f"--{side}-backend", f"{path}:make", *extra]
+
+    return Case(id_, setup, 2, message)
+
+
+def _sync_case(id_: str, source: str, message: str) -> Case:
+    def setup(root: Path) -> list[str]:
+        group = ["--num-images-per-prompt", "2", "--rollout-batch-size", "2"]  # a group of one has no advantage
+        return [*CHECK, *TINY, *group, "--weight-sync", _user_file("user_sync.py", source)(root) + ":sync"]
+
+    return Case(id_, setup, 2, message)
+
+
+def _command_case(id_: str, command: list[str], flag_or_spec: str, source: str, message: str) -> Case:
+    """`command` with `flag_or_spec` naming `user_spec.py:make` (a flag such as --spec, or '' for a positional)."""
+
+    def setup(root: Path) -> list[str]:
+        spec = _user_file("user_spec.py", source)(root) + ":make"
+        return [*command, *([flag_or_spec] if flag_or_spec else []), spec]
+
+    return Case(id_, setup, 2, message)
+
+
+TOY = "from rollout_consistency.training.toy_denoiser import toy_case\n"
+USER_CODE_CORPUS = [
+    _plugin_case(
+        "plugin-import-sys-exit-0",
+        "trainer",
+        "import sys\nsys.exit(0)\ndef make(config):\n    pass\n",
+        "import of ",  # + "... raised SystemExit(0) ... move it under `if __name__ == '__main__':`"
+    ),
+    _plugin_case(
+        "plugin-factory-sys-exit-0",
+        "trainer",
+        "import sys\ndef make(config):\n    sys.exit(0)\n",
+        "the factory raised SystemExit(0)",
+    ),
+    _plugin_case(
+        "plugin-factory-sys-exit-message",  # exited 1 (the FAIL code) before the fence
+        "trainer",
+        "import sys\ndef make(config):\n    sys.exit('stop')\n",
+        "the factory raised SystemExit('stop')",
+    ),
+    _plugin_case(
+        "plugin-factory-exit-builtin", "rollout", "def make(config):\n    raise SystemExit\n", "raised SystemExit(None)"
+    ),
+    _plugin_case(
+        "plugin-rollout-call-sys-exit-0",
+        "rollout",
+        ROLLOUT_OBJECT.format(body="import sys; sys.exit(0)"),
+        "R.rollout(request) on rollout batch 0 raised SystemExit(0)",
+    ),
+    _plugin_case(
+        "plugin-factory-never-returns",
+        "trainer",
+        "import threading\ndef make(config):\n    threading.Event().wait()\n",
+        "the factory did not return within 0.5 s (user_code_timeout_s)",
+        "--user-code-timeout-s",
+        "0.5",
+    ),
+    _plugin_case(
+        "plugin-rollout-call-never-returns",
+        "rollout",
+        ROLLOUT_OBJECT.format(body="while True: pass"),
+        "R.rollout(request) on rollout batch 0 did not return within 0.5 s (user_code_timeout_s)",
+        "--user-code-timeout-s",
+        "0.5",
+    ),
+    _sync_case(
+        "weight-sync-sys-exit-0",
+        "import sys\ndef sync(trainer, rollout):\n    sys.exit(0)\n",
+        "sync(trainer, rollout) raised SystemExit(0)",
+    ),
+    _command_case(
+        "checkpointing-spec-import-sys-exit-0",
+        ["checkpointing"],
+        "",
+        "import sys\nsys.exit(0)\n",
+        "checkpointing SPEC",
+    ),
+    _command_case(
+        "checkpointing-factory-sys-exit-0",
+        ["checkpointing"],
+        "",
+        "import sys\ndef make(seed=0):\n    sys.exit(0)\n",
+        "the factory raised SystemExit(0)",
+    ),
+    _command_case(
+        "checkpoint-function-sys-exit-0",
+        ["checkpointing", "rollout_consistency.training.toy_denoiser:toy_case"],
+        "--checkpoint",
+        "import sys\ndef make(function, *args, **kwargs):\n    sys.exit(0)\n",
+        "the forward/backward runs raised SystemExit(0)",
+    ),
+    _command_case(
+        "precision-spec-sys-exit-0",
+        ["precision"],
+        "--spec",
+        "import sys\ndef make():\n    sys.exit(0)\n",
+        "precision --spec",
+    ),
+    Case("user-code-timeout-out-of-bounds", lambda d: ["precision", "--user-code-timeout-s", "0"], 2, "must lie in"),
+]
+CORPUS += USER_CODE_CORPUS
+
+# -- special files refused up front (a FIFO blocks its reader, /dev/zero never ends), one line on every command
+FIFO = "fifo.safetensors"
+
+
+def _fifo(root: Path) -> str:
+    os.mkfifo(root / FIFO)
+    return FIFO
+
+
+SPECIAL_FILE_CORPUS = [
+    Case("doctor-fifo", lambda d: ["doctor", _fifo(d)], 2, "is a FIFO (named pipe), not a regular file"),
+    Case("doctor-dev-zero", lambda d: ["doctor", "/dev/zero"], 2, "/dev/zero is a character device"),
+    Case("lint-fifo", lambda d: ["lint", _fifo(d)], 2, "is a FIFO (named pipe)"),
+    Case("check-trajectory-fifo", lambda d: [*CHECK, "--trajectory", _fifo(d)], 2, "is a FIFO (named pipe)"),
+    Case("check-config-fifo", lambda d: [*CHECK, "--config", _fifo(d)], 2, "config file fifo.safetensors is a FIFO"),
+    Case("check-config-dev-zero", lambda d: [*CHECK, "--config", "/dev/zero"], 2, "is a character device"),
+    Case("gate-fifo", lambda d: ["gate", _fifo(d)], 2, "dump fifo.safetensors is a FIFO"),
+    Case("gate-dev-zero", lambda d: ["gate", "/dev/zero"], 2, "dump /dev/zero is a character device"),
+    Case("precision-diff-fifo", lambda d: ["precision", "--diff", _fifo(d), "old.json"], 2, "is a FIFO"),
+    Case(
+        "plugin-spec-is-a-device",
+        lambda d: [*CHECK, "--trainer-backend", "/dev/zero:make"],
+        2,
+        "is a character device, not a Python file",
+    ),
+    # -- an empty output path would silently write nothing
+    Case("check-json-empty", lambda d: [*CHECK, "--json", ""], 2, "--json was given an empty path"),
+    Case("gate-json-empty", lambda d: _gate_args(d, "--json", ""), 2, "--json was given an empty path"),
+    Case("gate-junit-empty", lambda d: _gate_args(d, "--junit", ""), 2, "--junit was given an empty path"),
+    Case("doctor-json-empty", lambda d: ["doctor", "old.json", "--json", ""], 2, "--json was given an empty path"),
+    Case("precision-json-empty", lambda d: ["precision", "--json", ""], 2, "--json was given an empty path"),
+    # -- dumps: negative window starts, extents that disagree with the file
+    Case(
+        "gate-dump-negative-window-start",
+        lambda d: ["gate", _raw_dump(d, window_starts=[-1, 0])],
+        2,
+        "'window_starts' holds -1",
+    ),
+    Case("gate-dump-truncated", lambda d: ["gate", _raw_dump(d, cut=4)], 2, "truncated or has trailing bytes"),
+    Case("gate-dump-trailing-bytes", lambda d: ["gate", _raw_dump(d, cut=-4)], 2, "truncated or has trailing bytes"),
+]
+CORPUS += SPECIAL_FILE_CORPUS
+
+
+def _raw_dump(root: Path, *, window_starts: list[int] | None = None, cut: int = 0) -> str:
+    """A dump written with safetensors directly (what write_dump refuses to write), optionally cut or extended."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {
+        "rollout_log_probs": np.full((2, 3), -1.0, np.float32),
+        "trainer_log_probs": np.full((2, 3), -1.0, np.float32),
+    }
+    if window_starts is not None:
+        tensors["window_starts"] = np.asarray(window_starts, np.int64)
+        tensors["prompt_groups"] = np.zeros(2, np.int64)
+    path = root / "raw.safetensors"
+    save_file(tensors, str(path), metadata={"format": "rollout-consistency/logprob-dump", "format_version": "1"})
+    data = path.read_bytes()
+    path.write_bytes(data[:-cut] if cut > 0 else data + b"\0" * -cut)
+    return str(path)
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
@@ -620,3 +807,195 @@ def test_interrupt_inside_an_exec_still_exits_130(tmp_path):
     assert proc.stderr.strip().endswith(
         "interrupted; no report was written (reports are written all at once at the end)."
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# user code fenced: what the corpus cannot hold (several lines, subprocesses, Ray)
+
+
+def test_a_plugin_of_the_wrong_shape_shows_the_accepted_shapes_with_an_example(work, capsys):
+    source = (
+        "class MyRollout:\n    def sample(self, request):\n        pass\ndef make(config):\n    return MyRollout()\n"
+    )
+    path = _user_file("user_loop.py", source)(work)
+    assert main([*CHECK, *TINY, "--rollout-backend", f"{path}:make"]) == 2
+    lines = capsys.readouterr().err.rstrip().splitlines()
+    assert "the factory returned a MyRollout, which is not a rollout" in lines[0]
+    assert "a function rollout(request), or an object with a rollout(request) method (or __call__)" in lines[0]
+    example = lines[1:]
+    assert len(example) == 5 and "def rollout(self, request):" in "\n".join(example)
+
+
+def test_a_training_script_that_parses_its_arguments_at_import_is_a_usage_error(work, capsys):
+    # argparse at module level, as many training scripts do: under the checker it sees the checker's argv and exits
+    source = "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--config', required=True)\n"
+    source += "args = parser.parse_args()\ndef make(config):\n    pass\n"
+    path = _user_file("train_script.py", source)(work)
+    assert main([*CHECK, *TINY, "--trainer-backend", f"{path}:make"]) == 2
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]  # argparse printed its own usage lines first
+    assert "import of " in last and "raised SystemExit(2)" in last and "if __name__ == '__main__':" in last
+
+
+def test_user_code_that_ends_a_ray_worker_is_a_usage_error(work, capsys, ray_session):
+    path = _user_file("user_loop.py", "import sys\ndef make(config):\n    sys.exit(0)\n")(work)
+    argv = [*CHECK, *TINY[:2], "--num-images-per-prompt", "2", *TINY[4:], "--workers", "2"]
+    assert main([*argv, "--trainer-backend", f"{path}:make"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the factory raised SystemExit(0)" in err[0], err
+
+
+_SUPERVISOR_CASES = r"""
+import io, json, os, signal, sys
+from rollout_consistency.fence import fenced
+from rollout_consistency.supervisor import run_supervised
+
+def in_user_code(end):
+    def command(argv):
+        with fenced("trainer_backend 'x.py:make'", "the factory"):
+            end()
+        return 0
+    return command
+
+def late_death(argv):  # the verdict was handed over; what happens at exit cannot change it
+    import atexit
+    atexit.register(lambda: os._exit(3))
+    return 0
+
+def escaping_exit(argv):
+    raise SystemExit(0)  # outside any fence: the command never handed a code over
+
+cases = {
+    "pass": lambda argv: 0,
+    "fail": lambda argv: 1,
+    "os._exit(0) in user code": in_user_code(lambda: os._exit(0)),
+    "SIGKILL in user code": in_user_code(lambda: os.kill(os.getpid(), signal.SIGKILL)),
+    "SystemExit(0) outside the fences": escaping_exit,
+    "death after the handover": late_death,
+    "killed by SIGTERM": lambda argv: os.kill(os.getpid(), signal.SIGTERM),
+}
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+results = {}
+for name, command in cases.items():
+    stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        code = run_supervised(command, [], "prog")
+    except SystemExit as child:  # the child ends here; only the parent goes on
+        os._exit(int(child.code or 0))
+    finally:
+        said, sys.stderr = sys.stderr.getvalue(), stderr
+    results[name] = [code, said]
+print(json.dumps(results))
+"""
+
+
+def test_supervisor_exit_codes_come_only_from_a_handed_over_verdict(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", _SUPERVISOR_CASES], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["pass"] == [0, ""] and results["fail"] == [1, ""]
+    code, said = results["os._exit(0) in user code"]
+    assert code == 2 and "exited with status 0 while running trainer_backend 'x.py:make': the factory" in said
+    code, said = results["SIGKILL in user code"]
+    assert code == 2 and "killed by signal 9 (SIGKILL" in said and "the factory" in said
+    code, said = results["SystemExit(0) outside the fences"]
+    assert code == 2 and "ended before it produced a verdict" in said and "not a PASS" in said
+    assert results["death after the handover"] == [0, ""]
+    code, said = results["killed by SIGTERM"]
+    assert code == 130 and "interrupted" in said
+
+
+def test_os_exit_0_in_a_plugin_factory_is_not_a_pass(work):
+    # The issue's measured case: exit 0 and no report before the supervisor.
+    path = _user_file("user_loop.py", "import os\ndef make(config):\n    os._exit(0)\n")(work)
+    proc = _cli(*CHECK, *TINY, "--trainer-backend", f"{path}:make", "--json", "r.json", cwd=work)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err.decode()
+    last = err.decode().strip().splitlines()[-1]
+    assert "exited with status 0 while running trainer_backend" in last and "the factory" in last
+    assert not (work / "r.json").exists()
+
+
+def test_a_closed_output_pipe_does_not_change_a_finished_verdict(work):
+    # `gate DUMP --json r.json 2>&1 | head -0`: stdout and stderr are one pipe whose reader is gone
+    dump = _gate_dump(work)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_consistency", "gate", str(dump), "--json", "r.json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=work,
+    )
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0  # exit 2 before the fix, while the report said PASS
+    assert json.loads((work / "r.json").read_text())["status"] == "PASS"
+
+
+def test_a_dump_too_large_for_the_memory_limit_is_refused_before_loading(work):
+    # The issue's case: a valid 4 GiB dump under a 6 GiB address-space limit ended in a Rust panic, exit 1. A sparse
+    # file: the header is real, the data reads as zeros, and nothing is written to disk.
+    rows, steps = 1 << 20, 512
+    header = {
+        name: {
+            "dtype": "F32",
+            "shape": [rows, steps],
+            "data_offsets": [i * rows * steps * 4, (i + 1) * rows * steps * 4],
+        }
+        for i, name in enumerate(("rollout_log_probs", "trainer_log_probs"))
+    }
+    header["__metadata__"] = {"format": "rollout-consistency/logprob-dump", "format_version": "1"}
+    text = json.dumps(header).encode()
+    path = work / "big.safetensors"
+    with open(path, "wb") as handle:
+        handle.write(len(text).to_bytes(8, "little") + text)
+        handle.truncate(8 + len(text) + 2 * rows * steps * 4)
+
+    def limited() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollout_consistency", "gate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limited,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert f"({rows} samples x {steps} steps) needs about" in line and "gate fewer samples" in line, line
+    assert len(line.splitlines()) == 1 and "image size" not in line
+
+
+def _unprivileged(argv: list[str]) -> list[str]:
+    """`argv` run without the right to read other users' files (root reads a mode-000 file otherwise)."""
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a mode-000 file stays readable")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
+
+
+@pytest.mark.parametrize("command", [["gate", "d.safetensors"], [*CHECK, "--config", "c.yaml"]], ids=["gate", "config"])
+def test_an_unreadable_input_says_permission(work, command):
+    _gate_dump(work)
+    for name in ("d.safetensors", "c.yaml"):
+        (work / name).chmod(0)
+    proc = subprocess.run(
+        _unprivileged([sys.executable, "-m", "rollout_consistency", *command]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=work,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "permission denied" in proc.stderr and "No such file" not in proc.stderr, proc.stderr
+
+
+def test_load_capture_refuses_a_fifo_without_blocking(tmp_path):
+    from rollout_consistency.paths import InputPathError
+
+    os.mkfifo(tmp_path / "capture.pt")
+    with pytest.raises(InputPathError, match="is a FIFO"):
+        load_capture(tmp_path / "capture.pt")

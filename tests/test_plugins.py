@@ -8,6 +8,7 @@ LoRA policy, a verl-omni-style actor); every check compares the same code on the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,59 @@ def test_cli_takes_a_plugin_spec(capsys):
     args += ["--num-images-per-prompt", "2", "--rollout-batch-size", "2", "--no-progress"]
     assert main(args) == 0
     assert "trainer_backend plug-in" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# a newcomer's first plug-in (issue 24): the template, one module for both sides, Flow-GRPO's SDE on every step
+
+
+def test_plugin_template_writes_a_pair_that_passes(tmp_path, capsys):
+    from rollout_consistency.cli import main
+
+    path = tmp_path / "my_plugins.py"
+    assert main(["plugin-template", str(path)]) == 0
+    assert main(["plugin-template", str(path)]) == 2  # never overwritten
+    assert "exists" in capsys.readouterr().err
+    config = tmp_path / "step1.toml"  # Flow-GRPO's SDE on every step is one setting, in a config file too
+    config.write_text('sde_window_size = "all"\nnum_prompts = 1\nnum_images_per_prompt = 2\nrollout_batch_size = 2\n')
+    sides = ["--rollout-backend", f"{path}:make_rollout", "--trainer-backend", f"{path}:make_trainer"]
+    small = ["check", "--no-progress", "--num-inference-steps", "3", *sides]
+    assert main([*small, "--config", str(config), "--json", str(tmp_path / "r.json")]) == 0, capsys.readouterr()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "PASS" and report["metrics"]["overall"]["max_abs_dlogp"] == 0.0
+    assert [s["window_size"] for s in report["samples"]] == [3, 3]  # every step stored and re-scored
+    # Without the setting the template says which one it needs, instead of a windows FAIL found by reading code.
+    assert main([*small, "--num-prompts", "1", "--num-images-per-prompt", "1", "--rollout-batch-size", "1"]) == 2
+    assert "run the check with --sde-window-size all" in capsys.readouterr().err
+
+
+def test_a_plugin_file_is_imported_once_with_its_folder_importable(tmp_path):
+    """The issue's first and third tries: `import` of a neighbour failed, and the two sides got two copies of the
+    file's module, so state the trainer read from the rollout was missing (an IndexError deep in user code)."""
+    import sys
+
+    from rollout_consistency.cli import main
+
+    assert main(["plugin-template", str(tmp_path / "flow_plugins.py")]) == 0
+    (tmp_path / "my_loop.py").write_text(
+        "import flow_plugins  # a neighbour of this file\n"
+        "ROLLOUTS = []\n"
+        "def make_rollout(config):\n"
+        "    ROLLOUTS.append(flow_plugins.Rollout(config))\n"
+        "    return ROLLOUTS[-1]\n"
+        "def make_trainer(config):\n"
+        "    trainer = flow_plugins.Trainer(config)\n"
+        "    assert trainer.model is ROLLOUTS[0].model  # one module: the rollout's state is there\n"
+        "    return trainer\n"
+    )
+    spec = str(tmp_path / "my_loop.py")
+    report = run_step1_check(
+        CheckConfig(
+            rollout_backend=f"{spec}:make_rollout",
+            trainer_backend=f"{spec}:make_trainer",
+            sde_window_size="all",
+            **{**SMALL, "num_inference_steps": 2},
+        )
+    )
+    assert report.passed, report.reasons
+    assert sys.modules["my_loop"].__file__ == spec and len(sys.modules["my_loop"].ROLLOUTS) == 1

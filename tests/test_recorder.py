@@ -173,3 +173,120 @@ def test_two_ranks_on_gloo_gather_one_dump(tmp_path):
         if not passes:  # only rank 1's samples differ
             bad = {report.sample_ids[s.index] for s in report.metrics.by_sample if s.values.max_abs_dlogp > 0}
             assert bad and all(i >= N // 2 for i in bad)
+
+
+# ------------------------------------------------------------------------------------------------
+# the optimizers real trainers hold, and what the recording covers (issue 24)
+
+
+def _accelerate_loop(accumulation: int, *, expected: int | None, scheduler_to_recorder: bool = False):
+    """flow_grpo's loop under accelerate: `optimizer.step()` after every micro-batch inside
+    `accelerator.accumulate`, an lr scheduler stepped with it; real accelerate on the CPU."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import GradientAccumulationPlugin
+
+    accelerator = accelerate.Accelerator(
+        cpu=True,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accumulation, sync_with_dataloader=False),
+    )
+    policy = Policy()
+    samples = rollout(policy, torch.arange(N))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
+    held = scheduler if scheduler_to_recorder else optimizer
+    recorder = Step1Recorder(held, num_steps=T, expected_samples=expected)
+    before = [p.detach().clone() for p in policy.parameters()]
+    changed_at = None
+    for k, rows in enumerate(torch.arange(N).split(2)):
+        with accelerator.accumulate(policy):
+            for j in range(T):
+                t = samples["timesteps"][rows, j]
+                log_prob = policy.log_prob(samples["latents"][rows, j], t, samples["latents"][rows, j + 1])
+                recorder.record(rows, j, samples["log_probs"][rows, j], log_prob, timesteps=t)
+                accelerator.backward(-(torch.exp(log_prob - samples["log_probs"][rows, j])).mean())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        moved = any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+        if moved and changed_at is None:
+            changed_at = k
+    return recorder, changed_at
+
+
+def test_accelerate_accumulation_records_until_the_first_real_update():
+    recorder, changed_at = _accelerate_loop(2, expected=4)
+    # AcceleratedOptimizer.step() runs after every micro-batch but updates only when the gradients sync: the first
+    # real update comes after micro-batch 1, so both micro-batches (4 samples) are step 1.
+    assert changed_at == 1
+    report = recorder.report
+    assert report.passed, report.reasons
+    assert report.metrics.num_samples == 4 and report.run["coverage"]["not_gated"] == []
+    assert "AdamW (inside AcceleratedOptimizer)" in report.run["coverage"]["ended_by"]
+
+
+def test_a_scheduler_handed_to_the_recorder_finds_its_optimizer():
+    recorder, _ = _accelerate_loop(1, expected=None, scheduler_to_recorder=True)
+    assert recorder.done and recorder.report.metrics.num_samples == 2
+    assert "inside LambdaLR inside AcceleratedScheduler" in recorder.report.run["coverage"]["ended_by"]
+
+
+def test_updates_after_each_micro_batch_gate_only_the_first_and_say_so(tmp_path):
+    # The issue's loop: the optimizer updates after each micro-batch. Without expected_samples the report says how
+    # many samples were recorded and `complete` is not checked; with it, `complete` FAILs naming those not gated.
+    unknown, _ = _accelerate_loop(1, expected=None)
+    assert unknown.report.passed and "complete" in unknown.report.not_checked
+    assert any("recorded 2 samples x 4 steps" in note for note in unknown.report.notes)
+    known, _ = _accelerate_loop(1, expected=4)
+    assert not known.report.passed
+    (reason,) = [r for r in known.report.reasons if r.startswith("complete:")]
+    assert "2 of the 4 samples the rollout produced were not gated (ids [2, 3])" in reason
+    assert "not scored before the first optimizer update" in reason
+
+
+class DeepSpeedShapedEngine:
+    """Stands in for what DeepSpeed hands a loop (not installed here): an engine whose documented `.optimizer` is a
+    ZeRO wrapper (not a torch optimizer) whose `.optimizer` is the torch optimizer that updates. Only the attribute
+    path is exercised; DeepSpeed itself is not run."""
+
+    class ZeroOptimizer:
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            self.optimizer = optimizer
+
+        def step(self) -> None:
+            self.optimizer.step()
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = self.ZeroOptimizer(optimizer)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+
+def test_a_deepspeed_shaped_wrapper_is_looked_through():
+    policy = Policy()
+    engine = DeepSpeedShapedEngine(torch.optim.SGD(policy.parameters(), lr=0.1))
+    recorder = Step1Recorder(engine, num_steps=1)
+    one = torch.tensor([-1.0])
+    recorder.record(torch.tensor([0]), 0, one, one)
+    engine.step()
+    assert (
+        recorder.done
+        and "SGD (inside ZeroOptimizer inside DeepSpeedShapedEngine)" in recorder.report.run["coverage"]["ended_by"]
+    )
+    with pytest.raises(RecorderError, match="no torch optimizer found inside object"):
+        Step1Recorder(object())
+
+
+def test_nan_timesteps_and_negative_window_starts_are_refused_when_recorded(tmp_path):
+    recorder = Step1Recorder(num_steps=1, dump=tmp_path / "d.safetensors")
+    one = torch.tensor([-1.0, -2.0])
+    with pytest.raises(RecorderError, match="timesteps is nan at sample 1 step 0"):
+        recorder.record(torch.tensor([0, 1]), 0, one, one, timesteps=torch.tensor([1.0, float("nan")]))
+    with pytest.raises(RecorderError, match="window_starts must be >= 0"):
+        recorder.record(torch.tensor([0, 1]), 0, one, one, window_starts=torch.tensor([0, -1]))
+    recorder.record(torch.tensor([0, 1]), 0, one, one, timesteps=torch.tensor([1.0, 1.0]))
+    recorder.finish()
+    # What the recorder writes, `gate` accepts, and reaches the same verdict with the same coverage.
+    again = read_dump(tmp_path / "d.safetensors").gate()
+    assert again.passed == recorder.report.passed and "complete" in again.not_checked

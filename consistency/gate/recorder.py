@@ -185,25 +185,32 @@ class Step1Recorder:
                     f"{name} is {values[i]} at sample {int(ids[i])} step {int(steps[i])}: a non-finite log-prob "
                     f"fails the step-1 check; find where it turns NaN (rollout_consistency.NanCapture)."
                 )
-        for i in range(n):
-            key = (int(ids[i]), int(steps[i]))
-            if key in self._cells:
-                raise RecorderError(
-                    f"sample {key[0]} step {key[1]} recorded twice before the first optimizer step; each (sample, "
-                    f"step) cell is scored once per update (are sample ids global and step the original index?)."
-                )
-            self._cells[key] = _Cell(float(old[i]), float(new[i]), None if ts is None else float(ts[i]))
+        per_sample: dict[str, np.ndarray] = {}
         for name, value in (("prompt_groups", prompt_groups), ("window_starts", window_starts)):
             if value is not None:
-                values = _ints(value, name, n)
-                if name == "window_starts" and (values < 0).any():
-                    raise RecorderError(f"window_starts must be >= 0 (the first SDE step), got {values.tolist()}.")
-                self._remember(name, ids, values)
+                per_sample[name] = _ints(value, name, n)
+        if "window_starts" in per_sample and (per_sample["window_starts"] < 0).any():
+            raise RecorderError(
+                f"window_starts must be >= 0 (the first SDE step), got {per_sample['window_starts'].tolist()}."
+            )
         if advantages is not None:
-            values = _floats(advantages, "advantages", n, allow_wide=True)
-            if not np.isfinite(values).all():
+            per_sample["advantages"] = _floats(advantages, "advantages", n, allow_wide=True)
+            if not np.isfinite(per_sample["advantages"]).all():
                 raise RecorderError("advantages holds NaN or inf; pass the advantage each sample is trained with.")
-            self._remember("advantages", ids, values)
+        keys = [(int(ids[i]), int(steps[i])) for i in range(n)]
+        twice = next((key for i, key in enumerate(keys) if key in self._cells or key in keys[:i]), None)
+        if twice is not None:
+            raise RecorderError(
+                f"sample {twice[0]} step {twice[1]} recorded twice before the first optimizer step; each (sample, "
+                f"step) cell is scored once per update (are sample ids global and step the original index?)."
+            )
+        for name, values in per_sample.items():
+            self._remember(name, ids, values, check_only=True)
+        # Everything checked: a call that raises records nothing.
+        for i, key in enumerate(keys):
+            self._cells[key] = _Cell(float(old[i]), float(new[i]), None if ts is None else float(ts[i]))
+        for name, values in per_sample.items():
+            self._remember(name, ids, values)
 
     def finish(self) -> Any:
         """End the recording: gather across ranks, check completeness, write the dump, gate. Idempotent.
@@ -257,14 +264,18 @@ class Step1Recorder:
     def _on_first_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.finish()  # a step pre-hook must return None (or new arguments)
 
-    def _remember(self, name: str, ids: np.ndarray, values: np.ndarray) -> None:
+    def _remember(self, name: str, ids: np.ndarray, values: np.ndarray, *, check_only: bool = False) -> None:
         seen = self._per_sample[name]
+        given: dict[int, float] = {}
         for sid, value in zip(ids.tolist(), values.tolist(), strict=True):
-            if sid in seen and seen[sid] != value:
+            before = seen.get(sid, given.get(sid, value))
+            if before != value:
                 raise RecorderError(
-                    f"sample {sid}: {name} was {seen[sid]} and is now {value}; it is one value per sample."
+                    f"sample {sid}: {name} was {before} and is now {value}; it is one value per sample."
                 )
-            seen[sid] = value
+            given[sid] = value
+        if not check_only:
+            seen.update(given)
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
