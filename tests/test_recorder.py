@@ -290,3 +290,28 @@ def test_nan_timesteps_and_negative_window_starts_are_refused_when_recorded(tmp_
     # What the recorder writes, `gate` accepts, and reaches the same verdict with the same coverage.
     again = read_dump(tmp_path / "d.safetensors").gate()
     assert again.passed == recorder.report.passed and "complete" in again.not_checked
+
+
+def test_digest_ids_identify_rows_without_ids_and_refuse_shared_initial_noise():
+    """A loop with no sample ids (flow_grpo keeps none through its shuffle) can key rows by a digest of each sample's
+    whole stored trajectory; the first step alone is not enough when a prompt group shares its initial noise."""
+    from rollout_consistency.gate import digest_ids
+
+    policy = Policy()
+    samples = rollout(policy, torch.arange(N))
+    samples["latents"][1, 0] = samples["latents"][0, 0]  # DanceGRPO's --init_same_noise: one group, one noise
+    with torch.no_grad():  # ... as the rollout would have stored it
+        x, x_next = samples["latents"][1:2, 0], samples["latents"][1:2, 1]
+        samples["log_probs"][1, 0] = policy.log_prob(x, samples["timesteps"][1:2, 0], x_next)[0]
+    recorder = Step1Recorder(num_steps=T, expected_samples=digest_ids(samples["latents"]).tolist())
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+    for rows in order.split(2):
+        ids = digest_ids(samples["latents"][rows])  # once per micro-batch, after the shuffle
+        for j in range(T):
+            t = samples["timesteps"][rows, j]
+            new = policy.log_prob(samples["latents"][rows, j], t, samples["latents"][rows, j + 1])
+            recorder.record(ids, j, samples["log_probs"][rows, j], new, timesteps=t)
+    report = recorder.finish()
+    assert report.passed and report.metrics.num_samples == N, report.reasons
+    first_step = digest_ids(samples["latents"][:, 0])
+    assert first_step[0] == first_step[1]  # the first step alone would give samples 0 and 1 one id

@@ -27,7 +27,7 @@ from .config import CheckConfig, ConfigError, load_config
 from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
 from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
 from .mismatch import MismatchStats, compute_mismatch
-from .recorder import RecorderError, Step1GateFailed, Step1Recorder
+from .recorder import RecorderError, Step1GateFailed, Step1Recorder, digest_ids
 from .report import Report, SampleInfo
 from .tolerances import PROFILES, Tolerance, resolve_tolerance
 from .verdict import CheckResult, Problem, Verdict, decide
@@ -57,6 +57,7 @@ __all__ = [
     "compute_metrics",
     "compute_mismatch",
     "decide",
+    "digest_ids",
     "gate",
     "injection_settings",
     "load_config",

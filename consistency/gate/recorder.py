@@ -45,6 +45,7 @@ that changes between calls, or nothing recorded at all — so every dump it writ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -473,3 +474,25 @@ def coverage_notes(coverage: Mapping[str, Any]) -> list[str]:
     if not missing:
         return [line + f"; all {coverage['expected_samples']} expected samples gated"]
     return [line + f"; {len(missing)} of {coverage['expected_samples']} expected samples not gated: {missing[:6]}"]
+
+
+def digest_ids(rows: Any) -> np.ndarray:
+    """Sample ids for a loop that keeps none: a 63-bit BLAKE2b digest of each row's bytes, ``(B,)`` int64.
+
+    Pass a sample's *whole* stored trajectory, e.g. flow_grpo's ``sample["latents"]`` ``(B, T, ...)``, once per
+    micro-batch: its rows differ between samples by their SDE noise. The first step's latents alone do not
+    when a prompt group shares its initial noise (DanceGRPO's ``--init_same_noise``): two samples then get one
+    id and the recorder refuses the second as recorded twice. The digest of a row is the same wherever the
+    trainer holds it (shuffled, on another device), because the stored float32 bytes are. Cost: one host copy
+    and one hash of the rows (docs/ci.md, "Sample ids"); an id added before the shuffle costs nothing.
+    """
+    if hasattr(rows, "detach"):
+        rows = rows.detach().cpu().contiguous().numpy()
+    array = np.ascontiguousarray(np.asarray(rows))
+    if array.ndim < 1 or array.shape[0] == 0:
+        raise RecorderError(f"digest_ids needs a batch of rows (B, ...), got shape {array.shape}.")
+    flat = array.reshape(array.shape[0], -1)
+    return np.asarray(
+        [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") >> 1 for row in flat],
+        dtype=np.int64,
+    )
