@@ -50,8 +50,8 @@ class UserCodeTimeout(UserCodeError):
 
 
 class _Deadline(BaseException):
-    # A BaseException, so that user code's `except Exception:` cannot swallow the interruption.
-    pass
+    """Raised by the armed fence's timer: ``(timeout_s, setting)``. A BaseException, so that user code's
+    ``except Exception:`` cannot swallow the interruption; the innermost fence turns it into UserCodeTimeout."""
 
 
 class fenced:  # a context manager, named like one (as contextlib.suppress)
@@ -85,7 +85,7 @@ class fenced:  # a context manager, named like one (as contextlib.suppress)
     def _on_alarm(self, _signum: int, _frame: Any) -> None:
         if self._armed:
             self._armed = False
-            raise _Deadline
+            raise _Deadline(self.timeout_s, self.setting)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -100,10 +100,11 @@ class fenced:  # a context manager, named like one (as contextlib.suppress)
             from rollout_consistency import supervisor
 
             supervisor.leave_user_code()
-        if exc_type is not None and issubclass(exc_type, _Deadline):
+        if isinstance(exc, _Deadline):
+            timeout_s, setting = exc.args
             raise UserCodeTimeout(
-                f"{self.owner}: {self.call} did not return within {self.timeout_s:g} s ({self.setting}); fix the "
-                f"hang, or raise {self.setting} if the call is legitimately that slow."
+                f"{self.owner}: {self.call} did not return within {timeout_s:g} s ({setting}); fix the hang, or "
+                f"raise {setting} if the call is legitimately that slow."
             ) from None
         if exc_type is not None and issubclass(exc_type, SystemExit):
             code = exc.code if isinstance(exc, SystemExit) else None
