@@ -4,7 +4,11 @@
 ``rollout_backend`` and ``trainer_backend`` take, besides the built-in names, an object spec
 ``"package.module:factory"`` (or ``"path/to/file.py:factory"``; `rollout_consistency.object_spec`). The
 factory is called once per worker (in this process, or on each Ray actor) as ``factory(config=CheckConfig)``
-(``config`` only if its signature takes it) and returns the side:
+(``config`` only if its signature takes it) and returns the side. Each side may be a function, an object with the side's method (``rollout`` / ``recompute_log_probs``, preferred
+over ``__call__``: an ``nn.Module``'s ``__call__`` is its forward) or a callable object (`ACCEPTED_SHAPES`);
+``rollout-consistency plugin-template`` writes a working pair. Every call into the plug-in is fenced
+(`rollout_consistency.fence`): ``sys.exit`` is a usage error naming the call, and each call is bounded by
+``user_code_timeout_s``.
 
 **Rollout plug-in** — ``rollout(request: RolloutRequest) -> Trajectory | PluginRollout``, called once per
 rollout batch of the plan. The request carries the plan's per-sample seeds, SDE windows, prompts, prompt
@@ -14,7 +18,8 @@ float32 `rollout_consistency.adapters.Trajectory` (the built-in trainer can re-s
 seeds and window starts it actually used, and ``batch`` — whatever the trainer plug-in re-scores (e.g. a
 flow_grpo ``samples`` dict).
 
-**Trainer plug-in** — ``trainer(batch, *, micro_batch_size: int) -> (n, W) float32`` (torch tensor or numpy):
+**Trainer plug-in** — ``recompute_log_probs(batch, *, micro_batch_size: int) -> (n, W) float32`` (torch tensor or
+numpy; ``micro_batch_size`` is passed only when the signature takes it):
 the log-probs of every stored window step. For a `Trajectory` the checker cuts the plan's micro-batches
 itself (``batch`` is one micro-batch of ``micro_batch_size`` rows); a ``PluginRollout.batch`` is passed
 whole and the plug-in cuts micro-batches of ``micro_batch_size``. Called under ``torch.no_grad()`` and the
@@ -144,12 +149,20 @@ ACCEPTED_SHAPES = {
 #: with another signature, and a trainer object may well carry it as a helper.
 METHODS = {"rollout": "rollout", "trainer": "recompute_log_probs"}
 
-_EXAMPLE = """
+_EXAMPLES = {
+    "rollout": """
     class MyRollout:                              # rollout_backend = "my_loop.py:make_rollout"
         def __init__(self, config): self.pipeline = load_my_pipeline(config)
         def rollout(self, request):               # RolloutRequest -> Trajectory | PluginRollout
             return my_sample_with_logprob(self.pipeline, request)
-    def make_rollout(config): return MyRollout(config)"""
+    def make_rollout(config): return MyRollout(config)""",
+    "trainer": """
+    class MyTrainer:                              # trainer_backend = "my_loop.py:make_trainer"
+        def __init__(self, config): self.transformer = load_my_policy(config)
+        def recompute_log_probs(self, samples, *, micro_batch_size):   # -> (n, W) float32
+            return my_compute_log_probs(self.transformer, samples, micro_batch_size)
+    def make_trainer(config): return MyTrainer(config)""",
+}
 
 
 @dataclass
@@ -228,7 +241,7 @@ def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
     if not callable(getattr(plugin, METHODS[side], None)) and not callable(plugin):
         raise PluginError(
             f"{owner}: the factory returned a {type(plugin).__name__}, which is not a {side}; return "
-            f"{ACCEPTED_SHAPES[side]}. For example:\n" + _EXAMPLE
+            f"{ACCEPTED_SHAPES[side]}. For example:\n" + _EXAMPLES[side]
         )
     return plugin
 
