@@ -197,7 +197,7 @@ def _check_report_file(path: str, what: str) -> None:
         size = check_input_file(path, what, max_bytes=MAX_REPORT_BYTES)
         check_fits(12 * size, f"reading {what} {path} ({size} bytes)", "free memory or raise the memory limit")
     except FileNotFoundError as error:
-        raise UsageError(f"{what} {path}: no such file.") from error
+        raise UsageError(f"cannot read JSON from {path} ({what}): no such file.") from error
     except (InputPathError, MemoryBudgetError) as error:
         raise UsageError(str(error)) from error
 

@@ -56,7 +56,9 @@ _SPEC: dict[str, tuple[int, tuple[str, ...]]] = {
 _NUMPY_DTYPE = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
 #: Metadata key of the in-loop recorder's coverage (JSON; `rollout_consistency.gate.recorder.coverage_settings`).
 COVERAGE_KEY = "recorder_coverage"
-_ITEM_BYTES = {"F32": 4, "I64": 8, "I32": 4}
+#: Bytes per element of safetensors' dtypes (any of them may appear in a file; _check_header refuses the wrong ones).
+_ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_ITEM_BYTES |= {"U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 #: safetensors' own bound on the JSON header.
 _MAX_HEADER_BYTES = 100_000_000
 #: Peak bytes `gate` allocates per (sample, step) cell and per sample, measured on 4e6-cell dumps (200-270 bytes
@@ -234,7 +236,8 @@ def _read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], di
         for name, entry in raw.items():
             dtype, shape, (begin, stop) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
             count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            if min(shape, default=0) < 0 or stop - begin != count * _ITEM_BYTES.get(dtype, 0) or begin < 0:
+            item = _ITEM_BYTES.get(dtype)
+            if min(shape, default=0) < 0 or begin < 0 or (item is not None and stop - begin != count * item):
                 raise ValueError(f"tensor {name!r}: its data offsets do not match dtype {dtype} and shape {shape}")
             header[name] = (dtype, shape)
             end = max(end, int(stop))
