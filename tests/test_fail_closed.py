@@ -838,7 +838,8 @@ def test_a_training_script_that_parses_its_arguments_at_import_is_a_usage_error(
 
 def test_user_code_that_ends_a_ray_worker_is_a_usage_error(work, capsys, ray_session):
     path = _user_file("user_loop.py", "import sys\ndef make(config):\n    sys.exit(0)\n")(work)
-    argv = [*CHECK, *TINY[:2], "--num-images-per-prompt", "2", *TINY[4:], "--workers", "2"]
+    # One rollout batch of two samples: one actor (workers are capped at the batches), which must not start.
+    argv = [*CHECK, *TINY, "--workers", "2"]
     assert main([*argv, "--trainer-backend", f"{path}:make"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the factory raised SystemExit(0)" in err[0], err
