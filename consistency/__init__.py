@@ -30,7 +30,7 @@ from typing import Any
 from . import gate
 from .gate.check import run_step1_check
 from .gate.config import CheckConfig, ConfigError, load_config
-from .gate.report import Report
+from .gate.judging.report import Report
 
 try:
     __version__ = version("rollout-consistency")

@@ -35,7 +35,7 @@ from rollout_consistency.gate.config import (
     load_config,
     parse_thresholds,
 )
-from rollout_consistency.gate.tolerances import PROFILES
+from rollout_consistency.gate.judging.tolerances import PROFILES
 
 __all__ = ["UsageError", "main"]
 
@@ -578,7 +578,7 @@ def _run_check_command(args: argparse.Namespace) -> int:
     except OutputPathError as error:
         raise ConfigError(str(error)) from error
     if config.trajectory is not None:
-        from rollout_consistency.gate.trajectory_checks import check_explicit_family
+        from rollout_consistency.gate.sides.trajectory_checks import check_explicit_family
 
         check_explicit_family(config.trajectory, _explicit_family(args))
     from rollout_consistency.gate.check import run_step1_check
@@ -630,13 +630,13 @@ def _run_lint(args: argparse.Namespace) -> int:
 
 
 def _add_doctor_parser(subparsers: Any) -> None:
-    from rollout_consistency.gate.doctor import add_parser
+    from rollout_consistency.gate.diagnosis.doctor import add_parser
 
     add_parser(subparsers).set_defaults(run=_run_doctor)
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
-    from rollout_consistency.gate.doctor import DoctorInputError, run
+    from rollout_consistency.gate.diagnosis.doctor import DoctorInputError, run
 
     try:
         return run(args)
@@ -654,6 +654,6 @@ _COMMANDS: list[Callable[[Any], None]] = [
 ]
 
 # `gate DUMP` (a user's own log-prob tables) lives in its own module; registered right after `check`.
-from rollout_consistency.gate.cli import add_gate_parser  # noqa: E402
+from rollout_consistency.commands.gate import add_gate_parser  # noqa: E402
 
 _COMMANDS.insert(1, add_gate_parser)

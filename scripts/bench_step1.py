@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import torch
 
 from rollout_consistency import CheckConfig, adapters, run_step1_check
-from rollout_consistency.gate.backends import build_backend
-from rollout_consistency.gate.plan import make_plan
+from rollout_consistency.gate.sides.backends import build_backend
+from rollout_consistency.gate.sides.plan import make_plan
 
 
 def bare_forwards(config: CheckConfig) -> float:

@@ -14,8 +14,8 @@ import torch
 
 import rollout_consistency.gate.check as check_module
 from rollout_consistency import CheckConfig, ConfigError, Report, run_step1_check
-from rollout_consistency.gate.backends import BackendError, run_batch
 from rollout_consistency.gate.check import injection_settings
+from rollout_consistency.gate.sides.backends import BackendError, run_batch
 
 QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
 

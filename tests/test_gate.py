@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from rollout_consistency.cli import main
-from rollout_consistency.gate.api import GateInputError, GateReport, gate
-from rollout_consistency.gate.dump import DumpFormatError, read_dump, write_dump
-from rollout_consistency.gate.mismatch import compute_mismatch
+from rollout_consistency.gate.judging.mismatch import compute_mismatch
+from rollout_consistency.gate.tables.api import GateInputError, GateReport, gate
+from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump, write_dump
 
 
 def tables(n: int = 6, t: int = 3, seed: int = 0):

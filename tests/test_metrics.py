@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.metrics: formulas against hand-computed values, trainer aggregation, fail-closed inputs."""
+"""rollout_consistency.gate.judging.metrics: formulas against hand-computed values, trainer aggregation, fail-closed inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_consistency.gate.metrics import METRIC_NAMES, ConsistencyMetrics, MetricsInputError, compute_metrics
+from rollout_consistency.gate.judging.metrics import (
+    METRIC_NAMES,
+    ConsistencyMetrics,
+    MetricsInputError,
+    compute_metrics,
+)
 
 f32 = np.float32
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_consistency.gate.dump import read_dump
-from rollout_consistency.gate.recorder import RecorderError, Step1GateFailed, Step1Recorder
+from rollout_consistency.gate.tables.dump import read_dump
+from rollout_consistency.gate.tables.recorder import RecorderError, Step1GateFailed, Step1Recorder
 
 N, T, D = 8, 4, 16
 TIMESTEPS = torch.linspace(1.0, 0.25, T)

@@ -17,9 +17,9 @@ from rollout_consistency.adapters import SamplingSettings, Trajectory, recompute
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import StockRoundedLatents
 from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
-from rollout_consistency.gate.metrics import compute_metrics
-from rollout_consistency.gate.tolerances import exact_tolerance
-from rollout_consistency.gate.verdict import decide
+from rollout_consistency.gate.judging.metrics import compute_metrics
+from rollout_consistency.gate.judging.tolerances import exact_tolerance
+from rollout_consistency.gate.judging.verdict import decide
 from rollout_consistency.schedulers import SDEWindow
 
 

@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.tolerances + rollout_consistency.gate.verdict: profiles, overrides, and the fail-closed guards."""
+"""rollout_consistency.gate.judging.tolerances + rollout_consistency.gate.judging.verdict: profiles, overrides, and the fail-closed guards."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rollout_consistency.gate.metrics import METRIC_NAMES, compute_metrics
-from rollout_consistency.gate.tolerances import (
+from rollout_consistency.gate.judging.metrics import METRIC_NAMES, compute_metrics
+from rollout_consistency.gate.judging.tolerances import (
     KERNEL_MAX_LIMIT,
     KERNEL_MEAN_LIMIT,
     RMS_TO_MEAN,
@@ -18,7 +18,7 @@ from rollout_consistency.gate.tolerances import (
     kernel_tolerance,
     resolve_tolerance,
 )
-from rollout_consistency.gate.verdict import GUARD_CHECKS, Problem, Verdict, decide
+from rollout_consistency.gate.judging.verdict import GUARD_CHECKS, Problem, Verdict, decide
 
 STEPS = np.tile(np.float32([900, 750, 500]), (8, 1))
 

@@ -4,7 +4,7 @@
 Written against vLLM-omni 0.30.0 (`VLLM_OMNI_VERSION`). No module of this package imports vllm or vllm_omni at
 import time; only [`VllmOmniRollout`] does, when it starts an engine, and without the package it raises
 [`VllmOmniUnavailableError`] naming the extra to install. The pipeline class that vLLM-omni's worker loads lives
-in `rollout_consistency.adapters.vllm_omni_pipeline` (the only module that imports vLLM at its top); it is a thin
+in `rollout_consistency.adapters.vllm_omni.pipeline` (the only module that imports vLLM at its top); it is a thin
 shell over the plain functions here, which are tested on the CPU with the diffusers transformer. Every name
 below is importable from this package; the modules:
 
@@ -23,7 +23,7 @@ below is importable from this package; the modules:
 
 Data flow (docs/vllm-omni.md)::
 
-    client (this process)                          vLLM-omni worker (rollout_consistency.adapters.vllm_omni_pipeline)
+    client (this process)                          vLLM-omni worker (rollout_consistency.adapters.vllm_omni.pipeline)
     build_requests(...)  ── prompt dicts ──────▶   decode_request(prompt, sampling.extra_args)
       per request: prompt["additional_information"]    start_request  (prepare_encode / forward)
         ["rollout_consistency"]["request"]             batch_noise_pred (denoise_step, one forward)

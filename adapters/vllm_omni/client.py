@@ -340,5 +340,5 @@ def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **k
     require_vllm_omni()
     raise ValueError(
         "rollout_consistency.adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
-        "(the checker builds it from its config in rollout_consistency.gate.backends)."
+        "(the checker builds it from its config in rollout_consistency.gate.sides.backends)."
     )

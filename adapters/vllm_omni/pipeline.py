@@ -4,7 +4,7 @@
 The only module of this project that imports `vllm` / `vllm_omni` at import time. Nothing imports it but
 vLLM-omni itself, through the qualified name in `custom_pipeline_args`::
 
-    Omni(model=path, custom_pipeline_args={"pipeline_class": "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"},
+    Omni(model=path, custom_pipeline_args={"pipeline_class": "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"},
          enforce_eager=True, step_execution=..., max_num_seqs=...)
 
 (`rollout_consistency.adapters.vllm_omni.VllmOmniRollout` does exactly that.) The worker re-imports the class, so this package
@@ -40,7 +40,7 @@ from vllm_omni.diffusion.worker.input_batch import InputBatch
 from vllm_omni.diffusion.worker.request_batch import DiffusionRequestBatch
 from vllm_omni.diffusion.worker.utils import StepRequestState
 
-from . import vllm_omni as rc
+from rollout_consistency.adapters import vllm_omni as rc
 
 __all__ = ["RolloutQwenImagePipeline"]
 

@@ -45,7 +45,7 @@ __all__ = [
 PAYLOAD_KEY = "rollout_consistency"
 PAYLOAD_VERSION = 1
 #: `custom_pipeline_args["pipeline_class"]`: a qualified name, re-imported inside vLLM-omni's worker.
-PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"
+PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"
 #: The model families with a vLLM-omni pipeline.
 SUPPORTED_FAMILIES = ("qwen-image",)
 _TEXT_FIELDS = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask")

@@ -1,5 +1,5 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.gate.dump`) from the command line.
+"""`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.gate.tables.dump`) from the command line.
 
 Exit codes: 0 PASS, 1 FAIL, 2 usage error (bad flag, unreadable or invalid dump, an output path that is the
 dump itself). Registered in `rollout_consistency.cli` by one line; imports nothing heavy until it runs.
@@ -74,9 +74,9 @@ def add_gate_parser(subparsers: Any) -> None:
 def run_gate(args: argparse.Namespace) -> int:
     from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
     from rollout_consistency.cli import UsageError
-    from rollout_consistency.gate.api import GateInputError
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
-    from rollout_consistency.gate.dump import DumpFormatError, read_dump
+    from rollout_consistency.gate.tables.api import GateInputError
+    from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
 
     outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
     try:

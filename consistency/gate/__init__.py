@@ -21,16 +21,16 @@ Importing this package imports neither torch nor diffusers; the backends import 
 
 from __future__ import annotations
 
-from .api import GateInputError, GateReport, gate
 from .check import USAGE_ERRORS, injection_settings, run_step1_check
 from .config import CheckConfig, ConfigError, load_config
-from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
-from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
-from .recorder import RecorderError, Step1GateFailed, Step1Recorder
-from .report import Report, SampleInfo
-from .tolerances import PROFILES, Tolerance, resolve_tolerance
-from .verdict import CheckResult, Problem, Verdict, decide
+from .judging.metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
+from .judging.mismatch import MismatchStats, compute_mismatch
+from .judging.report import Report, SampleInfo
+from .judging.tolerances import PROFILES, Tolerance, resolve_tolerance
+from .judging.verdict import CheckResult, Problem, Verdict, decide
+from .tables.api import GateInputError, GateReport, gate
+from .tables.dump import DumpFormatError, LogProbDump, read_dump, write_dump
+from .tables.recorder import RecorderError, Step1GateFailed, Step1Recorder
 
 __all__ = [
     "METRIC_NAMES",

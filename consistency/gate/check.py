@@ -30,17 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from . import tolerance_model
-from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
-from .distributed import DistributedError, run_sharded
-from .doctor import attach_diagnosis, diagnose_check
-from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
-from .plan import make_plan, window_problems
-from .report import Report, SampleInfo
-from .tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
-from .verdict import Problem, decide
+from .diagnosis.doctor import attach_diagnosis, diagnose_check
+from .judging import tolerance_model
+from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
+from .judging.mismatch import MismatchStats, compute_mismatch
+from .judging.report import Report, SampleInfo
+from .judging.tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
+from .judging.verdict import Problem, decide
+from .sides.backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
+from .sides.distributed import DistributedError, run_sharded
+from .sides.plan import make_plan, window_problems
 
 #: Errors that mean "the check could not be run as asked" (CLI exit code 2), never a PASS.
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, BackendError, DistributedError, FileNotFoundError)
@@ -147,7 +147,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         trajectory = Trajectory.load(config.trajectory)
     except TrajectoryFormatError as error:
         raise ConfigError(f"--trajectory {config.trajectory}: {error}") from error
-    from .trajectory_checks import check_family_options
+    from .sides.trajectory_checks import check_family_options
 
     check_family_options(trajectory.model_family, trajectory.family_options, config.trajectory)
     if trajectory.model_family != config.model_family:
@@ -197,7 +197,7 @@ def _plugin_and_step2_checks(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> dict[str, Any]:
     """Plug-in notes, the two sides' weight fingerprints, and the step-2 weight-sync check when asked for."""
-    from .plugins import compare_fingerprints, is_plugin_spec
+    from .sides.plugins import compare_fingerprints, is_plugin_spec
 
     notes.extend(
         f"{side} plug-in {spec}"
@@ -210,7 +210,7 @@ def _plugin_and_step2_checks(
     notes.extend(weight_notes)
     extra: dict[str, Any] = {"weights": weights}
     if config.weight_sync is not None:
-        from .weight_sync import run_weight_sync_check
+        from .sides.weight_sync import run_weight_sync_check
 
         step2 = run_weight_sync_check(config)
         problems.extend(Problem("weight_sync", m) for m in step2.problems)

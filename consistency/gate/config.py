@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import check_bounds
-from .metrics import METRIC_NAMES
-from .safe_yaml import SafeYamlError, load_yaml, read_limited
-from .tolerances import (
+from .judging.metrics import METRIC_NAMES
+from .judging.tolerances import (
     DEFAULT_CALIBRATION_MULTIPLE,
     PROFILES,
     ToleranceError,
@@ -41,6 +40,7 @@ from .tolerances import (
     narrowest_dtype,
     resolve_tolerance,
 )
+from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
 MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
 ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
@@ -58,7 +58,7 @@ WINDOW_KINDS: tuple[str, ...] = (
 )  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 STEP_IMPLEMENTATIONS: tuple[str, ...] = ("reference", "flow-grpo")  # rollout_consistency.schedulers.flow_grpo_step
-#: Built-in step-2 weight syncs (`rollout_consistency.gate.weight_sync`); a "package.module:function" spec also works.
+#: Built-in step-2 weight syncs (`rollout_consistency.gate.sides.weight_sync`); a "package.module:function" spec also works.
 WEIGHT_SYNCS: tuple[str, ...] = ("load_state_dict", "peft")
 
 #: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
@@ -137,7 +137,7 @@ class CheckConfig:
             `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
         rollout_backend: ``"torch"`` (the diffusers adapters), ``"vllm-omni"``, or a plug-in
-            ``"package.module:factory"`` (`rollout_consistency.gate.plugins`).
+            ``"package.module:factory"`` (`rollout_consistency.gate.sides.plugins`).
         trainer_backend: ``"torch"`` (the PyTorch training adapter) or a plug-in ``"package.module:factory"``.
         step_execution: rollout in step-wise (continuous batching) mode instead of request-level.
         max_num_seqs: requests the step-wise engine runs together.
@@ -183,7 +183,7 @@ class CheckConfig:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
         the cluster at ray_address before failing (exit 2). progress: show a progress bar.
-        weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync`): one optimizer update on
+        weight_sync: also run the step-2 check (`rollout_consistency.gate.sides.weight_sync`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
         then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
         Every numeric setting has a documented bound (`rollout_consistency.gate.bounds.BOUNDS`).
@@ -527,7 +527,7 @@ def _model_families(name: str) -> tuple[str, ...]:
 
 def _validate(config: CheckConfig) -> None:
     _choice("model_family", config.model_family, _model_families(config.model_family))
-    # A colon marks a plug-in "package.module:factory" (rollout_consistency.gate.plugins), resolved when a worker starts.
+    # A colon marks a plug-in "package.module:factory" (rollout_consistency.gate.sides.plugins), resolved when a worker starts.
     if ":" not in config.rollout_backend:
         _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
     if ":" not in config.trainer_backend:

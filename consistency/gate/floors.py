@@ -20,8 +20,8 @@ from typing import Any
 
 from .check import run_step1_check
 from .config import INJECTIONS, CheckConfig
-from .tolerances import deviation, narrowest_dtype, resolve_tolerance
-from .verdict import Problem, decide
+from .judging.tolerances import deviation, narrowest_dtype, resolve_tolerance
+from .judging.verdict import Problem, decide
 
 #: Profiles every case is judged under.
 SWEEP_PROFILES: tuple[str, ...] = ("exact", "implementation", "kernel", "calibrated")

@@ -8,7 +8,7 @@ Two sources of evidence:
   failed, the sign and side of the clipping, whether every entry moves one way (``|mean Δlogp|`` against
   ``mean |Δlogp|``), a uniform offset against a spread, the per-timestep profile, the size against rounding
   and against the measured floor, and the settings the report records (dtypes, kernels, batch, padding);
-* **localisation** (`rollout_consistency.gate.localise`): the first stage where a replay of the stored rollout
+* **localisation** (`rollout_consistency.gate.diagnosis.localise`): the first stage where a replay of the stored rollout
   through both sides parts. Where it ran, its cause ranks first.
 
 Cause ids are stable (tests and dashboards key on them): the ``--inject`` names for the known pitfalls
@@ -79,7 +79,7 @@ FIXES: dict[str, str] = {
     ),
     "different-computation": (
         "localise it: run the check on the built-in backends or plug both sides' functions into "
-        "rollout_consistency.gate.localise.localise to see the first stage where they part"
+        "rollout_consistency.gate.diagnosis.localise.localise to see the first stage where they part"
     ),
     "nonfinite": "find the first NaN/Inf (rollout_consistency.NanCapture); never average non-finite log-probs away",
     "incomplete": (
@@ -151,8 +151,8 @@ def diagnose(report: Any, localisation: Any = None) -> tuple[Diagnosis, ...]:
     """Ranked likely causes of `report`'s disagreement (empty for a clean PASS).
 
     Args:
-        report: a `rollout_consistency.gate.report.Report` (a `gate()` report too).
-        localisation: a `rollout_consistency.gate.localise.Localisation` of the same setup, if one ran.
+        report: a `rollout_consistency.gate.judging.report.Report` (a `gate()` report too).
+        localisation: a `rollout_consistency.gate.diagnosis.localise.Localisation` of the same setup, if one ran.
     """
     if not needs_diagnosis(report):
         return ()
@@ -485,7 +485,7 @@ def _width_evidence(config: Mapping[str, Any]) -> str:
 
 
 def _near_limit(report: Any) -> Diagnosis | None:
-    from .tolerances import deviation
+    from rollout_consistency.gate.judging.tolerances import deviation
 
     m = report.metrics
     if m is None or not report.passed:
@@ -607,8 +607,7 @@ def run(args: Any) -> int:
     from pathlib import Path
 
     from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
-
-    from .report import Report
+    from rollout_consistency.gate.judging.report import Report
 
     try:
         check_output_paths({"--json": args.json}, {"REPORT.json": args.report})

@@ -3,7 +3,7 @@
 they part.
 
 Where both sides' code is at hand (the built-in backends, or a user's own two velocity functions), the
-doctor (`rollout_consistency.gate.doctor`) does not have to guess from the figures. [`localise`] replays every
+doctor (`rollout_consistency.gate.diagnosis.doctor`) does not have to guess from the figures. [`localise`] replays every
 stored window step of a trajectory through each side, as that side computes it (its model, attention
 kernel, rows per forward, settings, velocity function), and records every stage:
 
@@ -197,8 +197,7 @@ def _trace_side(family: Any, trajectory: Any, side: SideSpec) -> dict[str, Any]:
     """Every stage of every stored step as this side computes it: ``{stage: (B, W, ...) float64}``."""
 
     from rollout_consistency.adapters import make_generators
-
-    from .backends import attention
+    from rollout_consistency.gate.sides.backends import attention
 
     batch, width = trajectory.batch_size, trajectory.window_size
     rows = side.rows_per_forward or batch
@@ -453,7 +452,7 @@ def localise_check(config: Any, batch_spec: Any) -> Localisation:
     The rollout side is the rollout backend as the check ran it (its model, kernel, batch, injection); the
     trainer side is the trainer backend (its model, kernel, micro-batch).
     """
-    from .backends import build_backend, rollout_trajectory
+    from rollout_consistency.gate.sides.backends import build_backend, rollout_trajectory
 
     backend = build_backend(config)
     trajectory = rollout_trajectory(backend, batch_spec)

@@ -15,9 +15,9 @@ always present and in this order::
     notes      [str]
     run        {mode, workers, timings_s, environment, ...}
     diagnosis  [{cause, summary, evidence: [str], fix, confidence, source, details?}]  ranked likely causes
-               of a FAIL or a near-limit PASS (rollout_consistency.gate.doctor); empty otherwise
+               of a FAIL or a near-limit PASS (rollout_consistency.gate.diagnosis.doctor); empty otherwise
     mismatch   null | {overall, by_timestep, clip_ratio_low, clip_ratio_high, clip_ratio_c}: the statistics
-               LLM trainers log (rollout_consistency.gate.mismatch); reported, never gated
+               LLM trainers log (rollout_consistency.gate.judging.mismatch); reported, never gated
 
 Floats that are not finite are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (the file is
 strict JSON). Adding keys bumps nothing; renaming or removing one bumps ``schema_version``.
@@ -71,7 +71,9 @@ class Report:
     precision: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     run: Mapping[str, Any] = field(default_factory=dict)
-    diagnosis: tuple[Mapping[str, Any], ...] = ()  # rollout_consistency.gate.doctor.Diagnosis.to_dict(), ranked
+    diagnosis: tuple[
+        Mapping[str, Any], ...
+    ] = ()  # rollout_consistency.gate.diagnosis.doctor.Diagnosis.to_dict(), ranked
     mismatch: MismatchStats | None = None  # reported, never gated
 
     @property
@@ -259,7 +261,7 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     if report.tolerance.basis:
         lines.append(f"  limits: {report.tolerance.basis}")
     if report.diagnosis:
-        from .doctor import format_diagnosis
+        from rollout_consistency.gate.diagnosis.doctor import format_diagnosis
 
         lines += ["", *format_diagnosis(report.diagnosis)]
     lines.append("")
@@ -441,7 +443,7 @@ def _diagnosis_headline(report: Report) -> str:
     """The doctor's top cause and fix, one line (empty without a diagnosis)."""
     if not report.diagnosis:
         return ""
-    from .doctor import Diagnosis
+    from rollout_consistency.gate.diagnosis.doctor import Diagnosis
 
     return Diagnosis.from_dict(report.diagnosis[0]).headline()
 

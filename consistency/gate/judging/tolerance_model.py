@@ -178,9 +178,8 @@ def recompute_variant(
     import torch
 
     from rollout_consistency.adapters import recompute_step_log_prob
+    from rollout_consistency.gate.sides.backends import attention
     from rollout_consistency.schedulers.flow_grpo_step import step_implementation
-
-    from .backends import attention
 
     config = backend.config
     micro = micro_batch_size or config.resolved_micro_batch_size

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.judging.tolerance_model import measure_floor_tables, recompute_variant
+
 from . import plugins
-from .config import CheckConfig, ConfigError
 from .plan import BatchSpec
-from .tolerance_model import measure_floor_tables, recompute_variant
 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
 
@@ -66,9 +67,9 @@ class BatchResult:
     precision: Mapping[str, Any] | None = None
     problems: tuple[str, ...] = ()
     #: ``calibrated``: the trainer's log-probs with each other source of difference changed (batch
-    #: composition, implementation; `rollout_consistency.gate.tolerance_model`), by source name.
+    #: composition, implementation; `rollout_consistency.gate.judging.tolerance_model`), by source name.
     floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
-    weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.plugins.fingerprints of the two sides
+    weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.sides.plugins.fingerprints of the two sides
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -175,7 +176,7 @@ class Backend:
     floor_kernel: str | None
     rollout_engine: Any = None
     precision: Mapping[str, Any] | None = None
-    plugins: Any = None  # rollout_consistency.gate.plugins.PluginSides when a side is a user's plug-in
+    plugins: Any = None  # rollout_consistency.gate.sides.plugins.PluginSides when a side is a user's plug-in
     weights: Mapping[str, Any] | None = None
 
 
@@ -203,7 +204,7 @@ def attention(name: str) -> Iterator[None]:
 
     valid = [b.value for b in AttentionBackendName]
     if name not in valid:
-        from .tolerances import closest_name
+        from rollout_consistency.gate.judging.tolerances import closest_name
 
         raise ConfigError(
             f"attention backend {name!r} is not one of diffusers' backends ({', '.join(valid)}).{closest_name(name, valid)}"

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import CheckConfig
+from rollout_consistency.gate.config import CheckConfig
 
 _SEED_DOMAIN = b"rollout-consistency/sample-seed/v1"
 

@@ -24,7 +24,7 @@ Optional attributes of either side:
 
 * ``model`` — the ``torch.nn.Module`` whose weights the side samples or scores with: the report records a
   fingerprint of each side's weights (`weights_fingerprint`) and flags a mismatch; the step-2 check
-  (`rollout_consistency.gate.weight_sync`) watches it change.
+  (`rollout_consistency.gate.sides.weight_sync`) watches it change.
 * trainer ``train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)``
   — one optimizer update on its real loss, for the step-2 weight-sync check (see that module).
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .config import CheckConfig, ConfigError
+from rollout_consistency.gate.config import CheckConfig, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backends import Backend, BatchResult
@@ -159,7 +159,7 @@ def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
     if not callable(plugin):
         raise PluginError(
             f"{side}_backend {spec!r}: the factory returned a {type(plugin).__name__}, not a callable {side}; "
-            f"return an object with __call__ (see rollout_consistency.gate.plugins)."
+            f"return an object with __call__ (see rollout_consistency.gate.sides.plugins)."
         )
     return plugin
 
@@ -233,7 +233,7 @@ def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
     if not isinstance(out, PluginRollout):
         raise PluginError(
             f"rollout_backend {spec!r} returned a {type(out).__name__}; return a rollout_consistency.adapters."
-            f"Trajectory or a rollout_consistency.gate.plugins.PluginRollout."
+            f"Trajectory or a rollout_consistency.gate.sides.plugins.PluginRollout."
         )
     n = len(batch.samples)
     for name in ("seeds", "window_starts", "prompt_groups"):

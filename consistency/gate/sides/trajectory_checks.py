@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import ConfigError
+from rollout_consistency.gate.config import ConfigError
 
 __all__ = ["FAMILY_OPTION_KEYS", "check_explicit_family", "check_family_options", "unknown_family_options"]
 

@@ -9,7 +9,7 @@ Step 1 (before any update) cannot see a broken weight sync: both sides still hol
    ``mean(max(-A·ratio, -A·clip(ratio, 1±clip_ratio)))`` over every window step, micro-batch by micro-batch
    (gradients accumulated, one ``step()``), with GRPO advantages from rewards drawn by a generator seeded with
    (``seed``, ``global_step``) and normalised per prompt group. A trainer plug-in runs its own real loss
-   instead (its ``train_step``, `rollout_consistency.gate.plugins`);
+   instead (its ``train_step``, `rollout_consistency.gate.sides.plugins`);
 3. the guard that the update changed the trainer's log-probs (else step 2 tests nothing: a FAIL);
 4. **the weight sync** ``sync(trainer, rollout)``: each side is a [`SideHandle`] (``.model``, ``.plugin``).
    Built in: ``"load_state_dict"`` (``rollout.model.load_state_dict(trainer.model.state_dict())``) and
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import CheckConfig, ConfigError
+from rollout_consistency.gate.config import CheckConfig, ConfigError
 
 __all__ = ["SideHandle", "Step2Result", "grpo_advantages", "lora_binding", "run_weight_sync_check", "torch_train_step"]
 
@@ -229,9 +229,9 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     info.update(weights_before=weights_before, weights_after=weights_after)
     diagnosis = _diagnose(weights_before, weights_after, rollout, sync_out, info)
 
-    from .metrics import MetricsInputError, compute_metrics
-    from .tolerances import resolve_tolerance
-    from .verdict import decide
+    from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
+    from rollout_consistency.gate.judging.tolerances import resolve_tolerance
+    from rollout_consistency.gate.judging.verdict import decide
 
     plan2 = make_plan(config.replace(global_step=config.global_step + 1))
     results = [run_batch(backend, batch) for batch in plan2]

@@ -1,13 +1,13 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """`gate(rollout_log_probs, trainer_log_probs, ...) -> GateReport`: gate the user's own two log-prob tables.
 
-The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.gate.dump`,
-or the in-loop recorder, `rollout_consistency.gate.recorder`); the metrics, tolerance profiles, verdict and
+The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.gate.tables.dump`,
+or the in-loop recorder, `rollout_consistency.gate.tables.recorder`); the metrics, tolerance profiles, verdict and
 report are the step-1 checker's. What the inputs cannot support is shown as **not checked**, never as
 passed: the ``workers`` guard (the tables did not come from the checker's workers) always, and the
 ``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given.
 
-`GateReport` is a `Report` (which carries the mismatch statistics, `rollout_consistency.gate.mismatch`, as every
+`GateReport` is a `Report` (which carries the mismatch statistics, `rollout_consistency.gate.judging.mismatch`, as every
 report does) plus the guards that were not checked and the sample ids; its table, JSON (same schema, extra
 keys ``not_checked``, ``sample_ids``), JUnit XML (a ``<skipped>`` testcase per guard not checked) and plot
 carry all of it.
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from .doctor import attach_diagnosis
-from .metrics import MetricsInputError, compute_metrics
-from .mismatch import compute_mismatch
-from .plan import window_problems
-from .report import Report, junit_xml
-from .tolerances import PROFILES, ToleranceError, resolve_tolerance
-from .verdict import Problem, Verdict, decide
+from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis
+from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
+from rollout_consistency.gate.judging.mismatch import compute_mismatch
+from rollout_consistency.gate.judging.report import Report, junit_xml
+from rollout_consistency.gate.judging.tolerances import PROFILES, ToleranceError, resolve_tolerance
+from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide
+from rollout_consistency.gate.sides.plan import window_problems
 
 #: Guards a pair of tables can never support: the work did not run on the checker's workers.
 _NEVER_CHECKED = {"workers": "the tables come from your code, not from the checker's workers"}

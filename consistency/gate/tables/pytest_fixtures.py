@@ -39,8 +39,8 @@ def step1_gate(request: pytest.FixtureRequest):
     calls: list[Any] = []
 
     def run(*tables: Any, **settings: Any):
-        from rollout_consistency.gate.api import gate
-        from rollout_consistency.gate.dump import read_dump
+        from rollout_consistency.gate.tables.api import gate
+        from rollout_consistency.gate.tables.dump import read_dump
 
         if len(tables) == 1 and isinstance(tables[0], (str, os.PathLike)):
             report = read_dump(tables[0]).gate(source=str(tables[0]), **settings)

@@ -20,7 +20,7 @@ optimizer, or a context manager's exit).
 
 At the end, with ``torch.distributed`` initialised, every rank's cells are gathered (``all_gather_object``;
 sample ids must be global), so every rank holds the same tables. The recorded samples become rows (sorted by
-id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency.gate.dump`) when asked, and every
+id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency.gate.tables.dump`) when asked, and every
 rank gates the tables (`rollout_consistency.gate.gate`) into ``recorder.report``.
 
 Fails closed with a `RecorderError` naming the cell: a (sample, step) recorded twice (also across ranks), a
