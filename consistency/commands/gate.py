@@ -2,7 +2,7 @@
 """`rollout-consistency gate DUMP`: gate a log-prob dump (`rollout_consistency.gate.tables.dump`) from the command line.
 
 Exit codes: 0 PASS, 1 FAIL, 2 usage error (bad flag, unreadable or invalid dump, an output path that is the
-dump itself). Registered in `rollout_consistency.cli` by one line; imports nothing heavy until it runs.
+dump itself). Imports nothing heavy until it runs.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ import os
 import sys
 from typing import Any
 
-EXIT_PASS, EXIT_FAIL = 0, 1
+from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+
+from .usage import UsageError
+
+__all__ = ["add_parser", "run"]
 
 
-def add_gate_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "gate",
         help="gate a dump of your own rollout and trainer log-prob tables (ratio must be 1 at step 1)",
@@ -68,12 +72,11 @@ def add_gate_parser(subparsers: Any) -> None:
         help="write a PNG of per-timestep signed dlogp (mean, spread, clip band, limits) and ratio",
     )
     outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
-    parser.set_defaults(run=run_gate)
+    return parser
 
 
-def run_gate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
-    from rollout_consistency.cli import UsageError
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
     from rollout_consistency.gate.tables.api import GateInputError
     from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
