@@ -251,7 +251,8 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
     """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family."""
     from rollout_consistency.adapters.batch_invariance import batch_invariant
     from rollout_consistency.gate.config import CheckConfig
-    from rollout_consistency.gate.sides.backends import build_backend, encode_prompts, resolve_device
+    from rollout_consistency.gate.sides.backends import build_backend, resolve_device
+    from rollout_consistency.gate.sides.shared import encode_prompts
 
     device = resolve_device(args.device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

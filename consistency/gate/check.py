@@ -37,10 +37,12 @@ from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metr
 from .judging.mismatch import MismatchStats, compute_mismatch
 from .judging.report import Report, SampleInfo
 from .judging.tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
-from .judging.verdict import Problem, decide
-from .sides.backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
+from .judging.verdict import Problem, decide, window_problems
+from .sides.backends import build_backend, run_batch
 from .sides.distributed import DistributedError, run_sharded
-from .sides.plan import make_plan, window_problems
+from .sides.plan import make_plan
+from .sides.shared import BackendError, BatchResult
+from .sides.trainer import score_trajectory
 
 #: Errors that mean "the check could not be run as asked" (CLI exit code 2), never a PASS.
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, BackendError, DistributedError, FileNotFoundError)

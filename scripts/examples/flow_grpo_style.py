@@ -29,7 +29,7 @@ from rollout_consistency import CheckConfig
 from rollout_consistency.adapters import BatchRequests, SamplingSettings, get_family
 from rollout_consistency.adapters import rollout as sample_with_logprob
 from rollout_consistency.adapters.tiny import load_qwen_image, load_qwen_image_scheduler_config
-from rollout_consistency.gate.sides.plugins import PluginRollout, RolloutRequest
+from rollout_consistency.gate import PluginRollout, RolloutRequest
 
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
 
 #: Below this max |Δlogp| a difference is float32 rounding of a forward (a kernel or a batch composition):
 #: the same PyTorch code on two kernels differs by about 1e-6 (docs/checker.md, measured floors), a real bug by far more.
@@ -79,7 +80,7 @@ FIXES: dict[str, str] = {
     ),
     "different-computation": (
         "localise it: run the check on the built-in backends or plug both sides' functions into "
-        "rollout_consistency.gate.diagnosis.localise.localise to see the first stage where they part"
+        "rollout_consistency.gate.localise to see the first stage where they part"
     ),
     "nonfinite": "find the first NaN/Inf (rollout_consistency.NanCapture); never average non-finite log-probs away",
     "incomplete": (
@@ -90,55 +91,6 @@ FIXES: dict[str, str] = {
     "calibration": "fix the calibration setup (calibration_attention) or use --profile kernel",
     "near-limit": "no action needed yet; watch this figure: a small change in the setup will push it over",
 }
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """One likely cause.
-
-    Attributes:
-        cause: stable id (see the module docstring). summary: one sentence naming the cause.
-        evidence: what in the figures (or the replay) points at it. fix: what to change.
-        confidence: 0..1, the ranking key. source: ``"guard"``, ``"signature"`` or ``"localisation"``.
-        details: optional machine-readable extras (the localisation's stage table).
-    """
-
-    cause: str
-    summary: str
-    evidence: tuple[str, ...]
-    fix: str
-    confidence: float
-    source: str = "signature"
-    details: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "cause": self.cause,
-            "summary": self.summary,
-            "evidence": list(self.evidence),
-            "fix": self.fix,
-            "confidence": round(self.confidence, 3),
-            "source": self.source,
-        }
-        if self.details is not None:
-            out["details"] = dict(self.details)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Diagnosis:
-        return cls(
-            cause=str(data["cause"]),
-            summary=str(data["summary"]),
-            evidence=tuple(str(e) for e in data.get("evidence", ())),
-            fix=str(data["fix"]),
-            confidence=float(data.get("confidence", 0.5)),
-            source=str(data.get("source", "signature")),
-            details=data.get("details"),
-        )
-
-    def headline(self) -> str:
-        """One line: the cause and its fix (the JUnit failure's first line)."""
-        return f"likely cause [{self.cause}]: {self.summary} Fix: {self.fix}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -197,21 +149,6 @@ def diagnose_check(report: Any, config: Any, plan: Sequence[Any]) -> Any:
 
             localisation = localise_check(config, batch)
     return attach_diagnosis(report, localisation)
-
-
-def format_diagnosis(diagnoses: Sequence[Mapping[str, Any] | Diagnosis], *, limit: int = 3) -> list[str]:
-    """Lines for the terminal: the top `limit` causes with their evidence and fix."""
-    items = [d if isinstance(d, Diagnosis) else Diagnosis.from_dict(d) for d in diagnoses]
-    if not items:
-        return []
-    lines = ["  doctor: likely causes, most likely first"]
-    for rank, d in enumerate(items[:limit], start=1):
-        lines.append(f"   {rank}. [{d.cause}] {d.summary} ({d.source}, confidence {d.confidence:.2f})")
-        lines.extend(f"      evidence: {e}" for e in d.evidence)
-        lines.append(f"      fix: {d.fix}")
-    if len(items) > limit:
-        lines.append(f"   ({len(items) - limit} less likely: {', '.join(d.cause for d in items[limit:])})")
-    return lines
 
 
 # ----------------------------------------------------------------------------------------------------

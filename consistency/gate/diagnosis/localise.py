@@ -197,7 +197,7 @@ def _trace_side(family: Any, trajectory: Any, side: SideSpec) -> dict[str, Any]:
     """Every stage of every stored step as this side computes it: ``{stage: (B, W, ...) float64}``."""
 
     from rollout_consistency.adapters import make_generators
-    from rollout_consistency.gate.sides.backends import attention
+    from rollout_consistency.gate.sides.shared import attention
 
     batch, width = trajectory.batch_size, trajectory.window_size
     rows = side.rows_per_forward or batch

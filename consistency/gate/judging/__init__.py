@@ -1,2 +1,44 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""placeholder"""
+"""Judging: from two log-prob tables to PASS or FAIL, and the report that says why. Nothing here runs a side or
+reads the check's settings (tests/test_layout.py keeps it so); numpy only.
+
+    metrics          the figures GRPO trainers log: ratio mean/std, ppo_kl, clip fractions, approx_kl, |Δlogp|
+    mismatch         the mismatch statistics LLM trainers log (reported, never gated)
+    tolerances       the profiles: exact, implementation, kernel, calibrated
+    tolerance_model  which differences a configuration legitimately has, and how the calibrated floor combines
+    verdict          the checks: the gated metrics and the guards on the comparison itself (windows included)
+    causes           a likely cause as a report carries it (`Diagnosis`; the doctor finds them)
+    report           the `Report`: terminal table, JSON, JUnit XML, plot
+"""
+
+from __future__ import annotations
+
+from .causes import Diagnosis
+from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricsInputError, MetricValues, compute_metrics
+from .mismatch import MismatchStats, compute_mismatch
+from .report import Report, SampleInfo
+from .tolerance_model import difference_sources
+from .tolerances import PROFILES, Tolerance, ToleranceError, resolve_tolerance
+from .verdict import CheckResult, Problem, Verdict, decide
+
+__all__ = [
+    "METRIC_NAMES",
+    "PROFILES",
+    "CheckResult",
+    "ConsistencyMetrics",
+    "Diagnosis",
+    "MetricValues",
+    "MetricsInputError",
+    "MismatchStats",
+    "Problem",
+    "Report",
+    "SampleInfo",
+    "Tolerance",
+    "ToleranceError",
+    "Verdict",
+    "compute_metrics",
+    "compute_mismatch",
+    "decide",
+    "difference_sources",
+    "resolve_tolerance",
+]

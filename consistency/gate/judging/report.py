@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .causes import Diagnosis, format_diagnosis
 from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
 from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats
 from .tolerances import Tolerance
@@ -71,9 +72,7 @@ class Report:
     precision: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
     run: Mapping[str, Any] = field(default_factory=dict)
-    diagnosis: tuple[
-        Mapping[str, Any], ...
-    ] = ()  # rollout_consistency.gate.diagnosis.doctor.Diagnosis.to_dict(), ranked
+    diagnosis: tuple[Mapping[str, Any], ...] = ()  # causes.Diagnosis.to_dict(), ranked
     mismatch: MismatchStats | None = None  # reported, never gated
 
     @property
@@ -261,8 +260,6 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     if report.tolerance.basis:
         lines.append(f"  limits: {report.tolerance.basis}")
     if report.diagnosis:
-        from rollout_consistency.gate.diagnosis.doctor import format_diagnosis
-
         lines += ["", *format_diagnosis(report.diagnosis)]
     lines.append("")
     lines.append(f"  {'metric':<20} {'value':>16}  {'limit':<22} status")
@@ -443,8 +440,6 @@ def _diagnosis_headline(report: Report) -> str:
     """The doctor's top cause and fix, one line (empty without a diagnosis)."""
     if not report.diagnosis:
         return ""
-    from rollout_consistency.gate.diagnosis.doctor import Diagnosis
-
     return Diagnosis.from_dict(report.diagnosis[0]).headline()
 
 

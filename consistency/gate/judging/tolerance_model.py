@@ -18,10 +18,11 @@ source                 the configuration has it when                            
 =====================  ========================================================  ====================
 
 [`difference_sources`] lists them, [`exact_notice`] is the line the report prints before any figure when
-``exact`` cannot be promised, [`rounding_advice`] explains a FAIL at a few ULP, and
-[`measure_floor_tables`] / [`calibration_floor`] measure every source present (the ``calibrated`` floor):
-the trainer recomputes the same stored trajectory once per source with that one thing changed, and the
-floor is the sum of the per-source figures (differences add at most linearly; the rms adds at most as the
+``exact`` cannot be promised, [`rounding_advice`] explains a FAIL at a few ULP, and [`floor_variants`] /
+[`calibration_floor`] say what the ``calibrated`` floor measures and combine it: the trainer recomputes the
+same stored trajectory once per source with that one thing changed
+(`rollout_consistency.gate.sides.trainer.measure_floor_tables`), and the floor is the sum of the per-source
+figures (differences add at most linearly; the rms adds at most as the
 sum of rms). Nothing here reads the environment: everything follows from the settings.
 """
 
@@ -163,51 +164,6 @@ def floor_variants(config: Any, default_kernel: str | None) -> dict[str, dict[st
     if "implementation" in names:
         variants["implementation"] = {"implementation": "reference"}
     return variants
-
-
-def recompute_variant(
-    backend: Any,
-    trajectory: Any,
-    *,
-    kernel: str,
-    micro_batch_size: int | None = None,
-    implementation: str | None = None,
-) -> np.ndarray:
-    """The trainer's log-probs of every stored step, `(B, W)` float32 numpy, with the given kernel,
-    micro-batch size (default: the config's) and SDE-step implementation (default: the config's)."""
-    import torch
-
-    from rollout_consistency.adapters import recompute_step_log_prob
-    from rollout_consistency.gate.sides.backends import attention
-    from rollout_consistency.schedulers.flow_grpo_step import step_implementation
-
-    config = backend.config
-    micro = micro_batch_size or config.resolved_micro_batch_size
-    name = implementation or getattr(config, "trainer_step_implementation", "reference")
-    parts = []
-    with torch.no_grad(), attention(kernel):
-        for start in range(0, trajectory.batch_size, micro):
-            part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
-            step = step_implementation(name, part.scheduler.scheduler())
-            columns = [
-                recompute_step_log_prob(
-                    backend.trainer_model, part, k, family=backend.family, scheduler=step, check=k == 0
-                )
-                for k in range(part.window_size)
-            ]
-            parts.append(torch.stack(columns, dim=1))
-    return torch.cat(parts).detach().cpu().numpy().copy()
-
-
-def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]:
-    """Per source present in the configuration (besides the kernel, which `backends` measures): the
-    trainer's log-probs `(B, W)` float32 with that source changed."""
-    config = backend.config
-    variants = floor_variants(config, None)
-    return {
-        source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
-        for source, settings in variants.items()
-    }
 
 
 def combine_floors(parts: Sequence[MetricValues]) -> MetricValues:

@@ -7,8 +7,12 @@ tiny model, or the same checkpoint — and [`run_batch`] (a worker's work) does 
 1. the rollout backend samples the batch (``torch``: the diffusers adapters, request-level or step-wise;
    ``vllm-omni``: `rollout_consistency.adapters.vllm_omni`) into a float32 trajectory;
 2. the trainer recomputes every stored window step, micro-batch by micro-batch, with its own attention
-   kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.recompute_log_probs`);
+   kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.recompute_log_probs`;
+   `trainer.score_trajectory`);
 3. for the ``calibrated`` profile it recomputes once more with the other attention kernel (the floor).
+
+A side given as a user's plug-in (`plugins`) replaces the built-in one: `build_backend` loads it and
+`run_batch` hands the batch to it.
 
 Both are plain functions of picklable arguments, so the in-process path and a Ray actor run the very same
 code. Nothing here reads the environment or a global RNG: every draw comes from the per-sample seeds.
@@ -16,60 +20,20 @@ code. Nothing here reads the environment or a global RNG: every draw comes from 
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rollout_consistency.gate.config import CheckConfig, ConfigError
-from rollout_consistency.gate.judging.tolerance_model import measure_floor_tables, recompute_variant
 
 from . import plugins
 from .plan import BatchSpec
+from .shared import Backend, BackendError, BatchResult, attention, encode_prompts
+from .trainer import score_trajectory
 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
-
-
-class BackendError(RuntimeError):
-    """A backend cannot be built as configured (missing package, unknown kernel, model not found)."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """What one rollout batch gives back (numpy, small, picklable).
-
-    Attributes:
-        batch: the batch index. sample_indices: global sample indices, in order.
-        rollout_log_probs, trainer_log_probs (`np.ndarray` `(n, W)` float32): both sides' log-probs.
-        floor_log_probs (`np.ndarray` `(n, W)` float32 or None): the trainer with the other kernel.
-        timesteps (`np.ndarray` `(n, W)` float32): exact timestep of each stored step.
-        window_starts, prompt_groups, seeds: per sample, as the rollout stored them.
-        forwards: transformer forwards run, by stage (``rollout``, ``trainer``, ``floor``).
-        seconds: wall time by stage.
-        precision: the precision-audit diff (rollout vs trainer) of the process that ran the batch, or None.
-        problems: why the batch has no log-probs (the rollout engine failed); empty on success.
-    """
-
-    batch: int
-    sample_indices: tuple[int, ...]
-    rollout_log_probs: np.ndarray
-    trainer_log_probs: np.ndarray
-    floor_log_probs: np.ndarray | None
-    timesteps: np.ndarray
-    window_starts: tuple[int, ...]
-    prompt_groups: tuple[int, ...]
-    seeds: tuple[int, ...]
-    forwards: Mapping[str, int] = field(default_factory=dict)
-    seconds: Mapping[str, float] = field(default_factory=dict)
-    precision: Mapping[str, Any] | None = None
-    problems: tuple[str, ...] = ()
-    #: ``calibrated``: the trainer's log-probs with each other source of difference changed (batch
-    #: composition, implementation; `rollout_consistency.gate.judging.tolerance_model`), by source name.
-    floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
-    weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.sides.plugins.fingerprints of the two sides
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -152,34 +116,7 @@ def _scheduler_config(family: Any, path: str | None) -> dict[str, Any]:
     return dict(family.scheduler_config) if path is None else load_scheduler_config(path)
 
 
-def encode_prompts(backend: Backend, prompts: Sequence[str]) -> dict[str, Any]:
-    """The batch's conditioning: the prompts (and, under CFG, the family's negative prompt) through the encoder."""
-    negatives = [backend.family.negative_prompt] * len(prompts) if backend.cfg_passes > 1 else None
-    return backend.encoder(list(prompts), negatives)
-
-
 # ----------------------------------------------------------------------------------------------------
-@dataclass
-class Backend:
-    """A worker's state: both sides' models and what they need. Built once per worker by `build_backend`."""
-
-    config: CheckConfig
-    family: Any
-    rollout_model: Any
-    trainer_model: Any
-    encoder: Any
-    scheduler_setup: Any
-    options: dict[str, Any]
-    guidance: float
-    cfg_passes: int
-    injection: str | None
-    floor_kernel: str | None
-    rollout_engine: Any = None
-    precision: Mapping[str, Any] | None = None
-    plugins: Any = None  # rollout_consistency.gate.sides.plugins.PluginSides when a side is a user's plug-in
-    weights: Mapping[str, Any] | None = None
-
-
 def resolve_device(name: str) -> str:
     import torch
 
@@ -194,30 +131,6 @@ def _dtype(name: str) -> Any:
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-@contextlib.contextmanager
-def attention(name: str) -> Iterator[None]:
-    """Run diffusers attention with backend `name` (``native`` = PyTorch SDPA, ``_native_math`` = its math
-    kernel, ...) inside the block. An unknown name or a backend that cannot run here is a `ConfigError`."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend
-
-    valid = [b.value for b in AttentionBackendName]
-    if name not in valid:
-        from rollout_consistency.gate.judging.tolerances import closest_name
-
-        raise ConfigError(
-            f"attention backend {name!r} is not one of diffusers' backends ({', '.join(valid)}).{closest_name(name, valid)}"
-        )
-    manager = attention_backend(name)
-    try:
-        manager.__enter__()
-    except Exception as error:  # requirements not met (flash kernels on a CPU, a missing package)
-        raise ConfigError(f"attention backend {name!r} cannot run here: {error}") from error
-    try:
-        yield
-    finally:
-        manager.__exit__(None, None, None)  # restores the previous backend
 
 
 def floor_kernel(config: CheckConfig) -> str | None:
@@ -340,6 +253,7 @@ def build_backend(config: CheckConfig) -> Backend:
         precision=precision,
         plugins=sides,
         weights=weights,
+        trainer_recompute=plugins.plugin_recompute if sides is not None and sides.trainer is not None else None,
     )
 
 
@@ -418,56 +332,6 @@ def sampling_settings(backend: Backend) -> Any:
 
     config = backend.config
     return SamplingSettings(noise_level=config.noise_level, sde_type=config.sde_type, guidance_scale=backend.guidance)
-
-
-def score_trajectory(
-    backend: Backend,
-    trajectory: Any,
-    *,
-    batch: int,
-    sample_indices: tuple[int, ...],
-    seconds: dict[str, float] | None = None,
-    forwards: dict[str, int] | None = None,
-) -> BatchResult:
-    """The trainer side: recompute every stored window step of `trajectory` (and the floor with the other
-    kernel, for ``calibrated``), and pack both sides' log-probs as one batch's result.
-
-    `seconds` / `forwards` carry the rollout's own figures when there was a rollout in this process.
-    """
-    config = backend.config
-    seconds, forwards = dict(seconds or {}), dict(forwards or {})
-    cfg_passes = backend.cfg_passes
-    start = time.perf_counter()
-    trainer = trainer_log_probs(backend, trajectory, config.trainer_attention)
-    seconds["trainer"] = time.perf_counter() - start
-    micro = config.resolved_micro_batch_size
-    n_micro = -(-trajectory.batch_size // micro)
-    forwards["trainer"] = n_micro * trajectory.window_size * cfg_passes
-
-    floor, floor_tables = None, {}
-    if backend.floor_kernel is not None:
-        start = time.perf_counter()
-        floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
-        floor_tables = measure_floor_tables(backend, trajectory)
-        seconds["floor"] = time.perf_counter() - start
-        forwards["floor"] = forwards["trainer"] * (1 + len(floor_tables))
-
-    return BatchResult(
-        batch=batch,
-        sample_indices=sample_indices,
-        rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
-        trainer_log_probs=trainer,
-        floor_log_probs=floor,
-        timesteps=trajectory.timesteps.detach().cpu().numpy().copy(),
-        window_starts=tuple(w.start for w in trajectory.windows),
-        prompt_groups=tuple(trajectory.prompt_groups),
-        seeds=tuple(trajectory.seeds),
-        forwards=forwards,
-        seconds=seconds,
-        precision=backend.precision,
-        floor_tables=floor_tables,
-        weights=backend.weights,
-    )
 
 
 def _rollout(backend: Backend, conditioning, requests, sampling):
@@ -561,22 +425,3 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, ba
         global_step=batch_requests.global_step,
         scheduler=scheduler,
     )
-
-
-def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
-    """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
-    import torch
-
-    from rollout_consistency import adapters
-
-    if backend.plugins is not None and backend.plugins.trainer is not None:
-        return plugins.plugin_recompute(backend, trajectory, kernel)
-    if backend.config.trainer_step_implementation != "reference":
-        return recompute_variant(backend, trajectory, kernel=kernel)
-    micro = backend.config.resolved_micro_batch_size
-    parts = []
-    with torch.no_grad(), attention(kernel):
-        for start in range(0, trajectory.batch_size, micro):
-            part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
-            parts.append(adapters.recompute_log_probs(backend.trainer_model, part, family=backend.family))
-    return torch.cat(parts).detach().cpu().numpy().copy()

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .ray_connect import DistributedError, check_reachable
+
 S = TypeVar("S")
 T = TypeVar("T")
 R = TypeVar("R")
@@ -42,10 +44,6 @@ RAY_MISSING_NOTE = (
 )
 #: Longest temp-dir base under which Ray's socket paths stay within the 107-byte AF_UNIX limit.
 RAY_TEMP_BASE_MAX = 26
-
-
-class DistributedError(RuntimeError):
-    """Ray could not be used as asked (no Ray for --ray-address, a worker whose setup failed, ...)."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +136,6 @@ def run_sharded(
         notes = (RAY_MISSING_NOTE,) if workers > 1 and not have_ray else ()
         return _run_in_process(work, shards, setup, on_result, notes)
     if ray_address is not None:
-        from .ray_connect import check_reachable
-
         check_reachable(ray_address, ray_timeout_s)
     return _run_on_ray(work, shards, setup, min(workers, len(shards)), ray_address, max_attempts, on_result)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollout_consistency.gate.config import CheckConfig
@@ -91,44 +90,3 @@ def make_plan(config: CheckConfig) -> tuple[BatchSpec, ...]:
         BatchSpec(index=b, samples=tuple(samples[start : start + size]))
         for b, start in enumerate(range(0, len(samples), size))
     )
-
-
-def window_problems(
-    expected: Sequence[SampleSpec] | None,
-    starts: Sequence[int],
-    groups: Sequence[int],
-) -> list[str]:
-    """Why the stored windows break the contract (empty when they keep it).
-
-    Args:
-        expected: the plan's samples (window drawn from the launcher's seed), or ``None`` when unknown
-            (trajectory mode: only the within-group rule is checked).
-        starts: the window start each rollout actually used, per sample.
-        groups: the prompt group of each sample.
-    """
-    problems = []
-    by_group: dict[int, set[int]] = {}
-    for start, group in zip(starts, groups, strict=False):
-        by_group.setdefault(group, set()).add(int(start))
-    split = {g: sorted(s) for g, s in by_group.items() if len(s) > 1}
-    if split:
-        shown = "; ".join(f"group {g}: starts {s}" for g, s in sorted(split.items())[:4])
-        problems.append(
-            f"{len(split)} prompt group(s) whose rollouts used different SDE windows ({shown}): every rollout of a "
-            f"group must share one window, or the group's reward spread measures timestep bias, not the policy. "
-            f"Draw the window per prompt group from the launcher's seed (rollout_consistency.schedulers.draw_sde_window)."
-        )
-    if expected is not None:
-        off = [
-            (s.index, s.window_start, int(start))
-            for s, start in zip(expected, starts, strict=False)
-            if s.window_start != int(start)
-        ]
-        if off:
-            shown = ", ".join(f"sample {i}: expected start {e}, got {g}" for i, e, g in off[:4])
-            problems.append(
-                f"{len(off)} rollout(s) did not use the window drawn from (seed, global_step, prompt group) ({shown}"
-                f"{', …' if len(off) > 4 else ''}): the rollout's window must be a function of explicit launcher "
-                f"arguments only."
-            )
-    return problems

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,8 +46,8 @@ import numpy as np
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .backends import Backend, BatchResult
     from .plan import BatchSpec
+    from .shared import Backend, BatchResult
 
 __all__ = [
     "PluginError",
@@ -215,12 +215,12 @@ def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
 
     from rollout_consistency.adapters import Trajectory
 
-    from .backends import encode_prompts
+    from .shared import encode_prompts
 
     with torch.no_grad():
         conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
     request = make_request(backend, batch, conditioning)
-    from .backends import attention
+    from .shared import attention
 
     with attention(backend.config.rollout_attention):
         out = backend.plugins.rollout(request)
@@ -233,7 +233,7 @@ def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
     if not isinstance(out, PluginRollout):
         raise PluginError(
             f"rollout_backend {spec!r} returned a {type(out).__name__}; return a rollout_consistency.adapters."
-            f"Trajectory or a rollout_consistency.gate.sides.plugins.PluginRollout."
+            f"Trajectory or a rollout_consistency.gate.PluginRollout."
         )
     n = len(batch.samples)
     for name in ("seeds", "window_starts", "prompt_groups"):
@@ -286,7 +286,7 @@ def trainer_log_probs(trainer: Any, spec: str, batch: Any, micro_batch_size: int
 
 def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
     """`backends.recompute` for a trainer plug-in: its log-probs under attention kernel `kernel`."""
-    from .backends import attention
+    from .shared import attention
 
     with attention(kernel):
         return trainer_log_probs(
@@ -299,7 +299,8 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
 
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
-    from .backends import BatchResult, score_trajectory
+    from .shared import BatchResult
+    from .trainer import score_trajectory
 
     start = time.perf_counter()
     out = plugin_rollout(backend, batch)
@@ -427,8 +428,3 @@ def fingerprints(rollout_model: Any, trainer_model: Any) -> dict[str, Any]:
     trainer = weights_fingerprint(trainer_model)
     rollout = trainer if rollout_model is trainer_model else weights_fingerprint(rollout_model)
     return {"rollout": rollout, "trainer": trainer}
-
-
-def describe_sides(specs: Mapping[str, str], extra: Sequence[str] = ()) -> list[str]:
-    """Report notes naming the plug-ins that ran."""
-    return [f"{side}_backend plug-in {spec}" for side, spec in sorted(specs.items())] + list(extra)

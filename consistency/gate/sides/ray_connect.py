@@ -3,7 +3,8 @@
 
 [`check_reachable`] opens (and closes) a TCP connection to the address's host and port within a timeout
 before `ray.init` is called. ``"auto"`` and ``"local"`` are left to Ray, which answers at once when no
-cluster runs on this machine.
+cluster runs on this machine. [`DistributedError`], raised here and by `distributed`, is the sharding's
+usage error (exit code 2 on the command line).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import socket
 import time
 
-from .distributed import DistributedError
-
-__all__ = ["check_reachable", "host_port"]
+__all__ = ["DistributedError", "check_reachable", "host_port"]
 
 RAY_CLIENT_PORT, RAY_GCS_PORT = 10001, 6379
+
+
+class DistributedError(RuntimeError):
+    """Ray could not be used as asked (no Ray for --ray-address, a worker whose setup failed, ...)."""
 
 
 def host_port(address: str) -> tuple[str, int] | None:

@@ -309,7 +309,8 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
 
     from rollout_consistency import adapters
 
-    from .backends import batch_requests, encode_prompts, sampling_settings
+    from .backends import batch_requests, sampling_settings
+    from .shared import encode_prompts
 
     with torch.no_grad():
         conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
@@ -327,7 +328,7 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
 
 
 def _score(backend: Any, batch: Any) -> np.ndarray:
-    from .backends import trainer_log_probs  # a plug-in trainer's own recompute when there is one
+    from .trainer import trainer_log_probs  # a plug-in trainer's own recompute when there is one
 
     return trainer_log_probs(backend, batch, backend.config.trainer_attention)
 

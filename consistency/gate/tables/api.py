@@ -30,8 +30,7 @@ from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
 from rollout_consistency.gate.judging.tolerances import PROFILES, ToleranceError, resolve_tolerance
-from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide
-from rollout_consistency.gate.sides.plan import window_problems
+from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide, window_problems
 
 #: Guards a pair of tables can never support: the work did not run on the checker's workers.
 _NEVER_CHECKED = {"workers": "the tables come from your code, not from the checker's workers"}

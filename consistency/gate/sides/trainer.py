@@ -1,0 +1,136 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The trainer side: recompute the log-prob of every stored window step, micro-batch by micro-batch, with the
+trainer's attention kernel and dtype, and pack both sides' log-probs as one batch's [`BatchResult`].
+
+[`score_trajectory`] is the trainer's half of a batch whatever produced the trajectory (the built-in rollout,
+a rollout plug-in, or a saved file). For the ``calibrated`` profile it also recomputes with the trainer's
+other attention kernel and once per other source of difference the configuration has
+([`measure_floor_tables`]; the sources are `rollout_consistency.gate.judging.tolerance_model`'s).
+A trainer plug-in recomputes with its own code (`Backend.trainer_recompute`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from rollout_consistency.gate.judging.tolerance_model import floor_variants
+
+from .shared import Backend, BatchResult, attention
+
+
+def score_trajectory(
+    backend: Backend,
+    trajectory: Any,
+    *,
+    batch: int,
+    sample_indices: tuple[int, ...],
+    seconds: dict[str, float] | None = None,
+    forwards: dict[str, int] | None = None,
+) -> BatchResult:
+    """The trainer side: recompute every stored window step of `trajectory` (and the floor with the other
+    kernel, for ``calibrated``), and pack both sides' log-probs as one batch's result.
+
+    `seconds` / `forwards` carry the rollout's own figures when there was a rollout in this process.
+    """
+    config = backend.config
+    seconds, forwards = dict(seconds or {}), dict(forwards or {})
+    cfg_passes = backend.cfg_passes
+    start = time.perf_counter()
+    trainer = trainer_log_probs(backend, trajectory, config.trainer_attention)
+    seconds["trainer"] = time.perf_counter() - start
+    micro = config.resolved_micro_batch_size
+    n_micro = -(-trajectory.batch_size // micro)
+    forwards["trainer"] = n_micro * trajectory.window_size * cfg_passes
+
+    floor, floor_tables = None, {}
+    if backend.floor_kernel is not None:
+        start = time.perf_counter()
+        floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
+        floor_tables = measure_floor_tables(backend, trajectory)
+        seconds["floor"] = time.perf_counter() - start
+        forwards["floor"] = forwards["trainer"] * (1 + len(floor_tables))
+
+    return BatchResult(
+        batch=batch,
+        sample_indices=sample_indices,
+        rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
+        trainer_log_probs=trainer,
+        floor_log_probs=floor,
+        timesteps=trajectory.timesteps.detach().cpu().numpy().copy(),
+        window_starts=tuple(w.start for w in trajectory.windows),
+        prompt_groups=tuple(trajectory.prompt_groups),
+        seeds=tuple(trajectory.seeds),
+        forwards=forwards,
+        seconds=seconds,
+        precision=backend.precision,
+        floor_tables=floor_tables,
+        weights=backend.weights,
+    )
+
+
+def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
+    """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
+    import torch
+
+    from rollout_consistency import adapters
+
+    if backend.trainer_recompute is not None:  # a trainer plug-in scores with its own code
+        return backend.trainer_recompute(backend, trajectory, kernel)
+    if backend.config.trainer_step_implementation != "reference":
+        return recompute_variant(backend, trajectory, kernel=kernel)
+    micro = backend.config.resolved_micro_batch_size
+    parts = []
+    with torch.no_grad(), attention(kernel):
+        for start in range(0, trajectory.batch_size, micro):
+            part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
+            parts.append(adapters.recompute_log_probs(backend.trainer_model, part, family=backend.family))
+    return torch.cat(parts).detach().cpu().numpy().copy()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The calibrated floor: the trainer against itself with one source of difference changed at a time.
+def recompute_variant(
+    backend: Any,
+    trajectory: Any,
+    *,
+    kernel: str,
+    micro_batch_size: int | None = None,
+    implementation: str | None = None,
+) -> np.ndarray:
+    """The trainer's log-probs of every stored step, `(B, W)` float32 numpy, with the given kernel,
+    micro-batch size (default: the config's) and SDE-step implementation (default: the config's)."""
+    import torch
+
+    from rollout_consistency.adapters import recompute_step_log_prob
+    from rollout_consistency.schedulers.flow_grpo_step import step_implementation
+
+    config = backend.config
+    micro = micro_batch_size or config.resolved_micro_batch_size
+    name = implementation or getattr(config, "trainer_step_implementation", "reference")
+    parts = []
+    with torch.no_grad(), attention(kernel):
+        for start in range(0, trajectory.batch_size, micro):
+            part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
+            step = step_implementation(name, part.scheduler.scheduler())
+            columns = [
+                recompute_step_log_prob(
+                    backend.trainer_model, part, k, family=backend.family, scheduler=step, check=k == 0
+                )
+                for k in range(part.window_size)
+            ]
+            parts.append(torch.stack(columns, dim=1))
+    return torch.cat(parts).detach().cpu().numpy().copy()
+
+
+def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]:
+    """Per source present in the configuration (besides the kernel, which `score_trajectory` measures): the
+    trainer's log-probs `(B, W)` float32 with that source changed."""
+    config = backend.config
+    variants = floor_variants(config, None)
+    return {
+        source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
+        for source, settings in variants.items()
+    }
