@@ -8,8 +8,10 @@ Every command module exposes the same two functions::
 
 `check` (the step-1 check), `gate` (a log-prob dump), `checkpointing` (old name `recompute`), `precision`,
 `lint` and `doctor` (their commands live in their packages; these modules turn their input errors into
-`UsageError`). `usage` holds `UsageError` and the output-path and JSON helpers, `factories` the user's
-``SPEC`` and ``--arg`` handling. A new command is one module here plus one entry in `rollout_consistency.cli.COMMANDS`.
+`UsageError`). Shared by them: `usage` (`UsageError`, output paths, JSON files), `report_outputs` (the report
+flags and writing of `check` and `gate`), `factories` (a user's ``SPEC`` and its ``--arg`` keywords).
+
+A new command is one module here plus one entry in `rollout_consistency.cli.COMMANDS`.
 """
 
 from __future__ import annotations

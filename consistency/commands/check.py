@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any
-
-from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
 
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency.gate.config import (
@@ -21,13 +18,13 @@ from rollout_consistency.gate.config import (
     STEP_IMPLEMENTATIONS,
     WINDOW_KINDS,
     CheckConfig,
-    ConfigError,
     load_config,
     parse_thresholds,
 )
 from rollout_consistency.gate.judging.tolerances import PROFILES
 
-from .usage import UsageError
+from .report_outputs import add_report_outputs, report_outputs, show_and_write
+from .usage import UsageError, check_outputs
 
 __all__ = ["FIELD_HELP", "add_parser", "config_from_args", "run"]
 
@@ -136,15 +133,7 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="YAML or TOML file of settings (keys as below, with underscores)"
     )
-    outputs = parser.add_argument_group("outputs")
-    outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
-    outputs.add_argument(
-        "--plot",
-        metavar="PATH",
-        help="write a PNG of per-timestep signed dlogp (mean, spread, clip band, limits) and ratio",
-    )
-    outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
+    add_report_outputs(parser, "outputs")
     settings = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")
     defaults = CheckConfig()
     for field in dataclasses.fields(CheckConfig):
@@ -197,34 +186,19 @@ def _run_check_command(args: argparse.Namespace) -> int:
     """Run the check for a parsed command line: print the table, write outputs, return the exit code.
 
     Raises:
-        ConfigError (and the other `rollout_consistency.gate.check.USAGE_ERRORS`): bad settings — the caller maps them to
-        exit code 2.
+        ConfigError (and the other `rollout_consistency.gate.check.USAGE_ERRORS`): bad settings — `run` maps them to
+        exit code 2. UsageError: an output path that is an input, or reports that cannot be written.
     """
-    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
-
     config = config_from_args(args)
-    outputs = {"--json": args.json, "--junit": args.junit, "--plot": args.plot}
-    try:  # before any work: a report must never replace an input or another report
-        check_output_paths(outputs, {"--config": args.config, "--trajectory": config.trajectory})
-    except OutputPathError as error:
-        raise ConfigError(str(error)) from error
+    # Before any work: a report must never replace an input or another report.
+    check_outputs(report_outputs(args), {"--config": args.config, "--trajectory": config.trajectory})
     if config.trajectory is not None:
         from rollout_consistency.gate.sides.trajectory_checks import check_explicit_family
 
         check_explicit_family(config.trajectory, _explicit_family(args))
     from rollout_consistency.gate.check import run_step1_check
 
-    report = run_step1_check(config)
-    print(report.format_table(per_sample=args.per_sample))
-    writers = {"--json": report.write_json, "--junit": report.write_junit, "--plot": report.write_plot}
-    requested = [(path, writers[flag]) for flag, path in outputs.items() if path]
-    try:  # all or nothing: no report may be left that disagrees with the exit code
-        written = write_all(requested)
-    except OSError as error:
-        raise ConfigError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
-    return EXIT_PASS if report.passed else EXIT_FAIL
+    return show_and_write(run_step1_check(config), args)
 
 
 def _explicit_family(args: argparse.Namespace) -> str | None:

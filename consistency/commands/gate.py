@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
-from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
-
-from .usage import UsageError
+from .report_outputs import add_report_outputs, report_outputs, show_and_write
+from .usage import UsageError, check_outputs
 
 __all__ = ["add_parser", "run"]
 
@@ -63,29 +61,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="METRIC=VALUE",
         help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
     )
-    outputs = parser.add_argument_group("outputs (never the dump itself)")
-    outputs.add_argument("--json", metavar="PATH", help="write the report as JSON")
-    outputs.add_argument("--junit", metavar="PATH", help="write JUnit XML (one testcase per check) for CI")
-    outputs.add_argument(
-        "--plot",
-        metavar="PATH",
-        help="write a PNG of per-timestep signed dlogp (mean, spread, clip band, limits) and ratio",
-    )
-    outputs.add_argument("--per-sample", action="store_true", help="also print the per-sample table")
+    add_report_outputs(parser, "outputs (never the dump itself)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
     from rollout_consistency.gate.tables.api import GateInputError
     from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
 
-    outputs = [(flag, path) for flag, path in (("--json", args.json), ("--junit", args.junit), ("--plot", args.plot))]
-    try:
-        check_output_paths(dict(outputs), {"DUMP": args.dump})
-    except OutputPathError as error:
-        raise UsageError(str(error)) from error
+    check_outputs(report_outputs(args), {"DUMP": args.dump})
     if os.path.isdir(args.dump):
         raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")
     try:
@@ -103,13 +88,4 @@ def run(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, DumpFormatError, GateInputError, ConfigError) as error:
         raise UsageError(str(error)) from error
-    print(report.format_table(per_sample=args.per_sample))
-    writers = (report.write_json, report.write_junit, report.write_plot)
-    requested = [(path, write) for (_, path), write in zip(outputs, writers, strict=True) if path]
-    try:  # all or nothing: no report may be left that disagrees with the exit code
-        written = write_all(requested)
-    except OSError as error:
-        raise UsageError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
-    return EXIT_PASS if report.passed else EXIT_FAIL
+    return show_and_write(report, args)
