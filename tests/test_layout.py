@@ -156,6 +156,23 @@ def test_wheel_has_one_top_level_package_holding_every_package(tmp_path: Path) -
     assert b"rollout_consistency = rollout_consistency.pytest_plugin" in entry_points
 
 
+def test_every_package_has_a_documented_public_face() -> None:
+    """Each package's __init__ has a docstring and an `__all__` whose every name it serves."""
+    import importlib
+
+    faceless = []
+    for package, folder in sorted(_package_folders().items()):
+        tree = ast.parse((folder / "__init__.py").read_text())
+        if ast.get_docstring(tree) is None or "__all__" not in {
+            t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+        }:
+            faceless.append(f"{package}: no docstring or no __all__")
+            continue
+        module = importlib.import_module(package)
+        faceless += [f"{package}.{name} is not served" for name in module.__all__ if not hasattr(module, name)]
+    assert faceless == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # Imports
 
