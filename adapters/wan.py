@@ -181,11 +181,16 @@ def _forward_by_expert(experts: WanExperts, names: Sequence[str], timestep: torc
     return (out,)
 
 
-def expert_names(transformer: nn.Module, timesteps: torch.Tensor) -> tuple[str, ...] | None:
-    """The expert each row's timestep takes on `transformer` (a [`WanExperts`], a wrapper of one, or its
-    batch-invariant proxy), or None for a single-expert model (nothing to choose or record)."""
+def expert_names(transformer: nn.Module, timesteps: torch.Tensor) -> tuple[str, ...]:
+    """The expert each row's timestep `(B,)` takes on `transformer`: a [`WanExperts`] (or a wrapper of one, or its
+    batch-invariant proxy) answers for itself; a single `WanTransformer3DModel` is `"transformer"` for every step,
+    as in `WanPipeline` without `transformer_2`."""
     choose = getattr(transformer, "expert_names", None)
-    return None if choose is None else tuple(choose(timesteps))
+    return (EXPERT_NAMES[0],) * len(timesteps) if choose is None else tuple(choose(timesteps))
+
+
+def _has_experts(transformer: nn.Module) -> bool:
+    return getattr(transformer, "expert_names", None) is not None
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -361,7 +366,7 @@ def velocity(
         tokens = frames * math.ceil(h / 2) * math.ceil(w / 2)
         timestep = timesteps[:, None].expand(batch, tokens)
     names = expert_names(transformer, timesteps)
-    extra = {} if names is None else {"experts": list(names)}
+    extra = {"experts": list(names)} if _has_experts(transformer) else {}
 
     def predict(embeds: torch.Tensor) -> torch.Tensor:
         return transformer(
@@ -377,7 +382,7 @@ def velocity(
         return cond
     uncond = predict(conditioning["negative_prompt_embeds"])
     scale_2 = guidance_scale if opts["guidance_scale_2"] is None else float(opts["guidance_scale_2"])
-    if names is None or set(names) == {EXPERT_NAMES[0]}:
+    if set(names) == {EXPERT_NAMES[0]}:
         return uncond + guidance_scale * (cond - uncond)
     if set(names) == {EXPERT_NAMES[1]}:
         return uncond + scale_2 * (cond - uncond)
@@ -401,7 +406,7 @@ def collate_conditioning(
     return concat_fixed_width_conditioning(conditionings, width, text_keys=TEXT_KEYS, pipeline="WanPipeline")
 
 
-def _experts(transformer: nn.Module, timesteps: torch.Tensor, options: Mapping[str, Any]) -> tuple[str, ...] | None:
+def _experts(transformer: nn.Module, timesteps: torch.Tensor, options: Mapping[str, Any]) -> tuple[str, ...]:
     return expert_names(transformer, timesteps)
 
 

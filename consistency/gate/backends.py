@@ -69,6 +69,9 @@ class BatchResult:
     #: composition, implementation; `rollout_consistency.gate.tolerance_model`), by source name.
     floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
     weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.plugins.fingerprints of the two sides
+    #: Models with experts by timestep (Wan 2.2): ``{"rollout": rows, "trainer": rows}``, one tuple of expert names
+    #: per sample (window order) each side scored the stored steps with; a side's None: it recorded none.
+    experts: Mapping[str, Any] | None = None
 
 
 def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
@@ -471,7 +474,31 @@ def score_trajectory(
         precision=backend.precision,
         floor_tables=floor_tables,
         weights=backend.weights,
+        experts=side_experts(backend, trajectory),
     )
+
+
+def side_experts(backend: Backend, trajectory: Any) -> dict[str, Any] | None:
+    """Which expert each side scored every stored step with (`BatchResult.experts`), or None when neither side
+    has experts by timestep. The rollout's is the trajectory's record; the built-in trainer's is its model's
+    answer for the stored timesteps; a trainer plug-in's comes from its optional ``experts(batch)``."""
+    from rollout_consistency.adapters.trainer import trainer_experts
+
+    trainer_plugin = backend.plugins.trainer if backend.plugins is not None else None
+    if trainer_plugin is not None:
+        report = getattr(trainer_plugin, "experts", None)
+        trainer = None if report is None else tuple(tuple(str(n) for n in row) for row in report(trajectory))
+        shape = (trajectory.batch_size, trajectory.window_size)
+        if trainer is not None and (len(trainer) != shape[0] or any(len(row) != shape[1] for row in trainer)):
+            raise plugins.PluginError(
+                f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
+                f"step, {shape[0]} rows of {shape[1]}; got {[len(row) for row in trainer]}."
+            )
+    else:
+        trainer = trainer_experts(backend.trainer_model, trajectory, family=backend.family)
+    if trajectory.experts is None and trainer is None:
+        return None
+    return {"rollout": trajectory.experts, "trainer": trainer}
 
 
 def _rollout(backend: Backend, conditioning, requests, sampling):

@@ -95,6 +95,14 @@ INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     "mask-sum-rope": {"pad_prompts_to_max_length": True, "mask_text_padding": False},
     # Structural: the windows differ within a prompt group; no setting needed.
     "per-request-window": {},
+    # Wan 2.2's two experts (tiny: boundary 0.875, as Wan2.2-T2V-A14B); at 6 steps the schedule's timesteps are
+    # 1000, 953, 883 | 771, 562, 24: step 3 is the first below the boundary, and every window of the range holds it.
+    "late-expert-switch": {
+        "model_family": "wan",
+        "boundary_ratio": 0.875,
+        "num_inference_steps": 6,
+        "sde_window_range": (2, 5),
+    },
 }
 INJECTIONS: tuple[str, ...] = tuple(INJECTION_SETTINGS)
 
