@@ -17,7 +17,7 @@ switch for it: [`apply_injection`] applies one by name, and the checker applies 
 |                        | (transformer)                   | tokens)                                               |                                         |
 | `per-request-window`   | [`stock_per_request_window`]    | SDE window drawn per request from an unseeded RNG     | `draw_sde_window` per prompt group,     |
 |                        | (windows)                       |                                                       | seeded explicitly                       |
-| `late-expert-switch`   | [`StockLateExpertSwitch`]       | Wan 2.2: the switch to `transformer_2` taken one step | both sides ask the model which expert   |
+| `expert-switch`        | [`StockLateExpertSwitch`]       | Wan 2.2: the switch to `transformer_2` taken one step | both sides ask the model which expert   |
 |                        | (transformer)                   | late (a step index off by one against the boundary)   | a timestep takes (`t >= boundary`)      |
 
 When each one shows (so a check that injects it sees a signature):
@@ -35,7 +35,7 @@ When each one shows (so a check that injects it sees a signature):
 * `per-request-window`: rollouts of one prompt group get different windows; the step-1 ratio stays 1
   (the trainer re-scores the stored steps), so the signature is structural: `Trajectory.windows` disagree
   within a prompt group.
-* `late-expert-switch`: a model with two experts by timestep (Wan 2.2, `rollout_consistency.adapters.wan.WanExperts`)
+* `expert-switch`: a model with two experts by timestep (Wan 2.2, `rollout_consistency.adapters.wan.WanExperts`)
   and an SDE window holding the first low-noise step. Signature: the log-ratio is non-zero at exactly that step
   and the recorded experts (`Trajectory.experts` against the trainer's) differ there.
 """
@@ -68,7 +68,7 @@ __all__ = [
     "stock_round_to_model_dtype",
 ]
 
-INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window", "late-expert-switch")
+INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window", "expert-switch")
 
 
 class MixedDtypeBatchError(ValueError):
@@ -188,7 +188,7 @@ class StockMaskSumRope(nn.Module):
 
 
 class StockLateExpertSwitch(nn.Module):
-    """REPRODUCTION (`late-expert-switch`): Wan 2.2's two experts switching to `transformer_2` one step late.
+    """REPRODUCTION (`expert-switch`): Wan 2.2's two experts switching to `transformer_2` one step late.
 
     The stock code counts the high-noise steps, `n_high = (timesteps >= boundary).sum()`, then takes
     `transformer` for step indices `i <= n_high` (`<=` for `<`): the first step below the boundary still runs the
@@ -200,12 +200,12 @@ class StockLateExpertSwitch(nn.Module):
         ValueError: the wrapped transformer has no two experts (no `expert_names`).
     """
 
-    injection_name = "late-expert-switch"
+    injection_name = "expert-switch"
 
     def __init__(self, transformer: nn.Module, schedule: torch.Tensor):
         if getattr(transformer, "expert_names", None) is None:
             raise ValueError(
-                "The late-expert-switch reproduction needs a model with two experts by timestep (Wan 2.2: "
+                "The expert-switch reproduction needs a model with two experts by timestep (Wan 2.2: "
                 "rollout_consistency.adapters.wan.WanExperts, e.g. load_wan(boundary_ratio=0.875))."
             )
         super().__init__()
@@ -257,7 +257,7 @@ def apply_injection(
     Args:
         name: one of [`INJECTION_NAMES`].
         scheduler: the scheduler the rollout steps with (e.g. `SchedulerSetup.scheduler()`; its `timesteps` are
-            the schedule `late-expert-switch` counts steps in).
+            the schedule `expert-switch` counts steps in).
         transformer: the rollout's transformer (its dtype is the one latents are rounded to).
         windows: one window per sample; `request_ids`: one id per sample (`per-request-window` mixes it in).
 
@@ -271,7 +271,7 @@ def apply_injection(
         scheduler = StockModelDtypeLatents(scheduler, model_dtype(transformer))
     elif name == "mask-sum-rope":
         transformer = StockMaskSumRope(transformer)
-    elif name == "late-expert-switch":
+    elif name == "expert-switch":
         transformer = StockLateExpertSwitch(transformer, scheduler.timesteps)
     elif name == "per-request-window":
         windows = tuple(

@@ -97,7 +97,7 @@ INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     "per-request-window": {},
     # Wan 2.2's two experts (tiny: boundary 0.875, as Wan2.2-T2V-A14B); at 6 steps the schedule's timesteps are
     # 1000, 953, 883 | 771, 562, 24: step 3 is the first below the boundary, and every window of the range holds it.
-    "late-expert-switch": {
+    "expert-switch": {
         "model_family": "wan",
         "boundary_ratio": 0.875,
         "num_inference_steps": 6,
