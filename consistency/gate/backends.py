@@ -484,21 +484,36 @@ def side_experts(backend: Backend, trajectory: Any) -> dict[str, Any] | None:
     answer for the stored timesteps; a trainer plug-in's comes from its optional ``experts(batch)``."""
     from rollout_consistency.adapters.trainer import trainer_experts
 
-    trainer_plugin = backend.plugins.trainer if backend.plugins is not None else None
-    if trainer_plugin is not None:
-        report = getattr(trainer_plugin, "experts", None)
-        trainer = None if report is None else tuple(tuple(str(n) for n in row) for row in report(trajectory))
-        shape = (trajectory.batch_size, trajectory.window_size)
-        if trainer is not None and (len(trainer) != shape[0] or any(len(row) != shape[1] for row in trainer)):
-            raise plugins.PluginError(
-                f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
-                f"step, {shape[0]} rows of {shape[1]}; got {[len(row) for row in trainer]}."
-            )
+    if backend.plugins is not None and backend.plugins.trainer is not None:
+        trainer = _trainer_plugin_experts(backend, trajectory, (trajectory.batch_size, trajectory.window_size))
     else:
         trainer = trainer_experts(backend.trainer_model, trajectory, family=backend.family)
     if trajectory.experts is None and trainer is None:
         return None
     return {"rollout": trajectory.experts, "trainer": trainer}
+
+
+def plugin_experts(backend: Backend, out: Any) -> dict[str, Any] | None:
+    """`side_experts` for a rollout plug-in's `PluginRollout` re-scored by a trainer plug-in."""
+    rollout = None if out.experts is None else tuple(tuple(str(n) for n in row) for row in out.experts)
+    trainer = _trainer_plugin_experts(backend, out.batch, np.shape(out.log_probs))
+    if rollout is None and trainer is None:
+        return None
+    return {"rollout": rollout, "trainer": trainer}
+
+
+def _trainer_plugin_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
+    """The trainer plug-in's optional ``experts(batch)`` (one name per stored step), checked against `shape`."""
+    report = getattr(backend.plugins.trainer, "experts", None)
+    if report is None:
+        return None
+    names = tuple(tuple(str(n) for n in row) for row in report(batch))
+    if len(names) != shape[0] or any(len(row) != shape[1] for row in names):
+        raise plugins.PluginError(
+            f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
+            f"step, {shape[0]} rows of {shape[1]}; got {[len(row) for row in names]}."
+        )
+    return names
 
 
 def _rollout(backend: Backend, conditioning, requests, sampling):

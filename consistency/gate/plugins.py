@@ -27,6 +27,8 @@ Optional attributes of either side:
   (`rollout_consistency.gate.weight_sync`) watches it change.
 * trainer ``train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)``
   — one optimizer update on its real loss, for the step-2 weight-sync check (see that module).
+* trainer ``experts(batch)`` — for a model with experts by timestep (Wan 2.2), the expert it scores each stored
+  step with (one tuple of names per sample), compared with the rollout's record by the ``experts`` guard.
 
 Plug-in output is checked like built-in output: seeds and windows against the plan, float32 only, shapes,
 finiteness. A plug-in that returns something else raises [`PluginError`] (a usage error, exit 2) naming the
@@ -115,6 +117,8 @@ class PluginRollout:
         window_starts: the first SDE step of each sample's window (checked against the plan).
         prompt_groups: each sample's prompt group (checked against the plan).
         batch: what the trainer plug-in re-scores (passed to it as is).
+        experts: for a model with experts by timestep (Wan 2.2), the expert that took each stored step, one
+            tuple of names per sample (compared with the trainer plug-in's ``experts(batch)``); None otherwise.
     """
 
     log_probs: Any
@@ -123,6 +127,7 @@ class PluginRollout:
     window_starts: tuple[int, ...]
     prompt_groups: tuple[int, ...]
     batch: Any = None
+    experts: Any = None
 
 
 class RolloutPlugin(Protocol):
@@ -299,7 +304,7 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
 
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
-    from .backends import BatchResult, score_trajectory
+    from .backends import BatchResult, plugin_experts, score_trajectory
 
     start = time.perf_counter()
     out = plugin_rollout(backend, batch)
@@ -335,6 +340,7 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         seconds=seconds,
         precision=backend.precision,
         weights=backend.weights,
+        experts=plugin_experts(backend, out),
     )
 
 
