@@ -172,7 +172,10 @@ def _forward_by_expert(experts: WanExperts, names: Sequence[str], timestep: torc
         if not rows:
             continue
         index = torch.tensor(rows, device=timestep.device)
-        part = {k: v[index] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v for k, v in inputs.items()}
+        part = {
+            k: v[index] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
+            for k, v in inputs.items()
+        }
         part["return_dict"] = False
         sample = getattr(experts, name)(timestep=timestep[index], **part)[0]
         if out is None:

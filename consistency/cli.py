@@ -550,7 +550,9 @@ def _show(value: Any) -> str:
 def _flag_type(name: str, default: Any):
     if name in ("micro_batch_size",) or (isinstance(default, int) and not isinstance(default, bool)):
         return int
-    if name in ("clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio") or isinstance(default, float):
+    if name in ("clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio") or isinstance(
+        default, float
+    ):
         return float
     return str
 

@@ -182,14 +182,18 @@ class DanceGRPOTrainer:
             samples["negative_prompt_embeds"][i : i + 1],
             self.cfg_infer,
         )
-        return self.scheduler.scheduler().sample_previous_step(
-            pred,
-            t,
-            latents,
-            noise_level=self.eta,
-            sde_type="dance_sde",
-            prev_sample=samples["next_latents"][i : i + 1, step],
-        ).log_prob
+        return (
+            self.scheduler.scheduler()
+            .sample_previous_step(
+                pred,
+                t,
+                latents,
+                noise_level=self.eta,
+                sde_type="dance_sde",
+                prev_sample=samples["next_latents"][i : i + 1, step],
+            )
+            .log_prob
+        )
 
     def experts(self, samples: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
         """Which expert ``grpo_one_step`` scores each stored step with."""
