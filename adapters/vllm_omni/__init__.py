@@ -13,7 +13,9 @@ below is importable from this package; the modules:
     engine_checks  engine settings and sampling params the pipeline refuses: check_engine_settings,
                    check_sampling_params
     worker         per-request engine state: TransformerView, RolloutState, start_request, batch_noise_pred,
-                   advance_request, finish_request
+                   batch_experts, advance_request, finish_request
+    wan_pipeline   `RolloutWanPipeline`, vLLM-omni's Wan 2.2 pipeline class for Wan rollouts (imports vLLM; loaded
+                   only by vLLM-omni's worker, through `PIPELINE_CLASSES["wan"]`)
     envelope       the trajectory's way back: trajectory_to_payload, output_envelope, order_by_sample_index,
                    trajectory_from_payload, ENVELOPE_FORMAT
     client         the engine client: VllmOmniRollout, engine_kwargs, sampling_params_kwargs,
@@ -98,6 +100,7 @@ from .worker import (
     RolloutState,
     TransformerView,
     advance_request,
+    batch_experts,
     batch_noise_pred,
     finish_request,
     start_request,
@@ -121,6 +124,7 @@ __all__ = [
     "VllmOmniRollout",
     "VllmOmniUnavailableError",
     "advance_request",
+    "batch_experts",
     "batch_noise_pred",
     "build_requests",
     "check_engine_settings",
