@@ -4,12 +4,13 @@
 Written against vLLM-omni 0.30.0 (`VLLM_OMNI_VERSION`). No module of this package imports vllm or vllm_omni at
 import time; only [`VllmOmniRollout`] does, when it starts an engine, and without the package it raises
 [`VllmOmniUnavailableError`] naming the extra to install. The pipeline class that vLLM-omni's worker loads lives
-in `rollout_consistency.adapters.vllm_omni_pipeline` (the only module that imports vLLM at its top); it is a thin
-shell over the plain functions here, which are tested on the CPU with the diffusers transformer. Every name
-below is importable from this package; the modules:
+in `rollout_consistency.adapters.vllm_omni_pipeline` (for Wan: `wan_pipeline`; the only modules that import vLLM at
+their top); each is a thin shell over the plain functions here, which are tested on the CPU with the diffusers
+transformer. Every name below (but `wan_pipeline`'s) is importable from this package; the modules:
 
     protocol       the wire protocol: BatchSettings, RequestSettings, RolloutRequest, build_requests,
-                   decode_request, resolve_window, PAYLOAD_KEY, PAYLOAD_VERSION, PIPELINE_CLASS
+                   decode_request, resolve_window, PAYLOAD_KEY, PAYLOAD_VERSION, PIPELINE_CLASS,
+                   PIPELINE_CLASSES
     engine_checks  engine settings and sampling params the pipeline refuses: check_engine_settings,
                    check_sampling_params
     worker         per-request engine state: TransformerView, RolloutState, start_request, batch_noise_pred,
@@ -88,6 +89,7 @@ from .protocol import (
     PAYLOAD_KEY,
     PAYLOAD_VERSION,
     PIPELINE_CLASS,
+    PIPELINE_CLASSES,
     BatchSettings,
     RequestSettings,
     RolloutRequest,
@@ -112,6 +114,7 @@ __all__ = [
     "PAYLOAD_KEY",
     "PAYLOAD_VERSION",
     "PIPELINE_CLASS",
+    "PIPELINE_CLASSES",
     "VLLM_OMNI_VERSION",
     "BatchSettings",
     "RequestSettings",
