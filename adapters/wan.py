@@ -112,9 +112,13 @@ class WanExperts(nn.Module):
     `transformer_2` below (diffusers' `WanPipeline` comparison, in float32).
 
     Its forward takes a `WanTransformer3DModel`'s keyword inputs plus `experts` (one name per row, from
-    [`expert_names`]; computed from `timestep` when omitted) and runs each row through its expert: one forward
-    when every row takes the same expert (the pipeline's case), one per expert otherwise (a step-wise batch
-    mixing steps on both sides of the boundary). `config` is the first expert's (both share the architecture).
+    [`expert_names`]; computed from `timestep` when omitted) and gives each row its expert's output: one forward
+    when every row takes the same expert (the pipeline's case); for a batch across the boundary (a step-wise
+    batch, a trainer micro-batch of rows at different steps) each expert runs on the *whole* batch and each row
+    is taken from its own expert's output. That costs one forward more, and keeps every row's forward a forward
+    of the batch it came in: a row's bits do not depend on how its batch-mates split between the experts (the
+    same rows as sub-batches would take other kernels). `config` is the first expert's (both share the
+    architecture).
 
     Args:
         transformer: the high-noise expert. transformer_2: the low-noise expert.
@@ -164,23 +168,17 @@ class WanExperts(nn.Module):
 
 
 def _forward_by_expert(experts: WanExperts, names: Sequence[str], timestep: torch.Tensor, inputs: Mapping) -> Any:
-    """Rows of a mixed batch through their own expert, reassembled in row order (tuple output)."""
-    batch = len(names)
+    """A batch across the boundary: every expert on the whole batch, each row from its own expert (tuple output)."""
     out: torch.Tensor | None = None
     for name in EXPERT_NAMES:
         rows = [b for b, n in enumerate(names) if n == name]
         if not rows:
             continue
-        index = torch.tensor(rows, device=timestep.device)
-        part = {
-            k: v[index] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
-            for k, v in inputs.items()
-        }
-        part["return_dict"] = False
-        sample = getattr(experts, name)(timestep=timestep[index], **part)[0]
+        sample = getattr(experts, name)(timestep=timestep, **{**inputs, "return_dict": False})[0]
+        index = torch.tensor(rows, device=sample.device)
         if out is None:
-            out = sample.new_empty((batch, *sample.shape[1:]))
-        out[index] = sample
+            out = torch.empty_like(sample)
+        out[index] = sample[index]
     return (out,)
 
 
