@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Model families: one frozen [`ModelFamily`] per family, and the registry that finds it by name.
 
-A model family (Qwen-Image, SD3, FLUX, or yours) is a frozen bundle of plain functions, chiefly its
+A model family (Qwen-Image, SD3, FLUX, Wan, or yours) is a frozen bundle of plain functions, chiefly its
 *velocity function*
 
     velocity(transformer, latents, timesteps, conditioning, guidance_scale, *, options)
@@ -15,7 +15,7 @@ the trainer (`rollout_consistency.adapters.trainer`), the step-wise engine and t
 fields of a `ModelFamily`, never a family's name.
 
 Adding a family is one module that builds a `ModelFamily` and calls [`register_family`] (see
-docs/design.md). The three built-in families are imported on first use by name, so `import
+docs/design.md). The built-in families are imported on first use by name, so `import
 rollout_consistency.adapters` stays light and a family with a missing optional dependency does not break
 the others.
 """
@@ -81,7 +81,7 @@ class ModelFamily:
     """The per-family functions the shared loops and the checker need. All are plain functions of their arguments.
 
     Used by the rollout, the trainer and the step-wise engine:
-        name: the family id stored in trajectories (`"qwen-image"`, `"sd3"`, `"flux"`).
+        name: the family id stored in trajectories (`"qwen-image"`, `"sd3"`, `"flux"`, `"wan"`).
         velocity: see [`VelocityFn`] and the module docstring.
         latent_shape: `(transformer, options) -> tuple` — per-sample latent shape the velocity takes.
         initial_latents: `(transformer, generators, options) -> Tensor (B, *latent_shape) float32` — draws
@@ -108,6 +108,13 @@ class ModelFamily:
         load_transformer: `(path, *, dtype, device) -> nn.Module` — a real checkpoint's transformer in eval mode.
         load_prompt_encoder: `(path, device, PipelineSettings) -> PromptEncoder` — a real checkpoint's text
             encoders (through its diffusers pipeline).
+        model_kwargs: `(PipelineSettings) -> dict` — extra keyword arguments for `load_transformer` and the tiny
+            model's loader (Wan: `boundary_ratio`, which makes the model two experts); `None`: none.
+
+    Families whose model is a mixture of experts by timestep (Wan 2.2) also set:
+        experts: `(transformer, timesteps (B,) float32, options) -> tuple[str, ...] | None` — the expert that
+            takes each row's step on this model (`None` for a single-expert model). The rollout records it per
+            window step (`Trajectory.experts`), the trainer reports its own, and the checker compares them.
     """
 
     name: str
@@ -125,6 +132,8 @@ class ModelFamily:
     negative_prompt: str = ""
     load_transformer: Callable[..., nn.Module] | None = None
     load_prompt_encoder: Callable[[str | os.PathLike, Any, PipelineSettings], PromptEncoder] | None = None
+    model_kwargs: Callable[[PipelineSettings], dict[str, Any]] | None = None
+    experts: Callable[[nn.Module, torch.Tensor, Mapping[str, Any]], tuple[str, ...] | None] | None = None
 
 
 # The built-in families, imported on first use (each module registers its `FAMILY` when imported).
@@ -132,6 +141,7 @@ _BUILTIN_MODULES = {
     "qwen-image": "rollout_consistency.adapters.qwen_image",
     "sd3": "rollout_consistency.adapters.sd3",
     "flux": "rollout_consistency.adapters.flux",
+    "wan": "rollout_consistency.adapters.wan",
 }
 # name -> family: the process's registry (built-ins on first use, user families when they register).
 _REGISTRY: dict[str, ModelFamily] = {}

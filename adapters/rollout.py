@@ -33,7 +33,7 @@ from .families import ModelFamily, model_device
 from .settings import BatchRequests, SamplingSettings
 from .trajectory import Trajectory
 
-__all__ = ["make_generators", "resolve_windows", "rollout"]
+__all__ = ["make_generators", "recorded_experts", "resolve_windows", "rollout"]
 
 
 def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -147,19 +147,18 @@ def rollout(
     stored = torch.empty((batch, window_size + 1, *expected_shape[1:]), dtype=torch.float32, device=device)
     log_probs = torch.empty((batch, window_size), dtype=torch.float32, device=device)
     timesteps = torch.empty((batch, window_size), dtype=torch.float32)
+    # Which expert took each window step (models with experts by timestep only; None entries otherwise).
+    experts: list[list[str | None]] = [[None] * window_size for _ in range(batch)]
     last_step = num_steps if denoise_to_end else max(w.stop for w in windows)
 
     with torch.no_grad():
         for step in range(last_step):
             t = schedule[step]
+            step_timesteps = t.expand(batch).to(device)
             velocity = family.velocity(
-                transformer,
-                latents,
-                t.expand(batch).to(device),
-                conditioning,
-                guidance_scale,
-                options=options,
+                transformer, latents, step_timesteps, conditioning, guidance_scale, options=options
             )
+            names = None if family.experts is None else family.experts(transformer, step_timesteps, options)
             sde_rows = [b for b in range(batch) if step in windows[b]]
             ode_rows = [b for b in range(batch) if step not in windows[b]]
             # Rows are stepped in (at most) two groups, SDE and ODE; the step's maths is per element and its
@@ -186,6 +185,9 @@ def rollout(
                     stored[rows, positions] = sample
                     log_probs[rows, positions] = out.log_prob
                     timesteps[rows, positions] = t
+                    if names is not None:
+                        for b, k in zip(rows, positions, strict=True):
+                            experts[b][k] = names[b]
                     last = [i for i, k in enumerate(positions) if k == window_size - 1]
                     if last:
                         stored[[rows[i] for i in last], window_size] = prev[last]
@@ -217,4 +219,16 @@ def rollout(
         include_normalizer=include_normalizer,
         final_latents=latents if denoise_to_end else None,
         provenance=provenance,
+        experts=recorded_experts(experts),
     ).validate()
+
+
+def recorded_experts(table: Sequence[Sequence[str | None]]) -> tuple[tuple[str, ...], ...] | None:
+    """A rollout's per-sample, per-window-step expert names as `Trajectory.experts` stores them: None when no
+    step recorded one (a single-expert model); ValueError when only some did (a model that changed mid-run)."""
+    recorded = [name is not None for row in table for name in row]
+    if not any(recorded):
+        return None
+    if not all(recorded):
+        raise ValueError("Some window steps recorded an expert and others none: the model changed during the rollout.")
+    return tuple(tuple(row) for row in table)

@@ -27,9 +27,13 @@ class PipelineSettings:
     """A family pipeline's call arguments, family-agnostic (each family reads the ones it has).
 
     Attributes:
-        height, width: image size in pixels.
-        guidance_scale: the pipeline's `guidance_scale` (SD3: classifier-free guidance; FLUX: the embedded
+        height, width: image (or video frame) size in pixels.
+        num_frames: video frames (Wan; image families ignore it).
+        guidance_scale: the pipeline's `guidance_scale` (SD3, Wan: classifier-free guidance; FLUX: the embedded
             guidance value; Qwen-Image: unused).
+        guidance_scale_2: Wan 2.2's CFG scale for the low-noise expert (`None`: the same as `guidance_scale`).
+        boundary_ratio: Wan 2.2's expert switch (`transformer` for timesteps >= boundary_ratio · 1000,
+            `transformer_2` below); `None`: the model directory's own (a tiny model then has one expert).
         true_cfg_scale: true classifier-free guidance (Qwen-Image, FLUX); CFG runs when > 1.
         mask_text_padding: pass the text mask to attention (Qwen-Image).
         max_sequence_length: the text encoder's maximum (SD3/FLUX: fixed) token length.
@@ -43,6 +47,9 @@ class PipelineSettings:
     mask_text_padding: bool = True
     max_sequence_length: int = 512
     pad_prompts_to_max_length: bool = False
+    num_frames: int = 13
+    guidance_scale_2: float | None = None
+    boundary_ratio: float | None = None
 
 
 @dataclass(frozen=True)

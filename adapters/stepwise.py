@@ -44,7 +44,7 @@ from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, Schedu
 from .batch_invariance import is_batch_invariant
 from .families import ModelFamily, model_device
 from .pitfalls import MixedDtypeBatchError
-from .rollout import make_generators
+from .rollout import make_generators, recorded_experts
 from .settings import SamplingSettings
 from .trajectory import Trajectory, stack_trajectories
 
@@ -59,6 +59,7 @@ __all__ = [
     "init_window_record",
     "record_window_step",
     "run_stepwise",
+    "running_experts",
     "scheduler_step",
     "shared_text_width",
     "stored_conditioning",
@@ -95,6 +96,7 @@ class WindowRecord:
     log_probs: list[torch.Tensor] = field(default_factory=list)
     timesteps: list[torch.Tensor] = field(default_factory=list)
     last_output: torch.Tensor | None = None
+    experts: list[str | None] = field(default_factory=list)  # the expert of each step (experts by timestep only)
 
     @property
     def complete(self) -> bool:
@@ -137,9 +139,11 @@ def record_window_step(
     timestep: torch.Tensor,
     log_prob: torch.Tensor,
     prev_sample: torch.Tensor,
+    expert: str | None = None,
 ) -> None:
-    """Store one window step of one request: its input `sample` (1, ...), `log_prob` (1,), `timestep` and,
-    at the window's last step, the drawn `prev_sample`. All float32; ValueError otherwise."""
+    """Store one window step of one request: its input `sample` (1, ...), `log_prob` (1,), `timestep`, the expert
+    that took it (models with experts by timestep; `None` otherwise) and, at the window's last step, the drawn
+    `prev_sample`. All float32; ValueError otherwise."""
     if step_index not in record.window:
         raise ValueError(f"Step {step_index} is outside the request's window {record.window}.")
     if len(record.inputs) != step_index - record.window.start:
@@ -152,6 +156,7 @@ def record_window_step(
     record.inputs.append(sample.detach().clone())
     record.log_probs.append(log_prob.detach().reshape(1).clone())
     record.timesteps.append(torch.as_tensor(timestep, dtype=torch.float32).reshape(1).cpu())
+    record.experts.append(expert)
     if step_index == record.window.stop - 1:
         record.last_output = prev_sample.detach().clone()
 
@@ -194,6 +199,7 @@ def window_trajectory(
         include_normalizer=include_normalizer,
         final_latents=final_latents,
         provenance=dict(provenance or {"path": "step-wise"}),
+        experts=recorded_experts([record.experts]),
     ).validate()
 
 
@@ -260,11 +266,13 @@ def advance_request(
     noise_level: float,
     sde_type: str,
     include_normalizer: bool = True,
+    expert: str | None = None,
 ) -> None:
     """`step_scheduler`: one scheduler step of one request in float32, recorded when inside its window.
 
     Args:
         noise_pred (`torch.Tensor` `(1, *latent_shape)`): the request's row of the batched forward.
+        expert: the expert that computed it (models with experts by timestep: `ModelFamily.experts`), recorded.
 
     The request's state becomes the scheduler's `prev_sample` as returned (float32 from the project's scheduler;
     the `stepwise-bf16` reproduction's scheduler wrapper returns it in the model dtype).
@@ -285,7 +293,9 @@ def advance_request(
     )
     prev = out.prev_sample
     if in_window:
-        record_window_step(state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32))
+        record_window_step(
+            state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32), expert
+        )
     state.latents = prev
     state.step_index += 1
 
@@ -353,6 +363,17 @@ def denoise_step(
     conditioning = {k: v.to(latents.device) for k, v in conditioning.items()}
     timesteps = torch.stack([s.current_timestep for s in states]).to(latents.device)
     return family.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options)
+
+
+def running_experts(
+    family: ModelFamily, transformer: nn.Module, states: Sequence[RequestState], options: Mapping[str, Any]
+) -> tuple[str, ...] | None:
+    """The expert each running request's step takes (the one [`denoise_step`]'s forward used for its row), or None
+    for a model without experts by timestep."""
+    if family.experts is None:
+        return None
+    timesteps = torch.stack([s.current_timestep for s in states]).to(model_device(transformer))
+    return family.experts(transformer, timesteps, options)
 
 
 def run_stepwise(
@@ -434,6 +455,7 @@ def run_stepwise(
                 options=options,
                 text_width=text_width,
             )
+            experts = running_experts(family, transformer, states, options)
             for row, state in enumerate(states):
                 advance_request(
                     state,
@@ -441,6 +463,7 @@ def run_stepwise(
                     noise_level=noise_level,
                     sde_type=sde_type,
                     include_normalizer=include_normalizer,
+                    expert=None if experts is None else experts[row],
                 )
             still_running = []
             for index, state in running:

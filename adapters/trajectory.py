@@ -13,7 +13,9 @@ File format (one `.safetensors` file, little-endian, readable by any safetensors
 * header metadata (string → string): `format` = `rollout-consistency/trajectory`, `format_version` = `1`,
   `sha256` (digest of every tensor's name, dtype, shape and bytes), and one JSON string per scalar field
   (`windows`, `noise_level`, `sde_type`, `guidance_scale`, `seeds`, `prompt_groups`, `global_step`,
-  `model_family`, `scheduler`, `family_options`, `include_normalizer`, `provenance`).
+  `model_family`, `scheduler`, `family_options`, `include_normalizer`, `provenance`), and `experts` for a model
+  with experts by timestep (Wan 2.2): optional, so files without it (every image family's, and files written
+  before it existed) read as before, with `experts` None.
 
 `save` then `load` returns a trajectory whose tensors are bit-identical to the saved ones. A file that is
 truncated, corrupted, of another format, or holds a non-float32 latent / log-prob / timestep raises
@@ -70,7 +72,8 @@ class Trajectory:
     """A batch of rollouts restricted to their SDE windows, in float32.
 
     Shapes: `B` samples, `W` window steps (the same window size for every sample), `latent_shape` the
-    per-sample latent shape of the model family (Qwen-Image: packed `(seq, channels)`).
+    per-sample latent shape of the model family (Qwen-Image: packed `(seq, channels)`; Wan: the video's
+    `(C, F, h, w)`, so `latents` is 7-D).
 
     Args:
         latents (`torch.Tensor` `(B, W+1, *latent_shape)`, float32): the sample entering each window step,
@@ -87,13 +90,16 @@ class Trajectory:
         prompt_groups (`tuple[int, ...]`): per-sample prompt-group id. global_step (`int`): training step.
         conditioning (`Mapping[str, torch.Tensor]`): what the trainer feeds the model, batch-first: float32
             embeddings (e.g. `prompt_embeds` `(B, L, D)`) and int64 masks (names ending in `_mask`, `(B, L)`).
-        model_family (`str`): `"qwen-image"`, `"sd3"` or `"flux"`.
+        model_family (`str`): `"qwen-image"`, `"sd3"`, `"flux"`, `"wan"` or a registered family.
         scheduler ([`SchedulerSetup`]): rebuilds the exact schedule.
         family_options (`Mapping[str, Any]`): JSON-able forward settings of the family (image size, ...).
         include_normalizer (`bool`): whether log-probs include the Gaussian normaliser.
         final_latents (`torch.Tensor` `(B, *latent_shape)`, float32, *optional*): fully denoised latents
             (for the reward); `None` when the rollout stopped after the window.
         provenance (`Mapping[str, str]`): free-form provenance (`path`: `request-level` / `step-wise`, ...).
+        experts (`tuple[tuple[str, ...], ...]`, *optional*): for a model with experts by timestep (Wan 2.2's
+            `transformer` / `transformer_2`), the expert that took each window step, per sample (`B` tuples of
+            `W` names); `None` for a single-expert model.
 
     The read-only views `.sampling` ([`SamplingSettings`]) and `.requests` ([`BatchRequests`], per sample) give
     the settings back in the form a rollout takes them.
@@ -116,6 +122,7 @@ class Trajectory:
     include_normalizer: bool = True
     final_latents: torch.Tensor | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
+    experts: tuple[tuple[str, ...], ...] | None = None
 
     # ---------------------------------------------------------------- derived views
     @property
@@ -239,6 +246,7 @@ class Trajectory:
             raise ValueError(f"model_family must be a non-empty string, got {self.model_family!r}.")
         self._validate_conditioning()
         self._validate_timesteps()
+        self._validate_experts()
         try:
             json.dumps(dict(self.family_options), allow_nan=False)
             json.dumps(dict(self.provenance), allow_nan=False)
@@ -265,6 +273,25 @@ class Trajectory:
                 )
             if expected == torch.float32 and not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"conditioning[{name!r}] holds NaN or Inf values.")
+
+    def _validate_experts(self) -> None:
+        if self.experts is None:
+            return
+        if not isinstance(self.experts, tuple) or len(self.experts) != self.batch_size:
+            raise ValueError(
+                f"Trajectory.experts must be a tuple of {self.batch_size} entries (one per sample), got "
+                f"{self.experts!r}."
+            )
+        for row in self.experts:
+            if (
+                not isinstance(row, tuple)
+                or len(row) != self.window_size
+                or not all(isinstance(name, str) and name for name in row)
+            ):
+                raise ValueError(
+                    f"Trajectory.experts must hold one tuple of {self.window_size} expert names per sample (one per "
+                    f"window step), got {row!r}."
+                )
 
     def _validate_timesteps(self) -> None:
         schedule = self.scheduler.timesteps()
@@ -308,6 +335,7 @@ class Trajectory:
             final_latents=None
             if self.final_latents is None
             else self.final_latents[index.to(self.final_latents.device)],
+            experts=None if self.experts is None else tuple(self.experts[i] for i in picked),
         )
 
     def stored_bytes(self) -> int:
@@ -338,6 +366,8 @@ class Trajectory:
             "include_normalizer": bool(self.include_normalizer),
             "provenance": dict(self.provenance),
         }
+        if self.experts is not None:
+            fields_["experts"] = [list(row) for row in self.experts]
         return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, fields_
 
     @classmethod
@@ -384,6 +414,7 @@ class Trajectory:
                 include_normalizer=bool(fields_["include_normalizer"]),
                 final_latents=tensors.get("final_latents"),
                 provenance=dict(fields_["provenance"]),
+                experts=None if fields_.get("experts") is None else tuple(tuple(row) for row in fields_["experts"]),
             ).validate()
         except TrajectoryFormatError:
             raise
@@ -440,7 +471,7 @@ class Trajectory:
                 f"tool that rewrote the file). Re-export the trajectory from the rollout."
             )
         try:
-            fields_ = {key: json.loads(metadata[key]) for key in _FIELDS if key in metadata}
+            fields_ = {key: json.loads(metadata[key]) for key in (*_FIELDS, *_OPTIONAL_FIELDS) if key in metadata}
         except json.JSONDecodeError as error:
             raise TrajectoryFormatError(f"{path}: a metadata field is not valid JSON ({error}).") from error
         trajectory = cls.from_parts(tensors, fields_, source=str(path))
@@ -450,8 +481,10 @@ class Trajectory:
 _FIELDS = tuple(
     f.name
     for f in fields(Trajectory)
-    if f.name not in ("latents", "log_probs", "timesteps", "conditioning", "final_latents")
+    if f.name not in ("latents", "log_probs", "timesteps", "conditioning", "final_latents", "experts")
 )
+#: Metadata fields a file may lack (added after format version 1 was released, without changing it).
+_OPTIONAL_FIELDS = ("experts",)
 
 
 _TENSOR_NAMES = ("latents", "log_probs", "timesteps", "final_latents")
@@ -605,6 +638,7 @@ def stack_trajectories(trajectories: list[Trajectory], family: Any) -> Trajector
         )
     conditioning = family.collate_conditioning([t.conditioning for t in trajectories], None)
     optional_final = [t.final_latents for t in trajectories]
+    recorded = [t.experts for t in trajectories]
     return replace(
         first,
         latents=torch.cat([t.latents for t in trajectories]),
@@ -616,4 +650,5 @@ def stack_trajectories(trajectories: list[Trajectory], family: Any) -> Trajector
         conditioning=conditioning,
         final_latents=None if any(f is None for f in optional_final) else torch.cat(optional_final),
         provenance=dict(first.provenance),
+        experts=None if any(e is None for e in recorded) else sum(recorded, ()),
     )

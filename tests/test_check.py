@@ -46,7 +46,7 @@ def test_default_check_passes_exact_and_fills_the_report():
     assert report.config["model_family"] == "qwen-image"
 
 
-@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux"])
+@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux", "wan"])
 @pytest.mark.parametrize("step_execution", [False, True], ids=["request-level", "step-wise"])
 def test_clean_tiny_families_pass_exact(family, step_execution):
     report = run_step1_check(model_family=family, step_execution=step_execution, max_num_seqs=2, **QUICK)

@@ -26,7 +26,11 @@ from rollout_consistency.schedulers import SchedulerSetup, SDEWindowSchedule
 
 from .envelope import order_by_sample_index, trajectory_from_payload
 from .errors import VllmOmniEngineClosedError, VllmOmniRequestError, require_vllm_omni
-from .protocol import PAYLOAD_KEY, PIPELINE_CLASS, SUPPORTED_FAMILIES, RequestSettings, build_requests
+from .protocol import PAYLOAD_KEY, PIPELINE_CLASS, PIPELINE_CLASSES, RequestSettings, build_requests
+
+#: The families `VllmOmniRollout` (the checker's `vllm-omni` backend) serves; Wan's pipeline is driven through
+#: `engine_kwargs(pipeline_class=PIPELINE_CLASSES["wan"])` and `build_requests(model_family="wan")`.
+CLIENT_FAMILIES = ("qwen-image",)
 
 __all__ = [
     "ENGINE_DTYPES",
@@ -50,6 +54,7 @@ def engine_kwargs(
     attention_backend: str | None = None,
     request_batch_max_wait_ms: float | None = None,
     engine_options: Mapping[str, Any] | None = None,
+    pipeline_class: str = PIPELINE_CLASS,
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm_omni.Omni(model, **kwargs)` for the rollout pipeline.
 
@@ -63,8 +68,13 @@ def engine_kwargs(
             platform's.
         request_batch_max_wait_ms: request mode: how long a wave waits to fill; default 1000 ms when
             `max_num_seqs > 1` (all requests of a call then batch together), else 0.
-        engine_options: any other `OmniDiffusionConfig` field; may not replace the pipeline class.
+        engine_options: any other `OmniDiffusionConfig` field (Wan 2.2: `boundary_ratio`); may not replace the
+            pipeline class.
+        pipeline_class: the rollout pipeline vLLM-omni loads (`protocol.PIPELINE_CLASSES[model_family]`; default
+            Qwen-Image's).
     """
+    if pipeline_class not in PIPELINE_CLASSES.values():
+        raise ValueError(f"pipeline_class {pipeline_class!r} is not one of {sorted(PIPELINE_CLASSES.values())}.")
     if dtype not in ENGINE_DTYPES:
         raise ValueError(f"vLLM-omni dtype {dtype!r} is not one of {ENGINE_DTYPES}.")
     if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
@@ -78,19 +88,19 @@ def engine_kwargs(
         "max_num_seqs": max_num_seqs,
         "request_batch_max_wait_ms": float(request_batch_max_wait_ms),
         "cache_backend": "none",
-        "custom_pipeline_args": {"pipeline_class": PIPELINE_CLASS},
+        "custom_pipeline_args": {"pipeline_class": pipeline_class},
     }
     if attention_backend is not None:
         kwargs["diffusion_attention_config"] = {"default": attention_backend}
     for name, value in dict(engine_options or {}).items():
         if name == "custom_pipeline_args":
             value = dict(value)
-            if value.get("pipeline_class", PIPELINE_CLASS) != PIPELINE_CLASS:
+            if value.get("pipeline_class", pipeline_class) != pipeline_class:
                 raise ValueError(
-                    f"engine_options would replace the pipeline class {PIPELINE_CLASS!r} with "
+                    f"engine_options would replace the pipeline class {pipeline_class!r} with "
                     f"{value['pipeline_class']!r}; trajectories come only from that class."
                 )
-            value["pipeline_class"] = PIPELINE_CLASS
+            value["pipeline_class"] = pipeline_class
         kwargs[name] = value
     return kwargs
 
@@ -247,9 +257,9 @@ class VllmOmniRollout:
             raise VllmOmniEngineClosedError(
                 f"The vLLM-omni engine on {self.model_path} is closed: {self._closed_by}. Start a new VllmOmniRollout."
             )
-        if family is not None and family.name not in SUPPORTED_FAMILIES:
+        if family is not None and family.name not in CLIENT_FAMILIES:
             raise ValueError(
-                f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(SUPPORTED_FAMILIES)})."
+                f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(CLIENT_FAMILIES)})."
             )
         for name, asked, running in (
             ("max_num_seqs", max_num_seqs, self.max_num_seqs),

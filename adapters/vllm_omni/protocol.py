@@ -32,6 +32,7 @@ __all__ = [
     "PAYLOAD_KEY",
     "PAYLOAD_VERSION",
     "PIPELINE_CLASS",
+    "PIPELINE_CLASSES",
     "SUPPORTED_FAMILIES",
     "BatchSettings",
     "RequestSettings",
@@ -47,7 +48,12 @@ PAYLOAD_VERSION = 1
 #: `custom_pipeline_args["pipeline_class"]`: a qualified name, re-imported inside vLLM-omni's worker.
 PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"
 #: The model families with a vLLM-omni pipeline.
-SUPPORTED_FAMILIES = ("qwen-image",)
+SUPPORTED_FAMILIES = ("qwen-image", "wan")
+#: The pipeline class vLLM-omni loads for each family (`custom_pipeline_args={"pipeline_class": ...}`).
+PIPELINE_CLASSES = {
+    "qwen-image": PIPELINE_CLASS,
+    "wan": "rollout_consistency.adapters.vllm_omni.wan_pipeline.RolloutWanPipeline",
+}
 _TEXT_FIELDS = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask")
 _BLOCK_KEYS = {"version", "batch", "request"}
 
@@ -115,6 +121,16 @@ def _schedule_from_payload(data: Any) -> SDEWindowSchedule:
     )
 
 
+def _check_options(model_family: str, options: Mapping[str, Any]) -> None:
+    """ValueError unless the family's size options are there (Qwen-Image: packable height/width; Wan: height,
+    width and num_frames, checked against the transformer when the request starts)."""
+    if model_family == "qwen-image":
+        latent_grid(options)
+        return
+    for key in ("height", "width", "num_frames"):
+        _int(key, options.get(key), 1)
+
+
 @dataclass(frozen=True)
 class BatchSettings:
     """Settings shared by every request of one `generate` call (`sampling_params.extra_args[PAYLOAD_KEY]["batch"]`).
@@ -130,7 +146,7 @@ class BatchSettings:
             continuous batching does; a fixed width keeps every forward the computation the trainer repeats).
         window_schedule: the launcher's window rule; when set, the engine re-derives each request's window from
             (launcher seed, global step, prompt group) and checks it against an explicit one.
-        model_family: only `"qwen-image"` has a vLLM-omni pipeline.
+        model_family: `"qwen-image"` or `"wan"` (the families with a vLLM-omni pipeline, `PIPELINE_CLASSES`).
     """
 
     scheduler: SchedulerSetup
@@ -159,7 +175,7 @@ class BatchSettings:
         object.__setattr__(self, "noise_level", noise_level)
         object.__setattr__(self, "guidance_scale", _float("guidance_scale", self.guidance_scale))
         options = dict(_mapping("options", self.options))
-        latent_grid(options)  # height/width present and packable
+        _check_options(self.model_family, options)
         object.__setattr__(self, "options", options)
         if not isinstance(self.include_normalizer, bool):
             raise ValueError(f"include_normalizer must be a bool, got {self.include_normalizer!r}.")
@@ -462,6 +478,7 @@ def build_requests(
     window_schedule: SDEWindowSchedule | None = None,
     prompts: Sequence[str] | None = None,
     negative_prompts: Sequence[str] | None = None,
+    model_family: str = "qwen-image",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The prompt dicts and the shared `extra_args` for one `Omni.generate` call.
 
@@ -477,6 +494,7 @@ def build_requests(
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
             padded alike, as the checker's step-wise torch path does), or `None` in text mode.
         launcher_seed, window_schedule: let the engine re-derive and check each window.
+        model_family: the family the engine's pipeline serves (`PIPELINE_CLASSES`).
         Others: see [`BatchSettings`].
 
     Returns:
@@ -520,6 +538,7 @@ def build_requests(
         include_normalizer=sampling.include_normalizer,
         text_width=text_width,
         window_schedule=window_schedule,
+        model_family=model_family,
     )
     request_prompts = []
     for index in range(count):

@@ -33,6 +33,7 @@ __all__ = [
     "RolloutState",
     "TransformerView",
     "advance_request",
+    "batch_experts",
     "batch_noise_pred",
     "finish_request",
     "start_request",
@@ -164,11 +165,19 @@ def batch_noise_pred(transformer: TransformerView | nn.Module, states: Sequence[
     )
 
 
-def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
+def batch_experts(transformer: nn.Module, states: Sequence[RolloutState]) -> tuple[str, ...] | None:
+    """The expert each running request's row of [`batch_noise_pred`] took (Wan 2.2's two experts), or None for
+    a family without experts by timestep; pass each request its own to [`advance_request`] to record it."""
+    batch = states[0].request.batch
+    return stepwise.running_experts(_family(batch), transformer, [s.state for s in states], batch.options)
+
+
+def advance_request(rollout: RolloutState, noise_pred: torch.Tensor, expert: str | None = None) -> None:
     """`step_scheduler`: one scheduler step of one request, in float32; records the step inside the window.
 
     Args:
         noise_pred (`torch.Tensor` `(1, S, C)`, float32): the request's row of [`batch_noise_pred`].
+        expert: the expert that computed it ([`batch_experts`]), recorded with the step.
     """
     state, batch = rollout.state, rollout.request.batch
     if state.finished:
@@ -184,6 +193,7 @@ def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
         noise_level=batch.noise_level,
         sde_type=batch.sde_type,
         include_normalizer=batch.include_normalizer,
+        expert=expert,
     )
 
 

@@ -82,6 +82,7 @@ FIELD_HELP: dict[str, str] = {
     "num_prompts": "prompt groups to sample",
     "num_images_per_prompt": "rollouts per prompt group (GRPO's n)",
     "height": "image height in pixels",
+    "num_frames": "video frames (Wan; num_frames - 1 a multiple of 4)",
     "width": "image width in pixels",
     "num_inference_steps": "denoising steps",
     "max_sequence_length": "text length (tokens)",
@@ -92,8 +93,11 @@ FIELD_HELP: dict[str, str] = {
     "sde_window_size": "stochastic (log-prob carrying) steps per rollout",
     "sde_window_range": "half-open step range [LOW, HIGH) the window lies in",
     "sde_window_kind": "how the window is drawn per prompt group",
-    "guidance_scale": "guidance (FLUX embedded guidance / SD3 CFG)",
+    "guidance_scale": "guidance (FLUX embedded guidance / SD3 and Wan CFG)",
     "true_cfg_scale": "Qwen-Image true CFG scale (1 = off)",
+    "guidance_scale_2": "Wan 2.2: CFG scale of the low-noise expert (default: --guidance-scale)",
+    "boundary_ratio": "Wan 2.2: the expert switch (transformer for timesteps >= ratio * 1000, transformer_2 below); "
+    "default: the model directory's, one expert for the tiny model",
     "seed": "launcher seed (every draw derives from it)",
     "global_step": "training step whose rollout is checked",
     "rollout_batch_size": "requests per rollout batch (the unit of work of a worker)",
@@ -166,7 +170,9 @@ def _show(value: Any) -> str:
 def _flag_type(name: str, default: Any):
     if name in ("micro_batch_size",) or (isinstance(default, int) and not isinstance(default, bool)):
         return int
-    if name in ("clip_ratio_low", "clip_ratio_high") or isinstance(default, float):
+    if name in ("clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio") or isinstance(
+        default, float
+    ):
         return float
     return str
 

@@ -33,6 +33,8 @@ import numpy as np
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .diagnosis.doctor import attach_diagnosis, diagnose_check
 from .judging import tolerance_model
+from .judging.experts import GUARD as EXPERTS_GUARD
+from .judging.experts import compare_experts
 from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .judging.mismatch import MismatchStats, compute_mismatch
 from .judging.report import Report, SampleInfo
@@ -120,6 +122,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
+    guards = _experts_guard(results, problems, notes, extra_run)
     metrics, tolerance, mismatch = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
@@ -129,7 +132,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
     report = Report(
-        verdict=decide(metrics, tolerance, problems),
+        verdict=decide(metrics, tolerance, problems, guards=guards),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
@@ -175,6 +178,8 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         score_trajectory(backend, trajectory, batch=0, sample_indices=tuple(range(n))), precision=None
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
+    run_extra: dict[str, Any] = {}
+    guards = _experts_guard([result], problems, notes, run_extra)
     metrics, tolerance, mismatch = _judge(config, [result], problems, notes)
     samples = tuple(
         SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
@@ -182,14 +187,14 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     )
     timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
     report = Report(
-        verdict=decide(metrics, tolerance, problems),
+        verdict=decide(metrics, tolerance, problems, guards=guards),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
         config=config.to_dict(),
         precision=None,
         notes=tuple(notes),
-        run=_run_info(config, "in-process", 1, timings, [result], start),
+        run={**_run_info(config, "in-process", 1, timings, [result], start), **run_extra},
         mismatch=mismatch,
     )
     return attach_diagnosis(report)  # the doctor from the figures alone: the rollout's code is not at hand
@@ -219,6 +224,20 @@ def _plugin_and_step2_checks(
         notes.extend(step2.notes)
         extra["step2"] = step2.info
     return extra
+
+
+def _experts_guard(
+    results: Sequence[BatchResult], problems: list[Problem], notes: list[str], run: dict[str, Any]
+) -> tuple[str, ...]:
+    """The ``experts`` guard (models with experts by timestep): its problems, notes and ``run["experts"]``; the
+    guard names to list in the verdict (none when no comparison was made)."""
+    comparison = compare_experts(results)
+    notes.extend(comparison.notes)
+    problems.extend(Problem(EXPERTS_GUARD, m) for m in comparison.problems)
+    if not comparison.compared:
+        return ()
+    run["experts"] = [dict(row) for row in comparison.by_timestep]
+    return (EXPERTS_GUARD,)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from .judging.tolerances import (
 )
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
-MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
+MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux", "wan")
 ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
 TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -95,6 +95,14 @@ INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     "mask-sum-rope": {"pad_prompts_to_max_length": True, "mask_text_padding": False},
     # Structural: the windows differ within a prompt group; no setting needed.
     "per-request-window": {},
+    # Wan 2.2's two experts (tiny: boundary 0.875, as Wan2.2-T2V-A14B); at 6 steps the schedule's timesteps are
+    # 1000, 953, 883 | 771, 562, 24: step 3 is the first below the boundary, and every window of the range holds it.
+    "expert-switch": {
+        "model_family": "wan",
+        "boundary_ratio": 0.875,
+        "num_inference_steps": 6,
+        "sde_window_range": (2, 5),
+    },
 }
 INJECTIONS: tuple[str, ...] = tuple(INJECTION_SETTINGS)
 
@@ -133,7 +141,7 @@ class CheckConfig:
     """Everything a step-1 check needs. Field names follow Flow-GRPO / verl / vLLM-omni.
 
     Model and engines:
-        model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, or a family registered in this process with
+        model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, ``"wan"``, or a family registered in this process with
             `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
         rollout_backend: ``"torch"`` (the diffusers adapters), ``"vllm-omni"``, or a plug-in
@@ -158,6 +166,7 @@ class CheckConfig:
         prompts: prompt texts; ``num_prompts`` of them are used (cycled). Empty: built-in prompts.
         num_prompts, num_images_per_prompt: prompt groups and rollouts per group (GRPO's ``n``).
         height, width, num_inference_steps: image size and schedule length.
+        num_frames: video frames (Wan; ``num_frames - 1`` a multiple of 4).
         max_sequence_length, pad_prompts_to_max_length: text length; pad every prompt to it (as engines
             with a shared text width do) instead of to the batch's longest prompt.
         mask_text_padding: pass the text mask to attention (Qwen-Image; ``False`` = padded text keys are
@@ -165,7 +174,10 @@ class CheckConfig:
         noise_level, sde_type: the SDE step (docs/scheduler.md).
         sde_window_size, sde_window_range, sde_window_kind: which steps are stochastic; the window of a
             prompt group is drawn from (seed, global_step, prompt group) only.
-        guidance_scale, true_cfg_scale: FLUX/SD3 guidance and Qwen-Image's true CFG (1 = off).
+        guidance_scale, true_cfg_scale: FLUX/SD3/Wan guidance and Qwen-Image's true CFG (1 = off).
+        guidance_scale_2: Wan 2.2's CFG scale for the low-noise expert (``None``: ``guidance_scale``).
+        boundary_ratio: Wan 2.2's expert switch (``transformer`` for timesteps >= boundary_ratio · 1000,
+            ``transformer_2`` below); ``None``: the model directory's own, and one expert for the tiny model.
         seed: the launcher's seed; global_step: the training step whose rollout is checked.
 
     Batching and gate:
@@ -209,6 +221,7 @@ class CheckConfig:
     num_images_per_prompt: int = 2
     height: int = 32
     width: int = 32
+    num_frames: int = 13
     num_inference_steps: int = 6
     max_sequence_length: int = 32
     pad_prompts_to_max_length: bool = False
@@ -219,7 +232,9 @@ class CheckConfig:
     sde_window_range: tuple[int, int] | None = None
     sde_window_kind: str = "random"
     guidance_scale: float = 1.0
+    guidance_scale_2: float | None = None
     true_cfg_scale: float = 1.0
+    boundary_ratio: float | None = None
     seed: int = 42
     global_step: int = 0
 
@@ -400,6 +415,7 @@ _INT_FIELDS = {
     "num_images_per_prompt",
     "height",
     "width",
+    "num_frames",
     "num_inference_steps",
     "max_sequence_length",
     "sde_window_size",
@@ -418,7 +434,7 @@ _FLOAT_FIELDS = {
     "ray_timeout_s",
     "weight_sync_lr",
 }
-_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
+_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio"}
 _BOOL_FIELDS = {
     "step_execution",
     "stagger_arrivals",
@@ -548,6 +564,7 @@ def _validate(config: CheckConfig) -> None:
         "num_images_per_prompt",
         "height",
         "width",
+        "num_frames",
         "num_inference_steps",
         "max_sequence_length",
         "sde_window_size",

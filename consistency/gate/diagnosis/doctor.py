@@ -15,7 +15,7 @@ Cause ids are stable (tests and dashboards key on them): the ``--inject`` names 
 (``bf16-latents``, ``stepwise-bf16``, ``mask-sum-rope``, ``per-request-window``) and ``attention-kernel``,
 ``batch-composition``, ``settings-mismatch``, ``different-weights``, ``model-input``,
 ``logprob-convention``, ``different-computation``, ``nonfinite``, ``incomplete``, ``worker-failure``,
-``calibration``, ``near-limit``.
+``calibration``, ``near-limit``, ``expert-switch``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ FIXES: dict[str, str] = {
     "worker-failure": "see the worker's error in the reason; re-run with --workers 1 to reproduce it in-process",
     "calibration": "fix the calibration setup (calibration_attention) or use --profile kernel",
     "near-limit": "no action needed yet; watch this figure: a small change in the setup will push it over",
+    "expert-switch": (
+        "score every step with the expert the rollout used: load both experts (transformer, transformer_2) on the "
+        "trainer and pick one per step with the rollout's own test, transformer when t >= boundary_ratio * 1000 "
+        "(rollout_consistency.adapters.wan.WanExperts.expert_names), never from a step index"
+    ),
 }
 
 
@@ -199,6 +204,17 @@ def _from_guards(report: Any, config: Mapping[str, Any]) -> list[Diagnosis]:
                 "request cannot join them.",
                 [f"rollout failed: {rollout.message[:300]}"],
                 0.96,
+                "guard",
+            )
+        )
+    if "experts" in failed:  # both sides' records say which network scored each step: no guessing
+        out.append(
+            _make(
+                "expert-switch",
+                "The rollout and the trainer scored some steps with different experts (Wan 2.2's transformer / "
+                "transformer_2): one side switches at another step, or holds one expert throughout.",
+                [f"experts guard: {failed['experts'].message[:400]}"],
+                0.995,
                 "guard",
             )
         )

@@ -462,7 +462,11 @@ def localise_check(config: Any, batch_spec: Any) -> Localisation:
 
         windows = tuple(trajectory.windows)
         model = apply_injection(
-            backend.injection, scheduler=None, transformer=model, windows=windows, request_ids=[""] * len(windows)
+            backend.injection,
+            scheduler=backend.scheduler_setup.scheduler(),
+            transformer=model,
+            windows=windows,
+            request_ids=[""] * len(windows),
         ).transformer
     rows = config.max_num_seqs if config.step_execution else config.rollout_batch_size
     rollout = SideSpec(

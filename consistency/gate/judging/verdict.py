@@ -12,6 +12,9 @@ The verdict is a list of checks. Six guard the comparison itself and fail closed
 ``windows``     all rollouts of a prompt group share one SDE window, the one the launcher's seed draws
 ==============  ==============================================================================
 
+and, where the model has experts by timestep (Wan 2.2) and both sides recorded them, ``experts``: every stored
+step was scored by the same expert on both sides (`rollout_consistency.gate.judging.experts`).
+
 Then one check per gated metric: the overall figure *and* (``exact``) the figure at every window position
 (and at every timestep value) must be within the limit — a pooled tolerance (``kernel``, ``implementation``,
 ``calibrated``) gates the overall figure, whose false-alarm rate is measured (docs/checker.md), and a pooled
@@ -134,6 +137,8 @@ def decide(
     metrics: ConsistencyMetrics | None,
     tolerance: Tolerance,
     problems: Iterable[Problem] = (),
+    *,
+    guards: Sequence[str] = (),
 ) -> Verdict:
     """Judge `metrics` against `tolerance`.
 
@@ -142,6 +147,8 @@ def decide(
             every metric check fails as "not evaluated").
         tolerance: the resolved limits.
         problems: pipeline failures (shape mismatch, dead worker, ...); each fails its guard.
+        guards: further guards that ran for this comparison (e.g. ``experts`` for a model with experts by
+            timestep): listed as passing unless a problem names them.
     """
     problems = tuple(problems)
     if metrics is None and not problems:
@@ -169,12 +176,13 @@ def decide(
             )
 
     checks = [
-        CheckResult(name, "guard", name not in by_check, "; ".join(by_check.get(name, ()))) for name in GUARD_CHECKS
+        CheckResult(name, "guard", name not in by_check, "; ".join(by_check.get(name, ())))
+        for name in (*GUARD_CHECKS, *(g for g in guards if g not in GUARD_CHECKS))
     ]
     checks += [
         CheckResult(name, "guard", False, "; ".join(messages))
         for name, messages in by_check.items()
-        if name not in GUARD_CHECKS
+        if name not in GUARD_CHECKS and name not in guards
     ]
     if not tolerance.limits:
         checks.append(

@@ -67,6 +67,9 @@ def pipeline_settings(config: CheckConfig) -> Any:
         mask_text_padding=config.mask_text_padding,
         max_sequence_length=config.max_sequence_length,
         pad_prompts_to_max_length=config.pad_prompts_to_max_length,
+        num_frames=config.num_frames,
+        guidance_scale_2=config.guidance_scale_2,
+        boundary_ratio=config.boundary_ratio,
     )
 
 
@@ -90,16 +93,18 @@ def checker_family(name: str) -> Any:
     return family
 
 
-def _load_transformer(family: Any, path: str | None, dtype: Any, device: str) -> Any:
+def _load_transformer(family: Any, path: str | None, dtype: Any, device: str, settings: Any) -> Any:
+    # The family's loader settings (Wan 2.2: boundary_ratio, which makes the model two experts).
+    kwargs = family.model_kwargs(settings) if family.model_kwargs is not None else {}
     if path is not None:
-        return family.load_transformer(path, dtype=dtype, device=device)
+        return family.load_transformer(path, dtype=dtype, device=device, **kwargs)
     from rollout_consistency.adapters import tiny
 
     try:
         model = tiny.get_tiny(family.name)
     except ValueError as error:
         raise BackendError(str(error)) from error
-    return model.load_transformer(dtype=dtype, device=device, seed=0)
+    return model.load_transformer(dtype=dtype, device=device, seed=0, **kwargs)
 
 
 def _prompt_encoder(family: Any, path: str | None, transformer: Any, device: str, settings: Any) -> Any:
@@ -209,13 +214,13 @@ def build_backend(config: CheckConfig) -> Backend:
     device = resolve_device(config.device)
     family = checker_family(config.model_family)
     settings = pipeline_settings(config)
-    trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device)
+    trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device, settings)
     if engine is not None:
         rollout_model = None
     elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
-        rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device)
+        rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device, settings)
     encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
     sides = plugins.build_sides(config)
     if sides is not None:  # a user's side replaces the built-in one (audited and fingerprinted instead)
@@ -254,6 +259,7 @@ def build_backend(config: CheckConfig) -> Backend:
         plugins=sides,
         weights=weights,
         trainer_recompute=plugins.plugin_recompute if sides is not None and sides.trainer is not None else None,
+        trainer_experts=plugins.plugin_trainer_experts if sides is not None and sides.trainer is not None else None,
     )
 
 

@@ -27,6 +27,8 @@ Optional attributes of either side:
   (`rollout_consistency.gate.sides.weight_sync`) watches it change.
 * trainer ``train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)``
   — one optimizer update on its real loss, for the step-2 weight-sync check (see that module).
+* trainer ``experts(batch)`` — for a model with experts by timestep (Wan 2.2), the expert it scores each stored
+  step with (one tuple of names per sample), compared with the rollout's record by the ``experts`` guard.
 
 Plug-in output is checked like built-in output: seeds and windows against the plan, float32 only, shapes,
 finiteness. A plug-in that returns something else raises [`PluginError`] (a usage error, exit 2) naming the
@@ -115,6 +117,8 @@ class PluginRollout:
         window_starts: the first SDE step of each sample's window (checked against the plan).
         prompt_groups: each sample's prompt group (checked against the plan).
         batch: what the trainer plug-in re-scores (passed to it as is).
+        experts: for a model with experts by timestep (Wan 2.2), the expert that took each stored step, one
+            tuple of names per sample (compared with the trainer plug-in's ``experts(batch)``); None otherwise.
     """
 
     log_probs: Any
@@ -123,6 +127,7 @@ class PluginRollout:
     window_starts: tuple[int, ...]
     prompt_groups: tuple[int, ...]
     batch: Any = None
+    experts: Any = None
 
 
 class RolloutPlugin(Protocol):
@@ -297,6 +302,29 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
         )
 
 
+def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
+    """The trainer plug-in's optional ``experts(batch)`` (one name per stored step), checked against `shape`."""
+    report = getattr(backend.plugins.trainer, "experts", None)
+    if report is None:
+        return None
+    names = tuple(tuple(str(n) for n in row) for row in report(batch))
+    if len(names) != shape[0] or any(len(row) != shape[1] for row in names):
+        raise PluginError(
+            f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
+            f"step, {shape[0]} rows of {shape[1]}; got {[len(row) for row in names]}."
+        )
+    return names
+
+
+def plugin_experts(backend: Backend, out: PluginRollout) -> dict[str, Any] | None:
+    """`BatchResult.experts` for a rollout plug-in's `PluginRollout` re-scored by a trainer plug-in."""
+    rollout = None if out.experts is None else tuple(tuple(str(n) for n in row) for row in out.experts)
+    trainer = plugin_trainer_experts(backend, out.batch, np.shape(out.log_probs))
+    if rollout is None and trainer is None:
+        return None
+    return {"rollout": rollout, "trainer": trainer}
+
+
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
     from .shared import BatchResult
@@ -336,6 +364,7 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         seconds=seconds,
         precision=backend.precision,
         weights=backend.weights,
+        experts=plugin_experts(backend, out),
     )
 
 

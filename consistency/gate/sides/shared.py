@@ -55,6 +55,9 @@ class BatchResult:
     #: composition, implementation; `rollout_consistency.gate.judging.tolerance_model`), by source name.
     floor_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
     weights: Mapping[str, Any] | None = None  # rollout_consistency.gate.sides.plugins.fingerprints of the two sides
+    #: Models with experts by timestep (Wan 2.2): ``{"rollout": rows, "trainer": rows}``, one tuple of expert names
+    #: per sample (window order) each side scored the stored steps with; a side's None: it recorded none.
+    experts: Mapping[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -80,6 +83,9 @@ class Backend:
     #: A trainer plug-in's recompute, ``(backend, trajectory, kernel) -> (B, W)`` float32
     #: (`rollout_consistency.gate.sides.plugins.plugin_recompute`); None: the built-in trainer.
     trainer_recompute: Callable[[Backend, Any, str], np.ndarray] | None = None
+    #: A trainer plug-in's optional expert record, ``(backend, batch, (n, W)) -> names | None``
+    #: (`rollout_consistency.gate.sides.plugins.plugin_trainer_experts`); None: the built-in trainer's.
+    trainer_experts: Callable[[Backend, Any, tuple[int, ...]], Any] | None = None
 
 
 def encode_prompts(backend: Backend, prompts: Sequence[str]) -> dict[str, Any]:

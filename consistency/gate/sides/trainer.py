@@ -68,7 +68,23 @@ def score_trajectory(
         precision=backend.precision,
         floor_tables=floor_tables,
         weights=backend.weights,
+        experts=side_experts(backend, trajectory),
     )
+
+
+def side_experts(backend: Backend, trajectory: Any) -> dict[str, Any] | None:
+    """Which expert each side scored every stored step with (`BatchResult.experts`), or None when neither side
+    has experts by timestep. The rollout's is the trajectory's record; the built-in trainer's is its model's
+    answer for the stored timesteps; a trainer plug-in's comes from its optional ``experts(batch)``."""
+    from rollout_consistency.adapters.trainer import trainer_experts
+
+    if backend.trainer_experts is not None:
+        trainer = backend.trainer_experts(backend, trajectory, (trajectory.batch_size, trajectory.window_size))
+    else:
+        trainer = trainer_experts(backend.trainer_model, trajectory, family=backend.family)
+    if trajectory.experts is None and trainer is None:
+        return None
+    return {"rollout": trajectory.experts, "trainer": trainer}
 
 
 def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:

@@ -23,6 +23,17 @@ FAMILY_OPTION_KEYS: Mapping[str, frozenset[str]] = {
     "qwen-image": frozenset({"height", "width", "vae_scale_factor", "mask_text_padding"}),
     "sd3": frozenset({"height", "width", "vae_scale_factor"}),
     "flux": frozenset({"height", "width", "vae_scale_factor", "true_cfg_scale"}),
+    "wan": frozenset(
+        {
+            "height",
+            "width",
+            "num_frames",
+            "vae_scale_factor_spatial",
+            "vae_scale_factor_temporal",
+            "guidance_scale_2",
+            "expand_timesteps",
+        }
+    ),
 }
 
 
