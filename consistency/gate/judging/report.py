@@ -158,6 +158,16 @@ class Report:
     def write_plot(self, path: str | os.PathLike[str]) -> None:
         write_plot(self, path)
 
+    def log_to(
+        self, target: Any, *, step: int | None = None, prefix: str | None = None, plot: bool = True
+    ) -> dict[str, float]:
+        """Log the figures, verdict, per-timestep rows and plot to TensorBoard, wandb or MLflow: a tracker named
+        by text (``"tensorboard:DIR"``, ``"wandb"``, ``"mlflow"``) or the trainer's own writer or run, at the
+        trainer's ``step``. See `rollout_consistency.gate.judging.loggers.log_report`; returns the scalars."""
+        from .loggers import log_report
+
+        return log_report(self, target, step=step, prefix=prefix, plot=plot)
+
 
 # ----------------------------------------------------------------------------------------------------
 # JSON helpers
