@@ -11,6 +11,7 @@ import glob
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -464,3 +465,14 @@ def test_recorder_logs_its_report_before_a_fail_raises(tmp_path):
     assert same_float32(events.Scalars("step1/actor/ppo_kl")[0].value, recorder.report.metrics.overall.ppo_kl)
     with pytest.raises(Exception, match="needs gate=True"):
         Step1Recorder(gate=False, log_to=writer)
+
+
+def test_the_docs_table_is_the_code_table():
+    """docs/checker.md ("Logging to your tracker") lists every figure under the name `LOGGED_NAMES` gives it."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "checker.md").read_text()
+    section = page.split("## Logging to your tracker", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (mismatch )?`(\w+)` \| `([\w/]+)` \|", section, flags=re.M)
+    documented = {f"{'mismatch' if view else 'metrics'}.{figure}": name for view, figure, name in rows}
+    assert documented == {key: name for key, (name, _) in LOGGED_NAMES.items()}

@@ -1,5 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""The result of a step-1 check and its renderings: terminal table, JSON, JUnit XML, plot.
+"""The result of a step-1 check and its renderings: terminal table, JSON, JUnit XML, plot (and, through
+`Report.log_to`, TensorBoard, wandb or MLflow: `rollout_consistency.gate.judging.loggers`).
 
 JSON schema (``schema`` = ``"rollout-consistency/step1-report"``, ``schema_version`` = 1). Top-level keys,
 always present and in this order::
