@@ -8,7 +8,7 @@ Data flows one way, each arrow a plain function call (or a Ray call over the sam
 
 The package, in layers (each imports only from those above it; tests/test_layout.py):
 
-    judging     metrics, mismatch statistics, tolerance profiles, verdict, report (table, JSON, JUnit, plot)
+    judging     metrics, mismatch statistics, tolerance profiles, verdict, report (table, JSON, JUnit, plot, trackers)
     config      `CheckConfig`: every setting, files, aliases (with `bounds` and `safe_yaml`)
     sides       the plan, the built-in backends and plug-in sides, the trainer's recompute, Ray, weight sync
     diagnosis   the doctor's ranked likely causes and the localising replay
@@ -26,11 +26,13 @@ from .config import CheckConfig, ConfigError, load_config
 from .diagnosis import Localisation, SideSpec, diagnose
 from .diagnosis.localise import localise
 from .judging import (
+    LOGGED_NAMES,
     METRIC_NAMES,
     PROFILES,
     CheckResult,
     ConsistencyMetrics,
     Diagnosis,
+    LoggerError,
     MetricValues,
     MismatchStats,
     Problem,
@@ -42,6 +44,8 @@ from .judging import (
     compute_mismatch,
     decide,
     resolve_tolerance,
+    tracker_rows,
+    tracker_scalars,
 )
 from .sides import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, SideHandle, TrainerPlugin
 from .tables import (
@@ -58,6 +62,7 @@ from .tables import (
 )
 
 __all__ = [
+    "LOGGED_NAMES",
     "METRIC_NAMES",
     "PROFILES",
     "USAGE_ERRORS",
@@ -71,6 +76,7 @@ __all__ = [
     "GateReport",
     "Localisation",
     "LogProbDump",
+    "LoggerError",
     "MetricValues",
     "MismatchStats",
     "PluginError",
@@ -99,5 +105,7 @@ __all__ = [
     "read_dump",
     "resolve_tolerance",
     "run_step1_check",
+    "tracker_rows",
+    "tracker_scalars",
     "write_dump",
 ]

@@ -9,11 +9,13 @@ reads the check's settings (tests/test_layout.py keeps it so); numpy only.
     verdict          the checks: the gated metrics and the guards on the comparison itself (windows included)
     causes           a likely cause as a report carries it (`Diagnosis`; the doctor finds them)
     report           the `Report`: terminal table, JSON, JUnit XML, plot
+    loggers          the report in TensorBoard, wandb or MLflow (`Report.log_to`; each package an optional extra)
 """
 
 from __future__ import annotations
 
 from .causes import Diagnosis
+from .loggers import LOGGED_NAMES, LoggerError, tracker_rows, tracker_scalars
 from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricsInputError, MetricValues, compute_metrics
 from .mismatch import MismatchStats, compute_mismatch
 from .report import Report, SampleInfo
@@ -22,11 +24,13 @@ from .tolerances import PROFILES, Tolerance, ToleranceError, resolve_tolerance
 from .verdict import CheckResult, Problem, Verdict, decide
 
 __all__ = [
+    "LOGGED_NAMES",
     "METRIC_NAMES",
     "PROFILES",
     "CheckResult",
     "ConsistencyMetrics",
     "Diagnosis",
+    "LoggerError",
     "MetricValues",
     "MetricsInputError",
     "MismatchStats",
@@ -41,4 +45,6 @@ __all__ = [
     "decide",
     "difference_sources",
     "resolve_tolerance",
+    "tracker_rows",
+    "tracker_scalars",
 ]

@@ -1,5 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""The result of a step-1 check and its renderings: terminal table, JSON, JUnit XML, plot.
+"""The result of a step-1 check and its renderings: terminal table, JSON, JUnit XML, plot (and, through
+`Report.log_to`, TensorBoard, wandb or MLflow: `rollout_consistency.gate.judging.loggers`).
 
 JSON schema (``schema`` = ``"rollout-consistency/step1-report"``, ``schema_version`` = 1). Top-level keys,
 always present and in this order::
@@ -157,6 +158,16 @@ class Report:
 
     def write_plot(self, path: str | os.PathLike[str]) -> None:
         write_plot(self, path)
+
+    def log_to(
+        self, target: Any, *, step: int | None = None, prefix: str | None = None, plot: bool = True
+    ) -> dict[str, float]:
+        """Log the figures, verdict, per-timestep rows and plot to TensorBoard, wandb or MLflow: a tracker named
+        by text (``"tensorboard:DIR"``, ``"wandb"``, ``"mlflow"``) or the trainer's own writer or run, at the
+        trainer's ``step``. See `rollout_consistency.gate.judging.loggers.log_report`; returns the scalars."""
+        from .loggers import log_report
+
+        return log_report(self, target, step=step, prefix=prefix, plot=plot)
 
 
 # ----------------------------------------------------------------------------------------------------

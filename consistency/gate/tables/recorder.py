@@ -69,6 +69,10 @@ class Step1Recorder:
             means ids ``0 .. N-1``).
         raise_on_fail (`bool`): raise `Step1GateFailed` from the optimizer step when the gate FAILs, before
             the weights change.
+        log_to (*optional*): also log the report (rank 0 only) to this tracker, or to each of a list: the
+            trainer's own ``SummaryWriter``, wandb run or MLflow run (at its current step), or
+            ``"tensorboard:DIR"`` / ``"wandb"`` / ``"mlflow"`` (`Report.log_to`). Checked here, before any
+            recording: an unknown tracker or a missing package raises `LoggerError`.
         **gate_settings: `rollout_consistency.gate.gate` keywords (``profile``, ``clip_ratio``, ...).
     """
 
@@ -81,6 +85,7 @@ class Step1Recorder:
         num_steps: int | None = None,
         expected_samples: int | Iterable[int] | None = None,
         raise_on_fail: bool = False,
+        log_to: Any = None,
         **gate_settings: Any,
     ) -> None:
         if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
@@ -92,6 +97,9 @@ class Step1Recorder:
             expected_samples = range(expected_samples)
         self._expected = None if expected_samples is None else sorted({int(i) for i in expected_samples})
         self._raise_on_fail = raise_on_fail
+        if log_to is not None and not gate:
+            raise RecorderError("log_to logs the gate's report; it needs gate=True.")
+        self._log_to = _log_targets(log_to)
         self._gate_settings = gate_settings
         self._cells: dict[tuple[int, int], _Cell] = {}
         self._per_sample: dict[str, dict[int, float]] = {"prompt_groups": {}, "window_starts": {}, "advantages": {}}
@@ -196,6 +204,9 @@ class Step1Recorder:
             from .api import gate
 
             self.report = gate(**self.tables, source="Step1Recorder", **self._gate_settings)
+            if _rank() == 0:
+                for target in self._log_to:  # before a FAIL raises: a failing report is the one to see
+                    self.report.log_to(target)
             if self._raise_on_fail and not self.report.passed:
                 raise Step1GateFailed("step-1 gate FAILED at the first optimizer step\n" + self.report.format_table())
         return self.report
@@ -220,6 +231,15 @@ class Step1Recorder:
 
 
 # ----------------------------------------------------------------------------------------------------
+def _log_targets(log_to: Any) -> list[Any]:
+    from rollout_consistency.gate.judging.loggers import check_target
+
+    targets = [] if log_to is None else list(log_to) if isinstance(log_to, (list, tuple)) else [log_to]
+    for target in targets:
+        check_target(target)
+    return targets
+
+
 def _numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
         value = value.detach().cpu()
