@@ -403,6 +403,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
             window=windows[i],
             prompt_group=GROUPS[i],
             arrival=arrivals[i],
+            global_step=3,
         )
         for i in range(4)
     ]
@@ -413,9 +414,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
         scheduler_setup=setup,
         sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.0),
         options=_options(),
-        max_num_seqs=4,
-        text_width=12,
-        global_step=3,
+        engine=stepwise.EngineSettings(max_num_seqs=4, text_width=12),
     )
     for name in ("latents", "log_probs", "timesteps", "final_latents"):
         assert torch.equal(getattr(trajectory, name), getattr(reference, name)), name

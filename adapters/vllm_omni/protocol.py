@@ -26,7 +26,7 @@ from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.qwen_image import latent_grid
 from rollout_consistency.adapters.rollout import resolve_windows
 from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
-from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow, SDEWindowSchedule
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 __all__ = [
     "PAYLOAD_KEY",
@@ -119,6 +119,10 @@ def _schedule_from_payload(data: Any) -> SDEWindowSchedule:
 class BatchSettings:
     """Settings shared by every request of one `generate` call (`sampling_params.extra_args[PAYLOAD_KEY]["batch"]`).
 
+    A wire format: each setting is its own plain field (what `to_payload` writes and `from_payload` reads
+    back), not the adapters' settings objects; the sampling fields are checked by building the
+    `SamplingSettings` they describe ([`sampling`]).
+
     Args:
         scheduler: the exact schedule ([`SchedulerSetup`]); the engine steps it, the trainer rebuilds it.
         noise_level, sde_type: the SDE step (`"sde"`, `"cps"`, `"dance_sde"`).
@@ -151,24 +155,28 @@ class BatchSettings:
             )
         if not isinstance(self.scheduler, SchedulerSetup):
             raise TypeError(f"BatchSettings.scheduler must be a SchedulerSetup, got {type(self.scheduler).__name__}.")
-        noise_level = _float("noise_level", self.noise_level)
-        if noise_level <= 0:
-            raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level}.")
-        if self.sde_type not in SDE_TYPES:
-            raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
-        object.__setattr__(self, "noise_level", noise_level)
+        object.__setattr__(self, "noise_level", _float("noise_level", self.noise_level))
         object.__setattr__(self, "guidance_scale", _float("guidance_scale", self.guidance_scale))
+        self.sampling  # noqa: B018 - the sampling rules, checked where every rollout's are (SamplingSettings)
         options = dict(_mapping("options", self.options))
         latent_grid(options)  # height/width present and packable
         object.__setattr__(self, "options", options)
-        if not isinstance(self.include_normalizer, bool):
-            raise ValueError(f"include_normalizer must be a bool, got {self.include_normalizer!r}.")
         _int("text_width", self.text_width, 1, optional=True)
         if self.window_schedule is not None and self.window_schedule.num_steps != self.scheduler.num_inference_steps:
             raise ValueError(
                 f"window_schedule is for {self.window_schedule.num_steps} steps but the schedule has "
                 f"{self.scheduler.num_inference_steps}."
             )
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The batch's sampling settings (noise level, SDE type, guidance, normaliser) as the adapters take them."""
+        return SamplingSettings(
+            noise_level=self.noise_level,
+            sde_type=self.sde_type,
+            guidance_scale=self.guidance_scale,
+            include_normalizer=self.include_normalizer,
+        )
 
     def to_payload(self) -> dict[str, Any]:
         """Plain, msgpack-able dict (ints, floats, strs, bools, lists, dicts)."""
