@@ -156,7 +156,8 @@ def test_engine_start_checks_model_directory_and_config_first(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model_index.json"):
         vo.VllmOmniRollout(tmp_path)
     from rollout_consistency import CheckConfig
-    from rollout_consistency.gate.sides.backends import BackendError, vllm_omni_engine_arguments
+    from rollout_consistency.gate.sides.shared import BackendError
+    from rollout_consistency.gate.sides.vllm_omni_rollout import vllm_omni_engine_arguments
 
     config = CheckConfig(rollout_backend="vllm-omni", device="cuda")
     with pytest.raises(BackendError, match="model_path"):
@@ -680,8 +681,6 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
             requests=BatchRequests(seeds=SEEDS, windows=window, prompt_groups=GROUPS),
             sampling=SamplingSettings(noise_level=0.7),
             options=options,
-            max_num_seqs=4,
-            step_execution=step_execution,
         )
     assert trajectory.seeds == tuple(SEEDS) and trajectory.latents.dtype == torch.float32
     assert trajectory.provenance["execution"] == ("step" if step_execution else "request")
@@ -693,8 +692,8 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
 
 @needs_engine
 def test_step1_check_with_the_vllm_omni_backend(gpu_model_dir):
-    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.gate.sides.backends selects
-    `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
+    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (its registered factory,
+    rollout_consistency.gate.sides.vllm_omni_rollout, with `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
     from rollout_consistency import run_step1_check
 
     size = 64 if _MODEL_DIR is None else 256

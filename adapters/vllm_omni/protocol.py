@@ -34,6 +34,7 @@ __all__ = [
     "PIPELINE_CLASS",
     "SUPPORTED_FAMILIES",
     "BatchSettings",
+    "PromptTexts",
     "RequestSettings",
     "RolloutRequest",
     "build_requests",
@@ -458,8 +459,27 @@ def decode_request(
     )
 
 
+@dataclass(frozen=True)
+class PromptTexts:
+    """Prompt texts for the engine's own text encoder, in place of embeddings (`build_requests`' `conditioning`).
+
+    Args:
+        prompts: one text per sample. negative_prompts: one negative text per sample, for CFG (`" "` is fine).
+    """
+
+    prompts: Sequence[str]
+    negative_prompts: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "negative_prompts"):
+            texts = getattr(self, name)
+            if texts is not None and (isinstance(texts, str) or not all(isinstance(t, str) for t in texts)):
+                raise TypeError(f"PromptTexts.{name} must be a sequence of strings (one per sample), got {texts!r}.")
+            object.__setattr__(self, name, None if texts is None else tuple(texts))
+
+
 def build_requests(
-    conditioning: Mapping[str, torch.Tensor] | None,
+    conditioning: Mapping[str, torch.Tensor] | PromptTexts,
     *,
     scheduler_setup: SchedulerSetup,
     requests: BatchRequests,
@@ -468,36 +488,29 @@ def build_requests(
     text_width: int | None = None,
     launcher_seed: int | None = None,
     window_schedule: SDEWindowSchedule | None = None,
-    prompts: Sequence[str] | None = None,
-    negative_prompts: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The prompt dicts and the shared `extra_args` for one `Omni.generate` call.
 
     Args:
         conditioning: batch-first Qwen-Image conditioning (`prompt_embeds` (B, L, D) float32, masks int64, …);
-            each request gets its row, so the engine runs the trainer's exact embeddings. `None`: send
-            `prompts` (and `negative_prompts` for CFG) and let the engine's text encoder embed them (the
-            trajectory then stores the engine's embeddings).
+            each request gets its row, so the engine runs the trainer's exact embeddings. Or [`PromptTexts`]:
+            the engine's text encoder embeds them (the trajectory then stores the engine's embeddings).
         requests ([`BatchRequests`]): the samples, as for `rollout_consistency.adapters.rollout`;
             `requests.windows=None` sends no explicit window: the engine derives each from (launcher_seed,
             global_step, prompt group) with `window_schedule` (both then required).
         sampling ([`SamplingSettings`]): noise level, SDE type, guidance scale and normaliser of every step.
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
-            padded alike, as the checker's step-wise torch path does), or `None` in text mode.
+            padded alike, as the checker's step-wise torch path does), or `None` with `PromptTexts`.
         launcher_seed, window_schedule: let the engine re-derive and check each window.
         Others: see [`BatchSettings`].
 
     Returns:
         `(prompts, extra_args)`: pass `extra_args` as `OmniDiffusionSamplingParams(extra_args=...)`.
     """
-    seeds = list(requests.seeds)
-    prompt_groups, global_step, window = requests.prompt_groups, requests.global_step, requests.windows
-    if not seeds:
-        raise ValueError("build_requests needs at least one sample (one seed per sample).")
+    seeds, groups, global_step, window = requests.seeds, requests.groups, requests.global_step, requests.windows
     count = len(seeds)
-    groups = list(range(count)) if prompt_groups is None else list(prompt_groups)
-    if len(groups) != count:
-        raise ValueError(f"{len(groups)} prompt groups for {count} seeds: pass one per sample.")
+    texts = conditioning if isinstance(conditioning, PromptTexts) else None
+    conditioning = None if texts is not None else conditioning
     if window is None:
         if window_schedule is None or launcher_seed is None:
             raise ValueError(
@@ -506,11 +519,12 @@ def build_requests(
         windows: Sequence[SDEWindow | None] = [None] * count
     else:
         windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
-    if conditioning is None and prompts is None:
-        raise ValueError("Pass `conditioning` (embeddings) or `prompts` (texts for the engine's text encoder).")
-    for name, texts in (("prompts", prompts), ("negative_prompts", negative_prompts)):
-        if texts is not None and len(texts) != count:
-            raise ValueError(f"{len(texts)} {name} for {count} seeds: pass one per sample.")
+    if conditioning is None and texts is None:
+        raise ValueError("Pass `conditioning` (embeddings) or PromptTexts (texts for the engine's text encoder).")
+    for name in ("prompts", "negative_prompts"):
+        given = None if texts is None else getattr(texts, name)
+        if given is not None and len(given) != count:
+            raise ValueError(f"{len(given)} {name} for {count} seeds: pass one per sample.")
     rows = None
     if conditioning is not None:
         for name, tensor in conditioning.items():
@@ -519,7 +533,7 @@ def build_requests(
         rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(count)]
         if text_width is None:
             text_width = stepwise.shared_text_width(rows)
-    batch = BatchSettings(
+    batch = BatchSettings(  # the wire's own fields (see BatchSettings), from the adapters' settings objects
         scheduler=scheduler_setup,
         noise_level=sampling.noise_level,
         sde_type=sampling.sde_type,
@@ -541,11 +555,11 @@ def build_requests(
         )
         resolve_window(batch, request)  # fail here, on the client, rather than in the engine
         prompt: dict[str, Any] = {
-            "prompt": "" if prompts is None else prompts[index],
+            "prompt": "" if texts is None else texts.prompts[index],
             "additional_information": {PAYLOAD_KEY: {"version": PAYLOAD_VERSION, "request": request.to_payload()}},
         }
-        if negative_prompts is not None:
-            prompt["negative_prompt"] = negative_prompts[index]
+        if texts is not None and texts.negative_prompts is not None:
+            prompt["negative_prompt"] = texts.negative_prompts[index]
         if rows is not None:
             prompt.update(_conditioning_row(rows[index]))
         request_prompts.append(prompt)

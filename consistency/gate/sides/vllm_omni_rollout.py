@@ -27,8 +27,17 @@ class VllmOmniSide:
         self.engine = engine
 
     def rollout(self, backend: Backend, conditioning: Any, requests: Any, sampling: Any) -> Any:
-        """One planned batch on the engine: a float32 `Trajectory` (the engine encodes nothing itself here)."""
+        """One planned batch on the engine: a float32 `Trajectory` (the engine encodes nothing itself here).
+
+        Raises:
+            ValueError: the engine was started with another `max_num_seqs` or `step_execution` than the settings
+                ask for (both are fixed when an engine starts).
+        """
         config = backend.config
+        for name in ("max_num_seqs", "step_execution"):
+            running, asked = getattr(self.engine, name), getattr(config, name)
+            if running != asked:
+                raise ValueError(f"The engine was started with {name}={running!r}; this call asks for {asked!r}.")
         return self.engine.rollout(
             backend.family,
             None,
@@ -37,8 +46,6 @@ class VllmOmniSide:
             requests=requests,
             sampling=sampling,
             options=backend.options,
-            max_num_seqs=config.max_num_seqs,
-            step_execution=config.step_execution,
         )
 
 
