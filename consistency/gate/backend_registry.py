@@ -166,7 +166,7 @@ register_backend(
         name="vllm-omni",
         side="rollout",
         factory="rollout_consistency.gate.sides.vllm_omni_rollout:start",
-        summary="the vLLM-omni engine (needs the vllm extra and CUDA)",
+        summary="the vLLM-omni engine; needs the vllm extra and CUDA",
         default_profile="kernel",
         check=_vllm_omni_settings,
     )
@@ -176,6 +176,6 @@ register_backend(
         name="torch",
         side="trainer",
         factory="rollout_consistency.gate.sides.trainer:start",
-        summary="the PyTorch training adapter (recompute_log_probs)",
+        summary="the PyTorch training adapter, recompute_log_probs",
     )
 )
