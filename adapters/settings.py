@@ -20,7 +20,8 @@ takes a `SamplingSettings` has usable ones. The sampling rules themselves are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from rollout_consistency.sampling_rules import sampling_problem
 from rollout_consistency.schedulers import SDEWindow
@@ -76,6 +77,12 @@ class SamplingSettings:
             raise ValueError(f"'include_normalizer' must be True or False, got {self.include_normalizer!r}.")
         object.__setattr__(self, "noise_level", float(self.noise_level))
         object.__setattr__(self, "guidance_scale", float(self.guidance_scale))
+
+    @classmethod
+    def of(cls, source: Any) -> SamplingSettings:
+        """The settings an object that stores them as its own fields carries (a `Trajectory`, vLLM-omni's
+        wire `BatchSettings`), checked as any."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)

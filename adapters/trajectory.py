@@ -132,12 +132,7 @@ class Trajectory:
     @property
     def sampling(self) -> SamplingSettings:
         """The sampling settings of every step: `noise_level`, `sde_type`, `guidance_scale`, `include_normalizer`."""
-        return SamplingSettings(
-            noise_level=self.noise_level,
-            sde_type=self.sde_type,
-            guidance_scale=self.guidance_scale,
-            include_normalizer=self.include_normalizer,
-        )
+        return SamplingSettings.of(self)
 
     @property
     def requests(self) -> BatchRequests:

@@ -172,12 +172,7 @@ class BatchSettings:
     @property
     def sampling(self) -> SamplingSettings:
         """The batch's sampling settings (noise level, SDE type, guidance, normaliser) as the adapters take them."""
-        return SamplingSettings(
-            noise_level=self.noise_level,
-            sde_type=self.sde_type,
-            guidance_scale=self.guidance_scale,
-            include_normalizer=self.include_normalizer,
-        )
+        return SamplingSettings.of(self)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain, msgpack-able dict (ints, floats, strs, bools, lists, dicts)."""
