@@ -46,24 +46,17 @@ def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
     return generators
 
 
-def resolve_windows(
-    window: SDEWindow | Sequence[SDEWindow] | None, batch_size: int, num_steps: int
-) -> tuple[SDEWindow, ...]:
-    """One window per sample: a single `SDEWindow` is shared; a sequence must hold `batch_size` windows of one
-    size. Raises ValueError for a window that does not belong to a `num_steps`-step schedule, or for `None`."""
+def resolve_windows(requests: BatchRequests, num_steps: int) -> tuple[SDEWindow, ...]:
+    """One window per sample of `requests` (a single `SDEWindow` is shared). Raises ValueError for `None`, a
+    window that does not belong to a `num_steps`-step schedule, or windows of different sizes."""
+    window = requests.windows
     if window is None:
         raise ValueError(
             "BatchRequests.windows is None: this rollout needs explicit windows (one SDEWindow, or one per sample; "
             "draw them with rollout_consistency.schedulers.draw_sde_window)."
         )
-    windows = (window,) * batch_size if isinstance(window, SDEWindow) else tuple(window)
-    if len(windows) != batch_size:
-        raise ValueError(f"{len(windows)} windows for {batch_size} samples: pass one window, or one per sample.")
+    windows = (window,) * len(requests.seeds) if isinstance(window, SDEWindow) else window
     for w in windows:
-        if not isinstance(w, SDEWindow):
-            raise TypeError(
-                f"Expected SDEWindow, got {w!r}; build one with rollout_consistency.schedulers.draw_sde_window(...)."
-            )
         if w.num_steps != num_steps:
             raise ValueError(
                 f"SDE window {w} is for a {w.num_steps}-step schedule but the rollout runs {num_steps} steps: the "
@@ -115,7 +108,7 @@ def rollout(
     seeds, prompt_groups = requests.seeds, requests.groups
     batch = len(seeds)
     num_steps = scheduler_setup.num_inference_steps
-    windows = resolve_windows(requests.windows, batch, num_steps)
+    windows = resolve_windows(requests, num_steps)
     family.check_conditioning(transformer, conditioning, batch, guidance_scale, options)
 
     device = model_device(transformer)

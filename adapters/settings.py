@@ -118,6 +118,8 @@ class BatchRequests:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(self.seeds))
+        if self.prompt_groups is not None:
+            object.__setattr__(self, "prompt_groups", tuple(self.prompt_groups))
         if not self.seeds:
             raise ValueError("A rollout needs at least one sample (one seed per sample).")
         for name in ("seeds", "prompt_groups"):
@@ -135,12 +137,10 @@ class BatchRequests:
                     f"{len(windows)} windows for {len(self.seeds)} samples: pass one window, or one per sample."
                 )
             object.__setattr__(self, "windows", windows)
-        if self.prompt_groups is not None:
-            object.__setattr__(self, "prompt_groups", tuple(self.prompt_groups))
-            if len(self.prompt_groups) != len(self.seeds):
-                raise ValueError(
-                    f"{len(self.prompt_groups)} prompt groups for {len(self.seeds)} seeds: pass one per sample."
-                )
+        if self.prompt_groups is not None and len(self.prompt_groups) != len(self.seeds):
+            raise ValueError(
+                f"{len(self.prompt_groups)} prompt groups for {len(self.seeds)} seeds: pass one per sample."
+            )
         if not isinstance(self.global_step, int) or isinstance(self.global_step, bool) or self.global_step < 0:
             raise ValueError(f"global_step must be an int >= 0, got {self.global_step!r}.")
         if not isinstance(self.denoise_to_end, bool):

@@ -88,6 +88,18 @@ def test_the_sides_build_the_registered_factory(counting):
     assert report.tolerance.profile == "implementation"
 
 
+def test_a_factory_that_cannot_be_loaded_is_a_usage_error():
+    from rollout_consistency.gate import backend_registry
+    from rollout_consistency.gate.sides.shared import BackendError
+
+    register_backend(dataclasses.replace(COUNTING, name="missing", factory="no_such_package_here:start"))
+    try:
+        with pytest.raises(BackendError, match="'no_such_package_here:start' cannot be loaded"):
+            run_step1_check(rollout_backend="missing", **QUICK)
+    finally:
+        backend_registry._REGISTRY.pop(("rollout", "missing"))
+
+
 def test_the_command_line_lists_the_registered_backends(counting, capsys):
     from rollout_consistency.cli import main
 

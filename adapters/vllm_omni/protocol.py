@@ -513,7 +513,7 @@ def build_requests(
             )
         windows: Sequence[SDEWindow | None] = [None] * count
     else:
-        windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
+        windows = resolve_windows(requests, scheduler_setup.num_inference_steps)
     if conditioning is None and texts is None:
         raise ValueError("Pass `conditioning` (embeddings) or PromptTexts (texts for the engine's text encoder).")
     for name in ("prompts", "negative_prompts"):

@@ -47,7 +47,8 @@ class BackendEntry:
     Attributes:
         name: what ``rollout_backend`` / ``trainer_backend`` is set to (no colon: that marks a plug-in).
         side: ``"rollout"`` or ``"trainer"``.
-        factory: ``"package.module:function"`` building the side in a worker (see the module docstring).
+        factory: ``"package.module:function"`` (importable as it is) or ``"path/to/file.py:function"``, building
+            the side in a worker (see the module docstring).
         summary: one line for the command line's help (what it runs, what it needs).
         default_profile: the tolerance profile of a run that sets none (an engine with its own attention
             kernels: ``"kernel"``).
@@ -70,7 +71,8 @@ class BackendEntry:
             raise ValueError(f"backend {self.name!r}: side must be one of {', '.join(SIDES)}, got {self.side!r}.")
         if not is_plugin_spec(self.factory):
             raise ValueError(
-                f"backend {self.name!r}: factory must be a 'package.module:function' spec, got {self.factory!r}."
+                f"backend {self.name!r}: factory must be a 'package.module:function' or 'file.py:function' spec, "
+                f"got {self.factory!r}."
             )
 
 

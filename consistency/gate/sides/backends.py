@@ -157,16 +157,24 @@ def start_backend(config: CheckConfig, side: str) -> Any:
     Raises:
         BackendError: the factory cannot be imported, or cannot start the backend (naming what to install or set).
     """
+    import importlib
+
     from rollout_consistency.object_spec import SpecError, load_object
 
     name = getattr(config, f"{side}_backend")
     if is_plugin_spec(name):
         return None
     entry = get_backend(side, name)
+    module, _, function = entry.factory.rpartition(":")
     try:
-        factory = load_object(entry.factory)
-    except SpecError as error:
-        raise BackendError(f"{side}_backend {name!r}: {error}") from error
+        if module.endswith(".py"):
+            factory = load_object(entry.factory)  # a file: loaded as a module of its own
+        else:  # importable as it is: unlike a plug-in spec, the current directory is not put on sys.path
+            factory = getattr(importlib.import_module(module), function)
+    except (SpecError, ImportError, AttributeError) as error:
+        raise BackendError(
+            f"{side}_backend {name!r}: its factory {entry.factory!r} cannot be loaded: {error}"
+        ) from error
     return factory(config)
 
 
