@@ -228,6 +228,8 @@ class BatchSettings:
 class RequestSettings:
     """Settings of one request (`prompt["additional_information"][PAYLOAD_KEY]["request"]`).
 
+    A wire format, like [`BatchSettings`]: plain fields, each checked as it is decoded.
+
     Args:
         sample_index: the request's position in the client's list (maps completion order back).
         seed: the sample's seed (initial noise, then its SDE noise; `rollout_consistency.adapters.rollout`'s contract).
