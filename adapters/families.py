@@ -26,7 +26,7 @@ import importlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -49,6 +49,7 @@ __all__ = [
     "get_family",
     "load_pretrained_transformer",
     "load_scheduler_config",
+    "merged_options",
     "model_device",
     "model_dtype",
     "register_family",
@@ -96,6 +97,9 @@ class ModelFamily:
             the widest when `None`). Used by the step-wise path and `stack_trajectories`.
         row_inputs: the transformer's keyword inputs that are batch-first tensors or per-sample lists, which
             batch-invariant mode splits by row (`rollout_consistency.adapters.batch_invariance`).
+        default_options: the family options besides `height` and `width` (which every family needs) with
+            their defaults, e.g. `{"vae_scale_factor": 8}`: [`merged_options`] fills them in and refuses
+            other names (a family's pipeline-style `rollout` stores them all).
 
     Used by the checker to build a run from [`PipelineSettings`] (a family without them can still roll out
     and recompute; the checker then says which field is missing):
@@ -125,6 +129,7 @@ class ModelFamily:
     check_conditioning: Callable[[nn.Module, Mapping[str, torch.Tensor], int, float, Mapping[str, Any]], None]
     collate_conditioning: Callable[[Sequence[Mapping[str, torch.Tensor]], int | None], dict[str, torch.Tensor]]
     row_inputs: frozenset[str] = frozenset()
+    default_options: Mapping[str, Any] = field(default_factory=dict)
     scheduler_config: Mapping[str, Any] | None = None
     options: Callable[[PipelineSettings], dict[str, Any]] | None = None
     guidance: Callable[[PipelineSettings], float] | None = None
@@ -179,6 +184,32 @@ def get_family(name: str) -> ModelFamily:
 def family_names() -> tuple[str, ...]:
     """Names of the built-in and registered families, sorted."""
     return tuple(sorted(set(_BUILTIN_MODULES) | set(_REGISTRY)))
+
+
+def merged_options(family: ModelFamily, options: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
+    """`options` over the family's `default_options`, `height` and `width` first (ValueError if either is missing).
+
+    With `strict`, every value is cast to its default's type (`int`, `bool`, `float`) and a name the family
+    does not know is a ValueError naming the known ones (a caller's keywords); otherwise other names pass
+    through (a stored trajectory's options are read as they are).
+    """
+    for key in ("height", "width"):
+        if key not in options:
+            raise ValueError(f"{family.name} options need {key!r} (image size in pixels).")
+    defaults = dict(family.default_options)
+    if not strict:
+        return {**defaults, **dict(options)}
+    unknown = sorted(set(options) - {"height", "width", *defaults})
+    if unknown:
+        raise ValueError(
+            f"{family.name} has no option {', '.join(map(repr, unknown))}; its options are height, width"
+            f"{''.join(f', {name}' for name in defaults)}."
+        )
+    merged = {"height": int(options["height"]), "width": int(options["width"])}
+    for name, value in defaults.items():  # a None default (an optional setting) keeps what was given
+        given = options.get(name, value)
+        merged[name] = given if value is None or given is None else type(value)(given)
+    return merged
 
 
 def load_pretrained_transformer(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 from .settings import BatchRequests, SamplingSettings
 
@@ -140,21 +139,18 @@ class Trajectory:
     @property
     def sampling(self) -> SamplingSettings:
         """The sampling settings of every step: `noise_level`, `sde_type`, `guidance_scale`, `include_normalizer`."""
-        return SamplingSettings(
-            noise_level=self.noise_level,
-            sde_type=self.sde_type,
-            guidance_scale=self.guidance_scale,
-            include_normalizer=self.include_normalizer,
-        )
+        return SamplingSettings.of(self)
 
     @property
     def requests(self) -> BatchRequests:
-        """The batch's samples, per sample: `seeds`, `windows` (one per sample), `prompt_groups`, `global_step`."""
+        """The batch's samples, per sample: `seeds`, `windows` (one per sample), `prompt_groups`, `global_step`,
+        and `denoise_to_end` (whether final latents are stored)."""
         return BatchRequests(
             seeds=self.seeds,
             windows=self.windows,
             prompt_groups=self.prompt_groups,
             global_step=self.global_step,
+            denoise_to_end=self.final_latents is not None,
         )
 
     @property
@@ -229,19 +225,10 @@ class Trajectory:
                     f"Window {window} is for a {window.num_steps}-step schedule but the scheduler setup has "
                     f"{self.scheduler.num_inference_steps} steps."
                 )
-        for name in ("seeds", "prompt_groups"):
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in getattr(self, name)):
-                raise TypeError(f"Trajectory.{name} must hold ints.")
-        if not isinstance(self.global_step, int) or self.global_step < 0:
-            raise ValueError(f"global_step must be an int >= 0, got {self.global_step!r}.")
-        if self.sde_type not in SDE_TYPES:
-            raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
-        if not (math.isfinite(self.noise_level) and self.noise_level > 0):
-            raise ValueError(
-                f"noise_level must be finite and > 0 for a trajectory with log-probs, got {self.noise_level!r}."
-            )
-        if not math.isfinite(self.guidance_scale):
-            raise ValueError(f"guidance_scale must be finite, got {self.guidance_scale!r}.")
+        # Seeds, prompt groups, training step and the sampling settings follow the rules a rollout's own do,
+        # checked where those are (BatchRequests, SamplingSettings).
+        self.requests  # noqa: B018
+        self.sampling  # noqa: B018
         if not isinstance(self.model_family, str) or not self.model_family:
             raise ValueError(f"model_family must be a non-empty string, got {self.model_family!r}.")
         self._validate_conditioning()

@@ -55,8 +55,8 @@ from .families import (
     model_dtype,
     register_family,
 )
-from .rollout import rollout as request_level_rollout
-from .settings import BatchRequests, PipelineSettings, SamplingSettings
+from .rollout import family_rollout
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -76,7 +76,8 @@ __all__ = [
 TEXT_KEYS = ("prompt_embeds", "negative_prompt_embeds")
 #: The experts' names, as `WanPipeline`'s components and `Trajectory.experts` call them (high noise, low noise).
 EXPERT_NAMES = ("transformer", "transformer_2")
-_DEFAULT_OPTIONS = {
+_DEFAULT_OPTIONS = {  # WanPipeline's defaults
+    "num_frames": 81,
     "vae_scale_factor_spatial": 8,
     "vae_scale_factor_temporal": 4,
     "guidance_scale_2": None,
@@ -196,9 +197,9 @@ def _has_experts(transformer: nn.Module) -> bool:
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     merged = {**_DEFAULT_OPTIONS, **dict(options)}
-    for key in ("height", "width", "num_frames"):
+    for key in ("height", "width"):
         if key not in merged:
-            raise ValueError(f"Wan options need {key!r} (video size in pixels and frames).")
+            raise ValueError(f"Wan options need {key!r} (video size in pixels).")
     return merged
 
 
@@ -512,57 +513,23 @@ FAMILY = register_family(
         row_inputs=frozenset({"hidden_states", "timestep", "encoder_hidden_states", "experts"}),
         experts=_experts,
         model_kwargs=_model_kwargs,
+        default_options=_DEFAULT_OPTIONS,
     )
 )
 
 
-def rollout(
-    transformer: nn.Module,
-    conditioning: Mapping[str, torch.Tensor],
-    *,
-    height: int,
-    width: int,
-    num_frames: int,
-    num_inference_steps: int,
-    requests: BatchRequests,
-    sampling: SamplingSettings,
-    guidance_scale_2: float | None = None,
-    expand_timesteps: bool = False,
-    scheduler_config: Mapping[str, Any] | None = None,
-    vae_scale_factor_spatial: int = 8,
-    vae_scale_factor_temporal: int = 4,
-    denoise_to_end: bool = True,
-    scheduler: Any = None,
-) -> Trajectory:
-    """Wan rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
+def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
+    """Wan rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
 
-    `sampling.guidance_scale` is the CFG scale (CFG when > 1, which needs `negative_prompt_embeds`);
-    `guidance_scale_2` the low-noise expert's (default: the same). `scheduler_config` defaults to
-    [`WAN_SCHEDULER_CONFIG`]; the schedule is the pipeline's (the scheduler's own sigmas). A [`WanExperts`]
-    transformer records which expert took each window step (`Trajectory.experts`).
+    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default:
+    [`WAN_SCHEDULER_CONFIG`]; the schedule is the pipeline's, the scheduler's own sigmas), `scheduler`, and the
+    family options `height`, `width`, `num_frames=81`, `guidance_scale_2=None` (the low-noise expert's CFG
+    scale; `None`: the same), `expand_timesteps=False`, `vae_scale_factor_spatial=8`,
+    `vae_scale_factor_temporal=4`. `sampling.guidance_scale` is the CFG scale (CFG when > 1, which needs
+    `negative_prompt_embeds`). A [`WanExperts`] transformer records which expert took each window step
+    (`Trajectory.experts`).
     """
-    options = {
-        "height": int(height),
-        "width": int(width),
-        "num_frames": int(num_frames),
-        "vae_scale_factor_spatial": int(vae_scale_factor_spatial),
-        "vae_scale_factor_temporal": int(vae_scale_factor_temporal),
-        "guidance_scale_2": None if guidance_scale_2 is None else float(guidance_scale_2),
-        "expand_timesteps": bool(expand_timesteps),
-    }
-    config = WAN_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
-    setup = _scheduler_setup(config, num_inference_steps, transformer, options)
-    return request_level_rollout(
-        FAMILY,
-        transformer,
-        conditioning,
-        scheduler_setup=setup,
-        requests=requests,
-        sampling=sampling,
-        options=options,
-        denoise_to_end=denoise_to_end,
-        scheduler=scheduler,
-    )
+    return family_rollout(FAMILY, transformer, conditioning, **settings)
 
 
 def recompute_log_probs(

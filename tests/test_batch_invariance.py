@@ -13,7 +13,7 @@ from sd3_flux_cases import FAMILIES
 from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_step_log_prob, wan
 from rollout_consistency.adapters.batch_invariance import BatchInvariant, batch_invariant, is_batch_invariant
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image, load_wan, tiny_wan_prompt_encoder
 from rollout_consistency.schedulers import SDEWindow
 
@@ -106,7 +106,7 @@ def test_staggered_stepwise_arrivals_give_the_request_level_bits(case):
         scheduler_setup=reference.scheduler,
         sampling=reference.sampling,
         options=reference.family_options,
-        max_num_seqs=3,
+        engine=EngineSettings(max_num_seqs=3),
     )
     for name in ("latents", "log_probs", "final_latents"):
         assert torch.equal(getattr(stepwise, name), getattr(reference, name)), name
@@ -167,7 +167,7 @@ def test_bad_uses_are_one_line_errors():
         own = {k: v[:, :length] for k, v in own.items()}
         requests.append(StepwiseRequest(f"r{i}", seed=i, conditioning=own, window=WINDOW))
     setup = qwen_image.FAMILY.scheduler_setup(QWEN_IMAGE_SCHEDULER_CONFIG, STEPS, model, {"height": 32, "width": 32})
-    with pytest.raises(ValueError, match=r"Pass text_width="):
+    with pytest.raises(ValueError, match=r"Pass engine=EngineSettings\(text_width="):
         run_stepwise(
             qwen_image.FAMILY,
             batch_invariant(model, qwen_image.FAMILY),

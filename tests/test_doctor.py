@@ -137,10 +137,9 @@ def trajectory(model):
         height=32,
         width=32,
         num_inference_steps=4,
-        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4)),
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4), denoise_to_end=False),
         sampling=SamplingSettings(noise_level=0.7),
         mask_text_padding=False,
-        denoise_to_end=False,
     )
 
 

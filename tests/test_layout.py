@@ -305,11 +305,11 @@ def test_the_rules_catch_what_they_are_for() -> None:
 #: is the root package). A module imports only from its own layer or a lower one; within a layer, only without
 #: a circle. docs/design.md ("The packages") says what each layer holds.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("schedulers", "atomic_write", "object_spec", "cli_guard"),  # import nothing of ours
+    ("schedulers", "atomic_write", "object_spec", "cli_guard", "sampling_rules"),  # import nothing of ours
     ("adapters",),
     ("training", "lint"),
     ("gate.judging",),  # figures, limits, verdict, report: never the settings, the sides or the doctor
-    ("gate.config", "gate.bounds", "gate.safe_yaml"),  # the settings
+    ("gate.config", "gate.bounds", "gate.safe_yaml", "gate.backend_registry"),  # the settings
     ("gate.sides",),  # running the rollout and the trainer
     ("gate.diagnosis",),  # the doctor and the localisation
     ("gate.tables",),  # users' own tables: gate(), dumps, the recorder

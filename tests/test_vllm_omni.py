@@ -156,7 +156,8 @@ def test_engine_start_checks_model_directory_and_config_first(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model_index.json"):
         vo.VllmOmniRollout(tmp_path)
     from rollout_consistency import CheckConfig
-    from rollout_consistency.gate.sides.backends import BackendError, vllm_omni_engine_arguments
+    from rollout_consistency.gate.sides.shared import BackendError
+    from rollout_consistency.gate.sides.vllm_omni_rollout import vllm_omni_engine_arguments
 
     config = CheckConfig(rollout_backend="vllm-omni", device="cuda")
     with pytest.raises(BackendError, match="model_path"):
@@ -262,7 +263,7 @@ def _mutate(path, value):
         (_mutate(("request", "request", "seed"), True), "'seed' must be an int"),
         (_mutate(("request", "request", "prompt_group"), KeyError), "missing \\['prompt_group'\\]"),
         (_mutate(("request", "request", "colour"), "red"), "unknown \\['colour'\\]"),
-        (_mutate(("batch", "batch", "noise_level"), 0.0), "noise_level must be > 0"),
+        (_mutate(("batch", "batch", "noise_level"), 0.0), "nothing to check"),
         (_mutate(("batch", "batch", "noise_level"), float("nan")), "finite"),
         (_mutate(("batch", "batch", "sde_type"), "ode"), "sde_type"),
         (_mutate(("batch", "batch", "model_family"), "flux"), "no vLLM-omni pipeline"),
@@ -403,6 +404,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
             window=windows[i],
             prompt_group=GROUPS[i],
             arrival=arrivals[i],
+            global_step=3,
         )
         for i in range(4)
     ]
@@ -413,9 +415,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
         scheduler_setup=setup,
         sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.0),
         options=_options(),
-        max_num_seqs=4,
-        text_width=12,
-        global_step=3,
+        engine=stepwise.EngineSettings(max_num_seqs=4, text_width=12),
     )
     for name in ("latents", "log_probs", "timesteps", "final_latents"):
         assert torch.equal(getattr(trajectory, name), getattr(reference, name)), name
@@ -681,8 +681,6 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
             requests=BatchRequests(seeds=SEEDS, windows=window, prompt_groups=GROUPS),
             sampling=SamplingSettings(noise_level=0.7),
             options=options,
-            max_num_seqs=4,
-            step_execution=step_execution,
         )
     assert trajectory.seeds == tuple(SEEDS) and trajectory.latents.dtype == torch.float32
     assert trajectory.provenance["execution"] == ("step" if step_execution else "request")
@@ -694,8 +692,8 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
 
 @needs_engine
 def test_step1_check_with_the_vllm_omni_backend(gpu_model_dir):
-    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.gate.sides.backends selects
-    `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
+    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (its registered factory,
+    rollout_consistency.gate.sides.vllm_omni_rollout, with `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
     from rollout_consistency import run_step1_check
 
     size = 64 if _MODEL_DIR is None else 256

@@ -462,12 +462,13 @@ def test_the_check_turns_a_failed_request_into_a_fail_naming_it(fp32_dir, real_e
     from rollout_consistency import CheckConfig
     from rollout_consistency.gate.sides.backends import build_backend, run_batch
     from rollout_consistency.gate.sides.plan import make_plan
+    from rollout_consistency.gate.sides.vllm_omni_rollout import VllmOmniSide
 
     config = CheckConfig(
         num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2, num_inference_steps=6, height=HEIGHT, width=WIDTH
     )
     backend = replace(
-        build_backend(config), rollout_engine=_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text))
+        build_backend(config), rollout_engine=VllmOmniSide(_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text)))
     )
     first, second = (run_batch(backend, batch) for batch in make_plan(config))
     assert first.problems and "sample 0 (seed" in first.problems[0] and "version" in first.problems[0]

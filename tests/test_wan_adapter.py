@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from rollout_consistency.adapters import Trajectory, recompute_step_log_prob, wan
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import StockLateExpertSwitch, apply_injection
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import load_wan, tiny_wan_prompt_encoder
 from rollout_consistency.adapters.trainer import trainer_experts
 from rollout_consistency.schedulers import SDEWindow
@@ -216,7 +216,7 @@ def test_stepwise_across_the_boundary_equals_request_level_in_batch_invariant_mo
         scheduler_setup=reference.scheduler,
         sampling=reference.sampling,
         options=reference.family_options,
-        max_num_seqs=4,
+        engine=EngineSettings(max_num_seqs=4),
     )
     for name in ("latents", "log_probs", "timesteps", "final_latents"):
         assert torch.equal(getattr(stepwise, name), getattr(reference, name)), name

@@ -11,6 +11,7 @@ for). Only this module imports vLLM-omni on the client side, inside `VllmOmniRol
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -156,9 +157,12 @@ class VllmOmniRollout:
             `tokenizer/`, `vae/`, `scheduler/`). The trainer must load the same weights.
         launcher_seed, window_schedule: sent with every request so the engine re-derives each SDE window from
             (launcher seed, global step, prompt group) and checks it against the explicit one.
+        text_width: the width every forward pads text to (default: each call's conditioning width; see
+            `build_requests`).
         engine: an engine already started on `model_path` with [`engine_kwargs`] (anything with vLLM-omni's
             `generate(prompts, sampling_params, use_tqdm=...)` and `close()`), used instead of starting one.
-        Others: see [`engine_kwargs`].
+        **engine_args: the engine's arguments, passed to [`engine_kwargs`] (`dtype`, `step_execution`,
+            `max_num_seqs`, `enforce_eager`, `attention_backend`, `request_batch_max_wait_ms`, `engine_options`).
 
     A failed request raises [`VllmOmniRequestError`] naming it. vLLM-omni shuts the engine down when a request
     fails, so from then on every call raises [`VllmOmniEngineClosedError`]: start a new `VllmOmniRollout`.
@@ -168,26 +172,13 @@ class VllmOmniRollout:
         self,
         model_path: str | os.PathLike,
         *,
-        dtype: str = "bfloat16",
-        step_execution: bool = False,
-        max_num_seqs: int = 1,
-        enforce_eager: bool = True,
-        attention_backend: str | None = None,
-        request_batch_max_wait_ms: float | None = None,
         launcher_seed: int | None = None,
         window_schedule: SDEWindowSchedule | None = None,
-        engine_options: Mapping[str, Any] | None = None,
+        text_width: int | None = None,
         engine: Any = None,
+        **engine_args: Any,
     ):
-        kwargs = engine_kwargs(
-            dtype=dtype,
-            step_execution=step_execution,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
-            attention_backend=attention_backend,
-            request_batch_max_wait_ms=request_batch_max_wait_ms,
-            engine_options=engine_options,
-        )
+        kwargs = engine_kwargs(**engine_args)
         path = Path(model_path)
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(
@@ -200,10 +191,11 @@ class VllmOmniRollout:
 
             engine = Omni(model=str(path), **kwargs)
         self.model_path = str(path)
-        self.step_execution = bool(step_execution)
-        self.max_num_seqs = max_num_seqs
+        self.step_execution = kwargs["step_execution"]
+        self.max_num_seqs = kwargs["max_num_seqs"]
         self.launcher_seed = launcher_seed
         self.window_schedule = window_schedule
+        self.text_width = text_width
         self.engine_kwargs = kwargs
         self._omni = engine
         self._finalizer = weakref.finalize(self, _close_engine, self._omni)
@@ -235,20 +227,16 @@ class VllmOmniRollout:
         requests: BatchRequests,
         sampling: SamplingSettings,
         options: Mapping[str, Any],
-        max_num_seqs: int | None = None,
-        step_execution: bool | None = None,
-        text_width: int | None = None,
-        prompts: Sequence[str] | None = None,
-        negative_prompts: Sequence[str] | None = None,
     ) -> Trajectory:
         """Sample a batch on the engine: the same arguments as `rollout_consistency.adapters.rollout`, the same float32 [`Trajectory`].
 
         Rows are in the order of `requests.seeds` (completion order is mapped back). `transformer` is accepted for
         signature compatibility and unused: the engine holds its own copy of the weights from `model_path`.
-        `max_num_seqs` / `step_execution`, when given, must match the engine's (they are fixed at start).
+        `conditioning` may be a `PromptTexts` instead of embeddings (see `build_requests`). The engine always
+        denoises to the end (`requests.denoise_to_end` is not needed: the final latents come back too).
 
         Raises:
-            ValueError: bad settings (before anything is sent), or engine settings that differ from the call's.
+            ValueError: bad settings (before anything is sent).
             VllmOmniRequestError: a request failed in the engine (the engine is closed after it).
             VllmOmniEngineClosedError: the engine was closed before this call.
             TrajectoryFormatError: a request returned no valid trajectory.
@@ -261,23 +249,16 @@ class VllmOmniRollout:
             raise ValueError(
                 f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(CLIENT_FAMILIES)})."
             )
-        for name, asked, running in (
-            ("max_num_seqs", max_num_seqs, self.max_num_seqs),
-            ("step_execution", step_execution, self.step_execution),
-        ):
-            if asked is not None and asked != running:
-                raise ValueError(f"The engine was started with {name}={running!r}; this call asks for {asked!r}.")
         request_prompts, extra_args = build_requests(
             conditioning,
             scheduler_setup=scheduler_setup,
-            requests=requests,
+            requests=requests
+            if self.launcher_seed is None
+            else dataclasses.replace(requests, launcher_seed=self.launcher_seed),
             sampling=sampling,
             options=options,
-            text_width=text_width,
-            launcher_seed=self.launcher_seed,
+            text_width=self.text_width,
             window_schedule=self.window_schedule,
-            prompts=prompts,
-            negative_prompts=negative_prompts,
         )
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
@@ -350,5 +331,5 @@ def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **k
     require_vllm_omni()
     raise ValueError(
         "rollout_consistency.adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
-        "(the checker builds it from its config in rollout_consistency.gate.sides.backends)."
+        "(the checker builds it from its config in rollout_consistency.gate.sides.vllm_omni_rollout)."
     )

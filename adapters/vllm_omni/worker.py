@@ -124,6 +124,7 @@ def start_request(
         conditioning={k: v.to(device) for k, v in conditioning.items()},
         window=request.window,
         prompt_group=request.request.prompt_group,
+        global_step=request.request.global_step,
     )
     state = stepwise.RequestState(
         request=step_request,
@@ -159,7 +160,7 @@ def batch_noise_pred(transformer: TransformerView | nn.Module, states: Sequence[
         _family(batch),
         transformer,
         [s.state for s in states],
-        guidance_scale=batch.guidance_scale,
+        sampling=batch.sampling,
         options=batch.options,
         text_width=batch.text_width,
     )
@@ -187,14 +188,7 @@ def advance_request(rollout: RolloutState, noise_pred: torch.Tensor, expert: str
             f"advance_request takes this request's float32 noise_pred {tuple(state.latents.shape)}, got "
             f"{noise_pred.dtype} {tuple(noise_pred.shape)}: cast the transformer output with .float() before the scheduler."
         )
-    stepwise.advance_request(
-        state,
-        noise_pred,
-        noise_level=batch.noise_level,
-        sde_type=batch.sde_type,
-        include_normalizer=batch.include_normalizer,
-        expert=expert,
-    )
+    stepwise.advance_request(state, noise_pred, batch.sampling, expert=expert)
 
 
 def finish_request(rollout: RolloutState) -> Trajectory:
@@ -209,17 +203,11 @@ def finish_request(rollout: RolloutState) -> Trajectory:
     conditioning = stepwise.stored_conditioning(_family(batch), state.request.conditioning, batch.text_width)
     return stepwise.window_trajectory(
         state.record,
-        seed=request.request.seed,
-        prompt_group=request.request.prompt_group,
+        requests=state.request.requests,
+        sampling=batch.sampling,
         conditioning=conditioning,
         model_family=batch.model_family,
         scheduler_setup=batch.scheduler,
-        noise_level=batch.noise_level,
-        sde_type=batch.sde_type,
-        guidance_scale=batch.guidance_scale,
-        global_step=request.request.global_step,
         family_options=batch.options,
-        include_normalizer=batch.include_normalizer,
-        final_latents=state.latents,
         provenance={"path": "vllm-omni", **rollout.provenance},
     )

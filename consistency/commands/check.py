@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
+from rollout_consistency.gate.backend_registry import backend_names, get_backend
 from rollout_consistency.gate.config import (
     DEVICES,
     DTYPES,
@@ -61,12 +62,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
 
 
-#: One line of help per setting (the config file uses the same names, with underscores).
+def _backends_help(side: str) -> str:
+    """The registered `side` backends with their summaries (`rollout_consistency.gate.backend_registry`)."""
+    listed = ", ".join(f"{name} ({get_backend(side, name).summary})" for name in backend_names(side))
+    return f"{side} engine: {listed}, or your plug-in 'package.module:factory'"
+
+
+#: One line of help per setting (the config file uses the same names, with underscores); the backends' lines
+#: list the registered backends when the parser is built (`_backends_help`).
 FIELD_HELP: dict[str, str] = {
     "model_family": "model family",
     "model_path": "diffusers model directory (default: the built-in tiny model, offline)",
-    "rollout_backend": "rollout engine: torch, vllm-omni (needs the vllm extra and CUDA) or your plug-in 'package.module:factory'",
-    "trainer_backend": "trainer engine: torch or your plug-in 'package.module:factory'",
     "step_execution": "step-wise (continuous batching) rollout instead of request-level",
     "max_num_seqs": "requests the step-wise engine runs together",
     "stagger_arrivals": "step-wise: admit requests two per engine step (forwards mix requests at different steps)",
@@ -144,7 +150,8 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
         name = field.name
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        help_text = FIELD_HELP.get(name, "")
+        side = name.removesuffix("_backend")
+        help_text = _backends_help(side) if side in ("rollout", "trainer") else FIELD_HELP.get(name, "")
         if default is not None and name not in ("prompts", "thresholds"):
             help_text += f" (default: {_show(default)})"
         common = dict(dest=name, default=argparse.SUPPRESS, help=help_text)

@@ -111,7 +111,7 @@ def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any]) -> d
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.training.checkpoint_check import check_checkpointing
+    from rollout_consistency.training.checkpoint_check import CheckpointingSettings, check_checkpointing
 
     if args.command == "recompute":
         print(
@@ -134,10 +134,9 @@ def run(args: argparse.Namespace) -> int:
             segments=segments,
             set_checkpointing=set_checkpointing,
             loss_fn=case.get("loss_fn"),
-            seed=args.seed,
-            rtol=args.rtol,
-            atol=args.atol,
-            baseline=not args.no_baseline,
+            settings=CheckpointingSettings(
+                seed=args.seed, rtol=args.rtol, atol=args.atol, baseline=not args.no_baseline
+            ),
         )
     except ValueError as error:
         raise UsageError(str(error)) from error

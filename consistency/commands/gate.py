@@ -67,25 +67,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
-    from rollout_consistency.gate.tables.api import GateInputError
     from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
+    from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
 
     check_outputs(report_outputs(args), {"DUMP": args.dump})
     if os.path.isdir(args.dump):
         raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")
     try:
-        thresholds = parse_thresholds(args.threshold) if args.threshold else None
-        dump = read_dump(args.dump)
-        report = dump.gate(
+        settings = GateSettings(
             profile=args.profile,
             compute_dtype=args.compute_dtype,
             clip_ratio=args.clip_ratio,
             clip_ratio_low=args.clip_ratio_low,
             clip_ratio_high=args.clip_ratio_high,
             micro_batch_size=args.micro_batch_size,
-            thresholds=thresholds,
+            thresholds=parse_thresholds(args.threshold) if args.threshold else None,
             source=str(args.dump),
         )
+        report = read_dump(args.dump).gate(settings)
     except (FileNotFoundError, DumpFormatError, GateInputError, ConfigError) as error:
         raise UsageError(str(error)) from error
     return show_and_write(report, args)

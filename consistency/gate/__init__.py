@@ -9,7 +9,8 @@ Data flows one way, each arrow a plain function call (or a Ray call over the sam
 The package, in layers (each imports only from those above it; tests/test_layout.py):
 
     judging     metrics, mismatch statistics, tolerance profiles, verdict, report (table, JSON, JUnit, plot, trackers)
-    config      `CheckConfig`: every setting, files, aliases (with `bounds` and `safe_yaml`)
+    config      `CheckConfig`: every setting, files, aliases (with `bounds` and `safe_yaml`), and the
+                backends by name (`backend_registry`: `BackendEntry`, `register_backend`)
     sides       the plan, the built-in backends and plug-in sides, the trainer's recompute, Ray, weight sync
     diagnosis   the doctor's ranked likely causes and the localising replay
     tables      your own tables: `gate()`, log-prob dumps, `Step1Recorder`, the `step1_gate` fixture
@@ -21,6 +22,7 @@ imports neither torch nor diffusers; the sides import them when they run.
 
 from __future__ import annotations
 
+from .backend_registry import BackendEntry, backend_names, register_backend
 from .check import USAGE_ERRORS, injection_settings, run_step1_check
 from .config import CheckConfig, ConfigError, load_config
 from .diagnosis import Localisation, SideSpec, diagnose
@@ -52,6 +54,7 @@ from .tables import (
     DumpFormatError,
     GateInputError,
     GateReport,
+    GateSettings,
     LogProbDump,
     RecorderError,
     Step1GateFailed,
@@ -66,6 +69,7 @@ __all__ = [
     "METRIC_NAMES",
     "PROFILES",
     "USAGE_ERRORS",
+    "BackendEntry",
     "CheckConfig",
     "CheckResult",
     "ConfigError",
@@ -74,6 +78,7 @@ __all__ = [
     "DumpFormatError",
     "GateInputError",
     "GateReport",
+    "GateSettings",
     "Localisation",
     "LogProbDump",
     "LoggerError",
@@ -94,6 +99,7 @@ __all__ = [
     "Tolerance",
     "TrainerPlugin",
     "Verdict",
+    "backend_names",
     "compute_metrics",
     "compute_mismatch",
     "decide",
@@ -103,6 +109,7 @@ __all__ = [
     "load_config",
     "localise",
     "read_dump",
+    "register_backend",
     "resolve_tolerance",
     "run_step1_check",
     "tracker_rows",

@@ -29,6 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_consistency.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
+from rollout_consistency.sampling_rules import sampling_problem
+
+from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
 from .judging.metrics import METRIC_NAMES
 from .judging.tolerances import (
@@ -43,14 +47,7 @@ from .judging.tolerances import (
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
 MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux", "wan")
-ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
-TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-SDE_TYPES: tuple[str, ...] = (
-    "sde",
-    "cps",
-    "dance_sde",
-)  # rollout_consistency.schedulers.SDE_TYPES, without importing torch
 WINDOW_KINDS: tuple[str, ...] = (
     "fixed",
     "random",
@@ -144,9 +141,11 @@ class CheckConfig:
         model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, ``"wan"``, or a family registered in this process with
             `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
-        rollout_backend: ``"torch"`` (the diffusers adapters), ``"vllm-omni"``, or a plug-in
-            ``"package.module:factory"`` (`rollout_consistency.gate.sides.plugins`).
-        trainer_backend: ``"torch"`` (the PyTorch training adapter) or a plug-in ``"package.module:factory"``.
+        rollout_backend: a registered backend (`rollout_consistency.gate.backend_registry`: ``"torch"``, the
+            diffusers adapters; ``"vllm-omni"``) or a plug-in ``"package.module:factory"``
+            (`rollout_consistency.gate.sides.plugins`).
+        trainer_backend: a registered backend (``"torch"``, the PyTorch training adapter) or a plug-in
+            ``"package.module:factory"``.
         step_execution: rollout in step-wise (continuous batching) mode instead of request-level.
         max_num_seqs: requests the step-wise engine runs together.
         stagger_arrivals: step-wise: admit the batch's requests two per engine step (true continuous batching:
@@ -267,7 +266,7 @@ class CheckConfig:
     def resolved_profile(self) -> str:
         if self.profile is not None:
             return self.profile
-        return "kernel" if self.rollout_backend == "vllm-omni" else "exact"
+        return default_profile(self.rollout_backend)
 
     @property
     def compute_dtype(self) -> str:
@@ -543,14 +542,17 @@ def _model_families(name: str) -> tuple[str, ...]:
 
 def _validate(config: CheckConfig) -> None:
     _choice("model_family", config.model_family, _model_families(config.model_family))
-    # A colon marks a plug-in "package.module:factory" (rollout_consistency.gate.sides.plugins), resolved when a worker starts.
-    if ":" not in config.rollout_backend:
-        _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
-    if ":" not in config.trainer_backend:
-        _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
+    # A registered backend (rollout_consistency.gate.backend_registry), or a plug-in "package.module:factory"
+    # (rollout_consistency.gate.sides.plugins), resolved when a worker starts.
+    for side in ("rollout", "trainer"):
+        name = getattr(config, f"{side}_backend")
+        if not is_plugin_spec(name):
+            _choice(f"{side}_backend", name, backend_names(side))
     _choice("rollout_dtype", config.rollout_dtype, DTYPES)
     _choice("trainer_dtype", config.trainer_dtype, DTYPES)
-    _choice("sde_type", config.sde_type, SDE_TYPES)
+    problem = sampling_problem(config.noise_level, config.sde_type, config.guidance_scale)  # the adapters' rules
+    if problem:
+        raise ConfigError(f"setting {problem}")
     _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
     _choice("device", config.device, DEVICES)
     _choice("trainer_step_implementation", config.trainer_step_implementation, STEP_IMPLEMENTATIONS)
@@ -575,11 +577,6 @@ def _validate(config: CheckConfig) -> None:
             raise ConfigError(f"setting {name!r} must be >= 1, got {getattr(config, name)}.")
     if config.global_step < 0:
         raise ConfigError(f"setting 'global_step' must be >= 0, got {config.global_step}.")
-    if not config.noise_level > 0:
-        raise ConfigError(
-            f"setting 'noise_level' is {config.noise_level}: with noise_level 0 every step is a deterministic "
-            f"ODE step and carries no log-prob, so there is nothing to check. Use the run's SDE noise level."
-        )
     if config.sde_window_size > config.num_inference_steps:
         raise ConfigError(
             f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}."
@@ -621,18 +618,9 @@ def _validate(config: CheckConfig) -> None:
         resolve_tolerance("exact", config.thresholds)
     except ToleranceError as error:
         raise ConfigError(str(error)) from error
-    if config.rollout_backend == "vllm-omni" and config.trajectory is None:  # a dump needs no engine
-        if config.device == "cpu":
-            raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
-        if config.batch_invariant:
-            raise ConfigError(
-                "batch_invariant wraps the PyTorch adapters' transformer; the vLLM-omni engine batches in its own "
-                "worker. Use rollout_backend 'torch' with --batch-invariant, or drop it."
-            )
-        if config.inject is not None:
-            raise ConfigError(
-                "--inject reproduces stock behaviours inside the PyTorch adapters; use it with rollout_backend 'torch'."
-            )
+    problem = settings_problem(config)  # the backends' own rules
+    if problem:
+        raise ConfigError(problem)
     if config.trajectory is not None and (config.inject is not None or config.step_execution):
         raise ConfigError(
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "

@@ -62,6 +62,7 @@ class FlowGRPORollout:
                     windows=request.windows,
                     prompt_groups=request.prompt_groups,
                     global_step=self.config.global_step,
+                    denoise_to_end=False,
                 ),
                 sampling=SamplingSettings(
                     noise_level=self.config.noise_level,
@@ -69,7 +70,6 @@ class FlowGRPORollout:
                     guidance_scale=request.guidance_scale,
                 ),
                 options=request.options,
-                denoise_to_end=False,
             )
         samples = {
             "prompt_embeds": trajectory.conditioning["prompt_embeds"],

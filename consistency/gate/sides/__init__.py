@@ -5,9 +5,13 @@ trainer's recomputation, the work over Ray actors, and the step-2 weight-sync ch
     plan               which prompt, group, seed and SDE window each sample gets, and the rollout batches
     shared             a worker's state (`Backend`), one batch's result (`BatchResult`), `BackendError`, the
                        attention-kernel switch: what the modules below share
-    trainer            the trainer side: every stored window step recomputed (`score_trajectory`), the floor's tables
+    trainer            the trainer side: every stored window step recomputed (`score_trajectory`), the floor's tables,
+                       and the registered ``torch`` trainer backend
+    torch_rollout      the registered ``torch`` rollout backend: the diffusers adapters in the worker's process
+    vllm_omni_rollout  the registered ``vllm-omni`` rollout backend: one engine per worker
     plugins            a user's own rollout or trainer as a side (``"package.module:factory"``): the protocol
-    backends           both sides from the config (`build_backend`, once per worker) and one batch (`run_batch`)
+    backends           both sides from the config (`build_backend`, once per worker: the registered backends'
+                       factories, `rollout_consistency.gate.backend_registry`, or plug-ins) and one batch (`run_batch`)
     distributed        batches over Ray actors, or in this process (`run_sharded`); `ray_connect` fails fast
                        on a cluster nobody answers at
     weight_sync        step 2: one optimizer update, the user's weight sync, the check again

@@ -4,15 +4,17 @@
 [`build_backend`] (a worker's setup) loads the model once per side — identical weights: the same seeded
 tiny model, or the same checkpoint — and [`run_batch`] (a worker's work) does one rollout batch:
 
-1. the rollout backend samples the batch (``torch``: the diffusers adapters, request-level or step-wise;
-   ``vllm-omni``: `rollout_consistency.adapters.vllm_omni`) into a float32 trajectory;
+1. the rollout backend samples the batch (``torch``: the diffusers adapters, request-level or step-wise,
+   `torch_rollout`; ``vllm-omni``: `rollout_consistency.adapters.vllm_omni`, `vllm_omni_rollout`) into a
+   float32 trajectory;
 2. the trainer recomputes every stored window step, micro-batch by micro-batch, with its own attention
    kernel and dtype (the PyTorch training adapter, `rollout_consistency.adapters.recompute_log_probs`;
    `trainer.score_trajectory`);
 3. for the ``calibrated`` profile it recomputes once more with the other attention kernel (the floor).
 
-A side given as a user's plug-in (`plugins`) replaces the built-in one: `build_backend` loads it and
-`run_batch` hands the batch to it.
+Each side is the backend its setting names: a registered one (`rollout_consistency.gate.backend_registry`:
+`build_backend` calls its factory once per worker, nothing here names a backend), or a user's plug-in
+(`plugins`), which `build_backend` loads and `run_batch` hands the batch to.
 
 Both are plain functions of picklable arguments, so the in-process path and a Ray actor run the very same
 code. Nothing here reads the environment or a global RNG: every draw comes from the per-sample seeds.
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.backend_registry import get_backend, is_plugin_spec
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 
 from . import plugins
@@ -152,71 +155,50 @@ def floor_kernel(config: CheckConfig) -> str | None:
     return OTHER_KERNEL[config.trainer_attention]
 
 
-def load_rollout_engine(config: CheckConfig) -> Any:
-    """The started vLLM-omni engine for ``rollout_backend='vllm-omni'`` (None for ``torch``).
+def start_backend(config: CheckConfig, side: str) -> Any:
+    """The `side` (``"rollout"`` / ``"trainer"``) the settings name, built by its registered factory (once per
+    worker); None for a plug-in side (`plugins.build_sides` loads those).
 
     Raises:
-        BackendError: vLLM-omni, vLLM or CUDA is missing (naming the ``vllm`` extra), or the engine cannot start
-            from the config (e.g. no ``model_path``).
+        BackendError: the factory cannot be imported, or cannot start the backend (naming what to install or set).
     """
-    if config.rollout_backend != "vllm-omni":
+    import importlib
+
+    from rollout_consistency.object_spec import SpecError, load_object
+
+    name = getattr(config, f"{side}_backend")
+    if is_plugin_spec(name):
         return None
-    from rollout_consistency.adapters import vllm_omni  # imports no vLLM: only the engine does, when it starts
-
+    entry = get_backend(side, name)
+    module, _, function = entry.factory.rpartition(":")
     try:
-        vllm_omni.require_vllm_omni()
-    except ImportError as error:
-        raise BackendError(str(error)) from error
-    arguments = vllm_omni_engine_arguments(config)
-    try:
-        return vllm_omni.VllmOmniRollout(**arguments)
-    except (ValueError, FileNotFoundError) as error:
-        raise BackendError(f"the vLLM-omni engine cannot start: {error}") from error
-
-
-def vllm_omni_engine_arguments(config: CheckConfig) -> dict[str, Any]:
-    """The `VllmOmniRollout` keyword arguments `config` asks for (validated here; starts nothing, imports no vLLM).
-
-    Raises:
-        BackendError: no ``model_path`` (the engine serves a whole diffusers directory, not the tiny transformer).
-    """
-    from rollout_consistency.schedulers import SDEWindowSchedule
-
-    if config.model_path is None:
+        if module.endswith(".py"):
+            factory = load_object(entry.factory)  # a file: loaded as a module of its own
+        else:  # importable as it is: unlike a plug-in spec, the current directory is not put on sys.path
+            factory = getattr(importlib.import_module(module), function)
+    except (SpecError, ImportError, AttributeError) as error:
         raise BackendError(
-            "rollout_backend 'vllm-omni' loads a model directory: set model_path to a local diffusers Qwen-Image "
-            "directory (the built-in tiny model is a transformer only, with no text encoder or VAE to serve)."
-        )
-    schedule = SDEWindowSchedule(
-        kind=config.sde_window_kind,
-        num_steps=config.num_inference_steps,
-        window_size=config.sde_window_size,
-        window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
-    )
-    return {
-        "model_path": config.model_path,
-        "dtype": config.rollout_dtype,
-        "step_execution": config.step_execution,
-        "max_num_seqs": config.max_num_seqs,
-        "launcher_seed": config.seed,
-        "window_schedule": schedule,
-    }
+            f"{side}_backend {name!r}: its factory {entry.factory!r} cannot be loaded: {error}"
+        ) from error
+    return factory(config)
 
 
 def build_backend(config: CheckConfig) -> Backend:
     """Load both sides for `config` (a worker's setup). Identical weights on both sides by construction.
 
-    With the ``torch`` rollout both sides load the same seeded tiny model (or the same `model_path`) and, when
-    their dtypes agree, share one module. With ``vllm-omni`` the engine holds its own copy of `model_path`.
+    With an in-process rollout (``torch``) both sides load the same seeded tiny model (or the same `model_path`)
+    and, when their dtypes agree, share one module. An engine such as ``vllm-omni`` holds its own copy of
+    `model_path`.
     """
 
-    engine = load_rollout_engine(config)  # first: a missing package is the first thing to fix
+    engine = start_backend(config, "rollout")  # first: a missing package is the first thing to fix
+    recompute = start_backend(config, "trainer")
     device = resolve_device(config.device)
     family = checker_family(config.model_family)
     settings = pipeline_settings(config)
     trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device, settings)
-    if engine is not None:
-        rollout_model = None
+    if engine is not None and not engine.in_process:
+        rollout_model = None  # the engine holds its own copy of the weights
     elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
@@ -258,7 +240,7 @@ def build_backend(config: CheckConfig) -> Backend:
         precision=precision,
         plugins=sides,
         weights=weights,
-        trainer_recompute=plugins.plugin_recompute if sides is not None and sides.trainer is not None else None,
+        trainer_recompute=plugins.plugin_recompute if recompute is None else recompute,
         trainer_experts=plugins.plugin_trainer_experts if sides is not None and sides.trainer is not None else None,
     )
 
@@ -309,16 +291,18 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
     import torch
 
     config = backend.config
+    if backend.rollout_engine is None:
+        raise BackendError(f"rollout_backend {config.rollout_backend!r} is a plug-in: run_batch hands it the batch.")
     requests = batch_requests(backend, batch)
     with torch.no_grad():
         conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
         with attention(config.rollout_attention):
-            return _rollout(backend, conditioning, requests, sampling_settings(backend))
+            return backend.rollout_engine.rollout(backend, conditioning, requests, sampling_settings(backend))
 
 
 def batch_requests(backend: Backend, batch: BatchSpec) -> Any:
     """The planned batch's [`BatchRequests`](rollout_consistency.adapters.BatchRequests): each sample's seed,
-    window and prompt group, and the config's training step."""
+    window and prompt group, and the config's training step (windows only: the check needs no final latents)."""
     from rollout_consistency.adapters import BatchRequests
     from rollout_consistency.schedulers import SDEWindow
 
@@ -328,6 +312,7 @@ def batch_requests(backend: Backend, batch: BatchSpec) -> Any:
         windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples),
         prompt_groups=tuple(s.prompt_group for s in batch.samples),
         global_step=config.global_step,
+        denoise_to_end=False,
     )
 
 
@@ -338,96 +323,3 @@ def sampling_settings(backend: Backend) -> Any:
 
     config = backend.config
     return SamplingSettings(noise_level=config.noise_level, sde_type=config.sde_type, guidance_scale=backend.guidance)
-
-
-def _rollout(backend: Backend, conditioning, requests, sampling):
-    import dataclasses
-
-    from rollout_consistency import adapters
-
-    config = backend.config
-    if backend.rollout_engine is not None:
-        # The engine encodes nothing itself here: it gets the conditioning the trainer will re-score.
-        return backend.rollout_engine.rollout(
-            backend.family,
-            None,
-            conditioning,
-            scheduler_setup=backend.scheduler_setup,
-            requests=requests,
-            sampling=sampling,
-            options=backend.options,
-            max_num_seqs=config.max_num_seqs,
-            step_execution=config.step_execution,
-        )
-    transformer, scheduler, windows = _rollout_side(backend, requests.windows)
-    requests = dataclasses.replace(requests, windows=tuple(windows))
-    if config.step_execution:
-        return _rollout_stepwise(backend, transformer, scheduler, conditioning, requests, sampling)
-    return adapters.rollout(
-        backend.family,
-        transformer,
-        conditioning,
-        scheduler_setup=backend.scheduler_setup,
-        requests=requests,
-        sampling=sampling,
-        options=backend.options,
-        denoise_to_end=False,
-        scheduler=scheduler,
-    )
-
-
-def _rollout_side(backend: Backend, windows):
-    """The rollout side's transformer, scheduler and windows, with the `--inject` pitfall applied (rollout only:
-    the trainer keeps the plain model and scheduler)."""
-    transformer, scheduler = backend.rollout_model, backend.scheduler_setup.scheduler()
-    if backend.injection is None:
-        return transformer, scheduler, windows
-    from rollout_consistency.adapters.pitfalls import apply_injection
-
-    injected = apply_injection(
-        backend.injection,
-        scheduler=scheduler,
-        transformer=transformer,
-        windows=windows,
-        request_ids=[f"sample-{index}" for index in range(len(windows))],
-    )
-    return injected.transformer, injected.scheduler, list(injected.windows)
-
-
-def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, batch_requests, sampling):
-    """The step-wise engine on the batch's requests (`max_num_seqs` running; see `stagger_arrivals`).
-
-    Every request's text is padded to the batch's width and every forward uses that width: the stored
-    conditioning then has the width the rollout's forwards had, so the trainer recomputes the same
-    computation (a forward padded to another width differs in the last bits).
-    """
-    from rollout_consistency.adapters import stepwise
-
-    config = backend.config
-    seeds, windows, groups = batch_requests.seeds, batch_requests.windows, batch_requests.prompt_groups
-    rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(len(seeds))]
-    # Staggered: two requests join per engine step, so forwards mix requests at different steps (pairs keep
-    # every forward at >= 2 rows: this CPU build takes another kernel for a single row).
-    requests = [
-        stepwise.StepwiseRequest(
-            request_id=f"sample-{index}",
-            seed=seed,
-            conditioning=row,
-            window=window,
-            prompt_group=group,
-            arrival=index // 2 if config.stagger_arrivals else 0,
-        )
-        for index, (seed, row, window, group) in enumerate(zip(seeds, rows, windows, groups, strict=False))
-    ]
-    return stepwise.run_stepwise(
-        backend.family,
-        transformer,
-        requests,
-        scheduler_setup=backend.scheduler_setup,
-        sampling=sampling,
-        options=backend.options,
-        max_num_seqs=config.max_num_seqs,
-        text_width=stepwise.shared_text_width(rows),
-        global_step=batch_requests.global_step,
-        scheduler=scheduler,
-    )

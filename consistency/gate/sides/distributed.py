@@ -42,6 +42,8 @@ RAY_MISSING_NOTE = (
     "Ray is not installed, so the shards ran one after another in this process "
     "(pip install 'rollout-consistency[ray]' to distribute them)."
 )
+#: Tries per shard when its worker dies: the first, and one retry (the failure policy above).
+MAX_ATTEMPTS = 2
 #: Longest temp-dir base under which Ray's socket paths stay within the 107-byte AF_UNIX limit.
 RAY_TEMP_BASE_MAX = 26
 
@@ -96,7 +98,6 @@ def run_sharded(
     workers: int = 1,
     use_ray: bool | None = None,
     ray_address: str | None = None,
-    max_attempts: int = 2,
     on_result: Callable[[int, R], None] | None = None,
     ray_timeout_s: float = 30.0,
 ) -> ShardedResults[R]:
@@ -110,7 +111,6 @@ def run_sharded(
         use_ray: ``True`` requires Ray, ``False`` runs in-process, ``None`` uses Ray when `workers` > 1 or a
             `ray_address` is given and Ray is installed.
         ray_address: a Ray cluster to join (``"auto"`` or ``"ray://host:10001"``); a local one otherwise.
-        max_attempts: tries per shard when its worker dies (default 2: retried once).
         on_result: called as ``on_result(shard_index, result)`` as each shard completes (progress bars).
         ray_timeout_s: seconds to reach `ray_address` before raising DistributedError (Ray itself would
             retry for minutes).
@@ -137,7 +137,7 @@ def run_sharded(
         return _run_in_process(work, shards, setup, on_result, notes)
     if ray_address is not None:
         check_reachable(ray_address, ray_timeout_s)
-    return _run_on_ray(work, shards, setup, min(workers, len(shards)), ray_address, max_attempts, on_result)
+    return _run_on_ray(work, shards, setup, min(workers, len(shards)), ray_address, on_result)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _start_ray(ray: Any, ray_address: str | None) -> tuple[bool, str | None, tup
     return True, temp_dir, ()
 
 
-def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_result) -> ShardedResults:
+def _run_on_ray(work, shards, setup, workers, ray_address, on_result) -> ShardedResults:
     import ray
     from ray.exceptions import RayActorError
 
@@ -262,7 +262,7 @@ def _run_on_ray(work, shards, setup, workers, ray_address, max_attempts, on_resu
                 if getattr(error, "actor_init_failed", False):
                     raise DistributedError(f"a Ray worker could not start (its setup failed): {error}") from error
                 ray.kill(actor, no_restart=True)
-                if attempts[index] < max_attempts:
+                if attempts[index] < MAX_ATTEMPTS:
                     pending.insert(0, index)
                     # Named in the report: a retry can hide a flaky node or an OOM the user should know about.
                     notes.append(

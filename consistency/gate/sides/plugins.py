@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from rollout_consistency.gate.backend_registry import is_plugin_spec
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,11 +67,6 @@ __all__ = [
 
 class PluginError(ConfigError):
     """A plug-in backend that cannot be loaded or returned something outside the protocol."""
-
-
-def is_plugin_spec(name: str | None) -> bool:
-    """True for ``"package.module:factory"`` / ``"file.py:factory"`` (built-in backend names hold no colon)."""
-    return isinstance(name, str) and ":" in name
 
 
 @dataclass(frozen=True)

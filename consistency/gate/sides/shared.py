@@ -76,12 +76,15 @@ class Backend:
     cfg_passes: int
     injection: str | None
     floor_kernel: str | None
+    #: The registered rollout backend as its factory built it (`rollout_consistency.gate.backend_registry`):
+    #: ``in_process`` and ``rollout(backend, conditioning, requests, sampling)``; None for a plug-in rollout.
     rollout_engine: Any = None
     precision: Mapping[str, Any] | None = None
     plugins: Any = None  # rollout_consistency.gate.sides.plugins.PluginSides when a side is a user's plug-in
     weights: Mapping[str, Any] | None = None
-    #: A trainer plug-in's recompute, ``(backend, trajectory, kernel) -> (B, W)`` float32
-    #: (`rollout_consistency.gate.sides.plugins.plugin_recompute`); None: the built-in trainer.
+    #: The trainer's recompute, ``(backend, trajectory, kernel) -> (B, W)`` float32: the registered trainer
+    #: backend's (``torch``: `rollout_consistency.gate.sides.trainer.torch_log_probs`) or a plug-in's
+    #: (`rollout_consistency.gate.sides.plugins.plugin_recompute`).
     trainer_recompute: Callable[[Backend, Any, str], np.ndarray] | None = None
     #: A trainer plug-in's optional expert record, ``(backend, batch, (n, W)) -> names | None``
     #: (`rollout_consistency.gate.sides.plugins.plugin_trainer_experts`); None: the built-in trainer's.

@@ -6,12 +6,15 @@ trainer's attention kernel and dtype, and pack both sides' log-probs as one batc
 a rollout plug-in, or a saved file). For the ``calibrated`` profile it also recomputes with the trainer's
 other attention kernel and once per other source of difference the configuration has
 ([`measure_floor_tables`]; the sources are `rollout_consistency.gate.judging.tolerance_model`'s).
-A trainer plug-in recomputes with its own code (`Backend.trainer_recompute`).
+The recompute itself is the worker's trainer backend (`Backend.trainer_recompute`): for the registered
+``torch`` trainer, [`torch_log_probs`] (its factory, [`start`], is registered in
+`rollout_consistency.gate.backend_registry`); a trainer plug-in recomputes with its own code.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -89,12 +92,21 @@ def side_experts(backend: Backend, trajectory: Any) -> dict[str, Any] | None:
 
 def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
     """The trainer's log-probs of every stored step, micro-batch by micro-batch: `(B, W)` float32 numpy."""
+    return backend.trainer_recompute(backend, trajectory, kernel)
+
+
+def start(config: Any) -> Callable[[Backend, Any, str], np.ndarray]:
+    """The ``torch`` trainer backend's registered factory: its recompute, [`torch_log_probs`]."""
+    return torch_log_probs
+
+
+def torch_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarray:
+    """The PyTorch training adapter's log-probs of every stored step (`rollout_consistency.adapters.recompute_log_probs`,
+    micro-batch by micro-batch, under attention kernel `kernel`): `(B, W)` float32 numpy."""
     import torch
 
     from rollout_consistency import adapters
 
-    if backend.trainer_recompute is not None:  # a trainer plug-in scores with its own code
-        return backend.trainer_recompute(backend, trajectory, kernel)
     if backend.config.trainer_step_implementation != "reference":
         return recompute_variant(backend, trajectory, kernel=kernel)
     micro = backend.config.resolved_micro_batch_size

@@ -322,7 +322,6 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
             requests=batch_requests(backend, batch),
             sampling=sampling_settings(backend),
             options=backend.options,
-            denoise_to_end=False,
         )
     return trajectory, trajectory.log_probs.detach().cpu().numpy().copy()
 

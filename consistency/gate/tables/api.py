@@ -1,5 +1,5 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`gate(rollout_log_probs, trainer_log_probs, ...) -> GateReport`: gate the user's own two log-prob tables.
+"""`gate(rollout_log_probs, trainer_log_probs, settings) -> GateReport`: gate the user's own two log-prob tables.
 
 The tables come from the user's rollout and the user's trainer (or a dump of them, `rollout_consistency.gate.tables.dump`,
 or the in-loop recorder, `rollout_consistency.gate.tables.recorder`); the metrics, tolerance profiles, verdict and
@@ -16,10 +16,9 @@ carry all of it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,15 +28,12 @@ from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis
 from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
-from rollout_consistency.gate.judging.tolerances import PROFILES, ToleranceError, resolve_tolerance
 from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide, window_problems
+
+from .settings import GateInputError, GateSettings
 
 #: Guards a pair of tables can never support: the work did not run on the checker's workers.
 _NEVER_CHECKED = {"workers": "the tables come from your code, not from the checker's workers"}
-
-
-class GateInputError(ValueError):
-    """An input to `gate` cannot be used (wrong shape, dtype or value); the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -88,22 +84,14 @@ class GateReport(Report):
 def gate(
     rollout_log_probs: Any,
     trainer_log_probs: Any,
+    settings: GateSettings | None = None,
     *,
     timesteps: Any = None,
     sample_ids: Any = None,
     prompt_groups: Any = None,
     window_starts: Any = None,
     advantages: Any = None,
-    clip_ratio: float = 1e-4,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    micro_batch_size: int | None = None,
-    profile: str = "exact",
-    compute_dtype: str = "bfloat16",
-    thresholds: Mapping[str, float | None] | None = None,
-    source: str = "tables",
-    notes: Sequence[str] = (),
+    **overrides: Any,
 ) -> GateReport:
     """Gate the user's rollout log-probs against the user's trainer's recomputation of them.
 
@@ -111,22 +99,15 @@ def gate(
         rollout_log_probs (`np.ndarray` or `torch.Tensor` of shape `(N, T)`, float32): the log-prob of each
             stored SDE step as the rollout computed it (``old_log_probs``), one row per sample.
         trainer_log_probs (`(N, T)` float32): the trainer's recomputation of the same steps before any update.
+        settings ([`GateSettings`], *optional*): how to judge them (profile, clip ranges, micro-batch,
+            threshold overrides, source and notes); default `GateSettings()`.
         timesteps (`(N, T)` float, *optional*): the timestep value of each step (per-timestep views).
         sample_ids (`(N,)` int, *optional*): your id of each row (reports name rows by it); must be unique.
         prompt_groups, window_starts (`(N,)` int, *optional*): with both, the ``windows`` guard checks that
             each prompt group shares one SDE window; otherwise it is *not checked*.
         advantages (`(N,)` float, *optional*): adds LLM verl's advantage-dependent clip fractions.
-        clip_ratio, clip_ratio_low, clip_ratio_high (`float`): PPO clip range(s) ε.
-        clip_ratio_c (`float`): verl's dual-clip constant, for ``pg_clipfrac_dual``.
-        micro_batch_size (`int`, *optional*): your trainer's micro-batch, for the per-cell aggregation of the
-            gated figures (``None``: one micro-batch).
-        profile (`str`): ``"exact"`` (default: bit for bit), ``"implementation"`` (the same maths in other
-            code: float32 rounding) or ``"kernel"`` (two engines whose attention kernels differ);
-            ``"calibrated"`` needs the checker's second trainer pass and is refused here.
-        compute_dtype (`str`): the narrowest dtype either side's forward runs in (``"bfloat16"``,
-            ``"float16"`` or ``"float32"``); the ``kernel`` limits are 8x tighter for the latter two.
-        thresholds (`dict`, *optional*): per-metric limit overrides (``None`` = report without gating).
-        source, notes: where the tables came from, and notes for the report.
+        **overrides: `GateSettings` fields by name, applied over `settings` (``gate(r, t, profile="kernel")``,
+            as the pytest marker, the recorder and a dump's ``gate`` pass them).
 
     Returns:
         `GateReport`: PASS, or FAIL with every reason. A shape mismatch between the two tables is a FAIL
@@ -134,16 +115,12 @@ def gate(
 
     Raises:
         GateInputError: an input cannot be used (a non-2-D or non-float table, an optional array of the wrong
-            length, duplicate sample ids, non-finite timesteps or advantages, an unknown profile).
+            length, duplicate sample ids, non-finite timesteps or advantages, a bad setting: see `GateSettings`).
+        TypeError: an override that is not a `GateSettings` field.
     """
-    if profile not in PROFILES:
-        raise GateInputError(f"unknown profile {profile!r}; use 'exact', 'implementation' or 'kernel'.")
-    if profile == "calibrated":
-        raise GateInputError(
-            "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact', "
-            "'implementation' or 'kernel', "
-            "or set limits with thresholds={...}."
-        )
+    settings = GateSettings() if settings is None else settings
+    if overrides:
+        settings = settings.replace(**overrides)
     rollout = _table(rollout_log_probs, "rollout_log_probs")
     trainer = _table(trainer_log_probs, "trainer_log_probs")
     n = rollout.shape[0]
@@ -167,14 +144,8 @@ def gate(
             )
         if not np.isfinite(steps).all():
             raise GateInputError("timesteps holds NaN or inf; pass the scheduler's timestep of each stored step.")
-    try:
-        tolerance = resolve_tolerance(profile, thresholds, compute_dtype=compute_dtype)
-    except ToleranceError as error:
-        raise GateInputError(str(error)) from error
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    if not (math.isfinite(clip_ratio_c) and clip_ratio_c > 1):
-        raise GateInputError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}.")
+    tolerance = settings.tolerance
+    low, high = settings.clip_range
 
     problems: list[Problem] = []
     not_checked = dict(_NEVER_CHECKED)
@@ -200,10 +171,10 @@ def gate(
             metrics = compute_metrics(
                 rollout,
                 trainer,
-                clip_ratio=clip_ratio,
-                clip_ratio_low=clip_ratio_low,
-                clip_ratio_high=clip_ratio_high,
-                micro_batch_size=micro_batch_size,
+                clip_ratio=settings.clip_ratio,
+                clip_ratio_low=settings.clip_ratio_low,
+                clip_ratio_high=settings.clip_ratio_high,
+                micro_batch_size=settings.micro_batch_size,
                 timesteps=steps,
             )
         except MetricsInputError as error:
@@ -215,7 +186,7 @@ def gate(
             advantages=adv,
             clip_ratio_low=low,
             clip_ratio_high=high,
-            clip_ratio_c=clip_ratio_c,
+            clip_ratio_c=settings.clip_ratio_c,
         )
     verdict = decide(metrics, tolerance, problems)
     verdict = Verdict(tuple(c for c in verdict.checks if c.name not in not_checked))
@@ -223,17 +194,17 @@ def gate(
         verdict=verdict,
         tolerance=tolerance,
         metrics=metrics,
-        notes=tuple(notes),
+        notes=settings.notes,
         run={
             "mode": "gate",
-            "source": source,
+            "source": settings.source,
             "settings": {
-                "profile": profile,
-                "compute_dtype": compute_dtype,
+                "profile": settings.profile,
+                "compute_dtype": settings.compute_dtype,
                 "clip_ratio_low": float(low),
                 "clip_ratio_high": float(high),
-                "clip_ratio_c": float(clip_ratio_c),
-                "micro_batch_size": micro_batch_size,
+                "clip_ratio_c": float(settings.clip_ratio_c),
+                "micro_batch_size": settings.micro_batch_size,
                 "timesteps": steps is not None,
                 "advantages": adv is not None,
             },
@@ -312,4 +283,4 @@ def gate_junit_xml(report: GateReport) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-__all__ = ["GateInputError", "GateReport", "gate", "gate_junit_xml"]
+__all__ = ["GateInputError", "GateReport", "GateSettings", "gate", "gate_junit_xml"]

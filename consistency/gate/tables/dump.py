@@ -74,14 +74,16 @@ class LogProbDump:
         """The tensors present, by name (the keyword arguments of `rollout_consistency.gate.gate`)."""
         return {name: getattr(self, name) for name in _SPEC if getattr(self, name) is not None}
 
-    def gate(self, **settings: Any) -> Any:
-        """`rollout_consistency.gate.gate` on this dump's tables; `settings` are gate's keywords (profile, clip_ratio, ...)."""
+    def gate(self, settings: Any = None, **overrides: Any) -> Any:
+        """`rollout_consistency.gate.gate` on this dump's tables, with `settings` (a `GateSettings`) and/or its
+        fields as keywords (profile, clip_ratio, ...); the notes default to the dump's metadata."""
         from .api import gate
 
         extra = {k: v for k, v in self.metadata.items() if k not in ("format", "format_version")}
         notes = [f"dump metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()))}"] if extra else []
-        settings.setdefault("notes", notes)
-        return gate(**self.arrays(), **settings)
+        if "notes" not in overrides and (settings is None or not settings.notes):
+            overrides["notes"] = notes
+        return gate(**self.arrays(), settings=settings, **overrides)
 
 
 def write_dump(
@@ -89,12 +91,8 @@ def write_dump(
     rollout_log_probs: Any,
     trainer_log_probs: Any,
     *,
-    timesteps: Any = None,
-    sample_ids: Any = None,
-    prompt_groups: Any = None,
-    window_starts: Any = None,
-    advantages: Any = None,
     metadata: Mapping[str, str] | None = None,
+    **columns: Any,
 ) -> Path:
     """Write a dump (format version 1), atomically: a reader never sees half a file.
 
@@ -103,22 +101,22 @@ def write_dump(
         rollout_log_probs, trainer_log_probs (`(N, T)` float32, NumPy or torch): the two tables. float32 only:
             rounding float64 log-probs here would change the numbers being compared; convert both sides
             before the comparison, not after.
-        timesteps (`(N, T)`), sample_ids, prompt_groups, window_starts (`(N,)` int), advantages (`(N,)`):
-            optional, as in the module docstring.
         metadata: extra string metadata (e.g. ``{"trainer": "flow_grpo", "run": "..."}``).
+        **columns: the optional tensors by name, as in the module docstring: ``timesteps`` (`(N, T)`),
+            ``sample_ids``, ``prompt_groups``, ``window_starts`` (`(N,)` int), ``advantages`` (`(N,)`); `None`
+            leaves one out.
 
     Raises:
-        DumpFormatError: a table or vector of the wrong shape or dtype (nothing is written).
+        DumpFormatError: a table or vector of the wrong shape or dtype, or a column the format does not have
+            (nothing is written).
     """
-    given = {
-        "rollout_log_probs": rollout_log_probs,
-        "trainer_log_probs": trainer_log_probs,
-        "timesteps": timesteps,
-        "sample_ids": sample_ids,
-        "prompt_groups": prompt_groups,
-        "window_starts": window_starts,
-        "advantages": advantages,
-    }
+    unknown = sorted(set(columns) - set(_SPEC))
+    if unknown:
+        raise DumpFormatError(
+            f"write_dump: no column {', '.join(map(repr, unknown))}; the optional ones are "
+            f"{', '.join(n for n in _SPEC if n not in _TABLES)}."
+        )
+    given = {"rollout_log_probs": rollout_log_probs, "trainer_log_probs": trainer_log_probs, **columns}
     tensors: dict[str, np.ndarray] = {}
     for name, value in given.items():
         if value is None:
