@@ -29,7 +29,7 @@ from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis
 from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
-from rollout_consistency.gate.judging.tolerances import PROFILES, ToleranceError, resolve_tolerance
+from rollout_consistency.gate.judging.tolerances import PROFILES, ToleranceError, resolve_tolerance, table_profiles
 from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide, window_problems
 
 #: Guards a pair of tables can never support: the work did not run on the checker's workers.
@@ -136,12 +136,12 @@ def gate(
         GateInputError: an input cannot be used (a non-2-D or non-float table, an optional array of the wrong
             length, duplicate sample ids, non-finite timesteps or advantages, an unknown profile).
     """
+    usable = table_profiles()
     if profile not in PROFILES:
-        raise GateInputError(f"unknown profile {profile!r}; use 'exact', 'implementation' or 'kernel'.")
-    if profile == "calibrated":
+        raise GateInputError(f"unknown profile {profile!r}; use {_either(usable)}.")
+    if profile not in usable:
         raise GateInputError(
-            "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact', "
-            "'implementation' or 'kernel', "
+            f"profile {profile!r} needs the checker's second trainer pass; for tables use {_either(usable)}, "
             "or set limits with thresholds={...}."
         )
     rollout = _table(rollout_log_probs, "rollout_log_probs")
@@ -246,6 +246,11 @@ def gate(
 
 
 # ----------------------------------------------------------------------------------------------------
+def _either(names: Sequence[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
 def _to_numpy(value: Any) -> Any:
     # A torch tensor without importing torch: detach/cpu when present.
     if hasattr(value, "detach") and hasattr(value, "cpu"):

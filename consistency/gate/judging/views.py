@@ -1,0 +1,397 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The working table of one comparison and its views, vectorised: no Python loop over entries or cells.
+
+[`Entries`] is what a metric's ``values`` function reads: ``Δlogp = trainer − rollout`` of every (sample, step)
+entry as one ``(B, W)`` float64 table (the only float64 copy of the inputs), its ``ratio = exp(Δlogp)``, and the
+clip ranges. [`Layout`] knows which entries are compared and how they group — micro-batch cells per window
+position, the exact timestep values, the samples — and pools a per-entry table into every view at once
+([`Layout.pool`]).
+
+Summation order is part of the contract: every figure is the same float64 number the reference loop (a
+trainer's ``for step: for micro-batch: log(mean(...))``) gives, bit for bit:
+
+* a cell's sum adds its entries one at a time in (sample, step) order, starting from 0.0;
+* a view's figure adds its cells' values one at a time (micro-batch order; the overall figure in (micro-batch,
+  position) order), starting from 0.0, and divides by the number of cells;
+* a sample's figure adds its steps in order.
+
+NumPy adds row by row when it reduces an axis that is not the contiguous one (`_column_sums`), and
+``np.add.accumulate`` is sequential by definition; both are used only where that order is the one above
+(tests/test_judging_views.py holds them to a plain Python loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["POOLS", "Entries", "Layout", "Pooled"]
+
+#: How a per-entry quantity becomes a figure: the unweighted mean over cells of each cell's mean, the same
+#: with each cell's population standard deviation, or the maximum over entries.
+POOLS: tuple[str, ...] = ("mean", "std", "max")
+#: Rows per block of the per-sample sums (a block of every column stays in cache).
+_ROW_BLOCK = 8192
+#: Elements per block of a sequential sum (bounded scratch memory).
+_FLAT_BLOCK = 1 << 16
+
+
+class Entries:
+    """The entries a metric reads, as ``(B, W)`` float64 tables (entries that are not compared hold ``Δ = 0``).
+
+    Attributes:
+        delta: ``Δlogp = logp_trainer − logp_rollout`` (float64: exact for float32 inputs).
+        clip_ratio_low, clip_ratio_high: the PPO clip ranges ε_low, ε_high.
+    """
+
+    def __init__(self, delta: np.ndarray, clip_ratio_low: float, clip_ratio_high: float) -> None:
+        self.delta = delta
+        self.clip_ratio_low = clip_ratio_low
+        self.clip_ratio_high = clip_ratio_high
+        self._ratio: np.ndarray | None = None
+
+    @property
+    def ratio(self) -> np.ndarray:
+        """``exp(Δlogp)``, computed once."""
+        if self._ratio is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._ratio = np.exp(self.delta)
+        return self._ratio
+
+    def indicator(self, condition: np.ndarray) -> np.ndarray:
+        """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
+        out = condition.astype(np.float64)
+        out[np.isnan(self.ratio)] = np.nan
+        return out
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One quantity pooled into every view.
+
+    Attributes:
+        overall: the figure over all cells.
+        positions: one figure per window position that has an entry (`Layout.positions` order).
+        timesteps: one figure per timestep value (`Layout.timestep_values` order: large t first).
+        samples: one figure per sample (NaN for a sample without entries).
+    """
+
+    overall: float
+    positions: np.ndarray
+    timesteps: np.ndarray
+    samples: np.ndarray
+
+
+class Layout:
+    """Which entries are compared and how they group into cells and views.
+
+    Args:
+        valid (`(B, W)` bool or None): entries compared (None: all).
+        shape: ``(B, W)``.
+        micro_batch_size: the trainer's micro-batch (samples, in global order, cut into runs of this size).
+        timesteps (`(B, W)` float or None): the exact timestep value of each entry (``by_timestep``).
+    """
+
+    def __init__(
+        self, valid: np.ndarray | None, shape: tuple[int, int], micro_batch_size: int, timesteps: np.ndarray | None
+    ) -> None:
+        batch, width = shape
+        self.shape = shape
+        self.valid = None if valid is None or valid.all() else valid
+        self.micro = max(1, min(micro_batch_size, max(batch, 1)))
+        self.full_micro = batch // self.micro  # micro-batches of exactly `micro` rows; one shorter may follow
+        self.cells_rows = self.full_micro + (batch % self.micro > 0)
+        ones = None if self.valid is None else self.valid.astype(np.int64)
+        if ones is None:
+            self.cell_counts = np.full((self.cells_rows, width), self.micro, dtype=np.int64)
+            if batch % self.micro:
+                self.cell_counts[-1] = batch % self.micro
+            self.sample_counts = np.full(batch, width, dtype=np.int64)
+        else:
+            self.cell_counts = _integer_cell_sums(ones, self.micro, self.full_micro)
+            self.sample_counts = ones.sum(axis=1)
+        self.count = int(self.sample_counts.sum())
+        self.column_counts = self.cell_counts.sum(axis=0)
+        self.positions = np.flatnonzero(self.column_counts)
+        self._filled = self.cell_counts > 0
+        self._all_filled = bool(self._filled.all())
+        self._cells_per_position = self._filled.sum(axis=0)
+        self._timesteps = None if timesteps is None else _TimestepGroups(timesteps, self)
+
+    # -- labels ------------------------------------------------------------------------------------
+    @property
+    def timestep_values(self) -> np.ndarray:
+        """The distinct timestep values with an entry, large t first (empty without timesteps)."""
+        return np.zeros(0) if self._timesteps is None else self._timesteps.values
+
+    def position_timesteps(self) -> list[float | None]:
+        """Per position in `positions`: its timestep value when every entry there has the same one, else None."""
+        if self._timesteps is None:
+            return [None] * len(self.positions)
+        return self._timesteps.position_labels(self.positions)
+
+    def timestep_positions(self) -> list[int | None]:
+        """Per value in `timestep_values`: its window position when every entry with it sits there, else None."""
+        return [] if self._timesteps is None else self._timesteps.value_positions()
+
+    def timestep_counts(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64) if self._timesteps is None else self._timesteps.counts
+
+    # -- pooling -----------------------------------------------------------------------------------
+    def pool(self, how: str, values: np.ndarray) -> Pooled:
+        """Pool the per-entry table `values` (``(B, W)``, float64) into every view (`POOLS` says how)."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        if values.shape != self.shape:
+            raise ValueError(f"a metric's per-entry values have shape {values.shape}, expected {self.shape}.")
+        if self.count == 0:
+            empty = np.zeros(0)
+            return Pooled(
+                math.nan, empty, np.full(len(self.timestep_values), math.nan), np.full(self.shape[0], math.nan)
+            )
+        if how not in POOLS:
+            raise ValueError(f"unknown pool {how!r}; expected one of {', '.join(POOLS)}.")
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf propagate on purpose
+            if how == "max":
+                return self._pool_max(values)
+            if self.valid is not None:
+                values = np.where(self.valid, values, 0.0)  # entries not compared add nothing
+            return self._pool_mean(values) if how == "mean" else self._pool_std(values)
+
+    def _pool_mean(self, values: np.ndarray) -> Pooled:
+        means = self._cell_means(self._cell_sums(values))
+        timesteps = None if self._timesteps is None else self._timesteps.pool_mean(values)
+        return self._views(means, timesteps, self._sample_means(values))
+
+    def _pool_std(self, values: np.ndarray) -> Pooled:
+        timesteps = None if self._timesteps is None else self._timesteps.pool_std(values)
+        squares = self._squared_deviations(values, self._cell_means(self._cell_sums(values)))
+        stds = np.sqrt(self._cell_means(self._cell_sums(squares)))
+        del squares  # one scratch table at a time
+        sample_mean = self._sample_means(values, normalise=False)
+        deviation = values - np.where(np.isnan(sample_mean), 0.0, sample_mean)[:, None]
+        deviation *= deviation
+        if self.valid is not None:
+            deviation[~self.valid] = 0.0
+        samples = np.sqrt(self._sample_means(deviation, normalise=False)) + 0.0
+        return self._views(stds, timesteps, samples)
+
+    def _pool_max(self, values: np.ndarray) -> Pooled:
+        if self.valid is not None:
+            values = np.where(self.valid, values, -np.inf)
+        columns = np.max(values, axis=0)  # a max is exact in any order; NaN propagates
+        samples = np.max(values, axis=1) if values.shape[1] else np.full(values.shape[0], -np.inf)
+        timesteps = None if self._timesteps is None else self._timesteps.pool_max(values, columns)
+        return Pooled(
+            float(np.max(columns[self.positions])),
+            columns[self.positions],
+            np.zeros(0) if timesteps is None else timesteps,
+            np.where(self.sample_counts > 0, samples, np.nan),
+        )
+
+    # -- the arithmetic, in the reference order ------------------------------------------------------
+    def _cell_sums(self, values: np.ndarray) -> np.ndarray:
+        """``(cells_rows, W)``: each (micro-batch, position) cell's entries added in sample order from 0.0."""
+        return _cell_sums(values, self.micro, self.full_micro)
+
+    def _cell_means(self, sums: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums / self.cell_counts
+        if not self._all_filled:
+            means[~self._filled] = 0.0  # an empty cell is not a cell: it adds nothing and is not counted
+        return means
+
+    def _squared_deviations(self, values: np.ndarray, cell_means: np.ndarray) -> np.ndarray:
+        """Each entry's squared distance from its cell's mean (0 for entries not compared)."""
+        out = np.empty_like(values)
+        full = self.full_micro * self.micro
+        shaped = values[:full].reshape(self.full_micro, self.micro, -1)
+        np.subtract(shaped, cell_means[: self.full_micro, None, :], out=out[:full].reshape(shaped.shape))
+        if full < values.shape[0]:
+            np.subtract(values[full:], cell_means[-1], out=out[full:])
+        out *= out
+        if self.valid is not None:
+            out[~self.valid] = 0.0
+        return out
+
+    def _views(self, cell_values: np.ndarray, timesteps: np.ndarray | None, samples: np.ndarray) -> Pooled:
+        """Cell values into the position view (and the timestep view when it is the position view relabelled)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            positions = (_column_sums(cell_values) / self._cells_per_position)[self.positions]
+            overall = _sequential_sum(cell_values.ravel()) / int(self._filled.sum())
+        if timesteps is None:
+            timesteps = np.zeros(0) if self._timesteps is None else positions[self._timesteps.order]
+        return Pooled(float(overall), positions, timesteps, samples)
+
+    def _sample_means(self, values: np.ndarray, *, normalise: bool = True) -> np.ndarray:
+        """Each sample's entries added in step order from 0.0, over its count (NaN without entries)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = _row_sums(values) / self.sample_counts
+        return means + 0.0 if normalise else means  # a view of one cell: (0.0 + mean) / 1
+
+
+class _TimestepGroups:
+    """The ``by_timestep`` view: cells (micro-batch, exact timestep value), values large t first.
+
+    When every window position holds one timestep value and no two positions share one (all samples share the
+    window), the view is ``by_position`` relabelled, entry for entry; otherwise its cells are summed with
+    ``np.bincount`` (which adds in entry order, as the reference does).
+    """
+
+    def __init__(self, timesteps: np.ndarray, layout: Layout) -> None:
+        self.layout = layout
+        valid = layout.valid
+        batch, width = layout.shape
+        columns = layout.positions
+        self.column_value: np.ndarray | None = None
+        if len(columns):
+            first_row = np.zeros(width, dtype=np.int64) if valid is None else np.argmax(valid, axis=0)
+            first = timesteps[first_row, np.arange(width)]
+            same = timesteps == first[None, :]
+            uniform = bool(same.all() if valid is None else (same | ~valid).all())
+            values = first[columns].astype(np.float64)
+            if uniform and np.unique(values).size == values.size:
+                self.column_value = values
+        if self.column_value is not None:
+            order = np.argsort(-self.column_value, kind="stable")
+            self.order = order
+            self.values = self.column_value[order]
+            self.counts = layout.column_counts[columns][order]
+            return
+        picked = timesteps.astype(np.float64) if valid is None else timesteps[valid].astype(np.float64)
+        keys, inverse = np.unique(picked.ravel(), return_inverse=True)
+        key_of = np.full(layout.shape, keys.size, dtype=np.int64)  # not compared: one past the last key
+        if valid is None:
+            key_of[...] = inverse.reshape(layout.shape)
+        else:
+            key_of[valid] = inverse.reshape(-1)
+        micro_of_row = np.arange(batch, dtype=np.int64) // layout.micro
+        self.keys = keys
+        self.key_of = key_of
+        self.cell_of = np.where(
+            key_of < keys.size, micro_of_row[:, None] * keys.size + key_of, layout.cells_rows * keys.size
+        )
+        self.cell_counts = np.bincount(self.cell_of.ravel(), minlength=layout.cells_rows * keys.size + 1)[:-1].reshape(
+            layout.cells_rows, keys.size
+        )
+        self.order = np.argsort(-keys, kind="stable")
+        self.values = keys[self.order]
+        self.counts = self.cell_counts.sum(axis=0)[self.order]
+
+    def position_labels(self, positions: np.ndarray) -> list[float | None]:
+        if self.column_value is not None:
+            return [float(v) for v in self.column_value]
+        labels: list[float | None] = []
+        for position in positions:
+            seen = np.unique(self.keys[self.key_of[:, position][self.key_of[:, position] < self.keys.size]])
+            labels.append(float(seen[0]) if seen.size == 1 else None)
+        return labels
+
+    def value_positions(self) -> list[int | None]:
+        if self.column_value is not None:
+            return [int(p) for p in self.layout.positions[self.order]]
+        labels: list[int | None] = []
+        for key in self.order:
+            where = np.flatnonzero((self.key_of == key).any(axis=0))
+            labels.append(int(where[0]) if where.size == 1 else None)
+        return labels
+
+    def _cell_means(self, values: np.ndarray) -> np.ndarray:
+        size = self.cell_counts.size
+        sums = np.bincount(self.cell_of.ravel(), weights=values.ravel(), minlength=size + 1)[:size]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums.reshape(self.cell_counts.shape) / self.cell_counts
+        means[self.cell_counts == 0] = 0.0
+        return means
+
+    def _over_cells(self, cell_values: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (_column_sums(cell_values) / (self.cell_counts > 0).sum(axis=0))[self.order]
+
+    def pool_mean(self, values: np.ndarray) -> np.ndarray | None:
+        if self.column_value is not None:
+            return None  # relabelled positions: filled in by `views`
+        return self._over_cells(self._cell_means(values))
+
+    def pool_std(self, values: np.ndarray) -> np.ndarray | None:
+        if self.column_value is not None:
+            return None
+        means = self._cell_means(values)
+        padded = np.append(means.ravel(), 0.0)
+        deviation = values - padded[self.cell_of]
+        deviation *= deviation
+        return self._over_cells(np.sqrt(self._cell_means(deviation)))
+
+    def pool_max(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        if self.column_value is not None:
+            return columns[self.layout.positions][self.order]
+        return np.array([np.max(values, where=self.key_of == key, initial=-np.inf) for key in self.order])
+
+
+# ----------------------------------------------------------------------------------------------------
+def _column_sums(table: np.ndarray) -> np.ndarray:
+    """Sums down each column, rows added one at a time from 0.0.
+
+    NumPy reduces a non-contiguous axis row by row (pairwise summation only runs along the contiguous axis), so
+    a C-contiguous table of two columns or more is reduced directly; one column is accumulated.
+    """
+    table = np.ascontiguousarray(table)
+    if table.shape[0] == 0:
+        return np.zeros(table.shape[1:])
+    if table.ndim == 2 and table.shape[1] >= 2:
+        return np.add.reduce(table, axis=0) + 0.0
+    return np.add.accumulate(table, axis=0)[-1] + 0.0
+
+
+def _cell_sums(values: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
+    """``(micro-batches, W)`` sums of each micro-batch's rows, added in row order from 0.0."""
+    batch, width = values.shape
+    full = full_micro * micro
+    parts = []
+    if full_micro:
+        shaped = values[:full].reshape(full_micro, micro, width)
+        if width >= 2:
+            parts.append(np.add.reduce(shaped, axis=1))  # row by row: the reduced axis is not the contiguous one
+        else:
+            parts.append(np.add.accumulate(shaped, axis=1)[:, -1, :])
+    if full < batch:
+        parts.append(_column_sums(values[full:])[None, :])
+    sums = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return sums + 0.0  # the reference starts from 0.0: a sum of -0.0 entries is +0.0
+
+
+def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
+    batch, width = ones.shape
+    full = full_micro * micro
+    parts = [ones[:full].reshape(full_micro, micro, width).sum(axis=1)] if full_micro else []
+    if full < batch:
+        parts.append(ones[full:].sum(axis=0, keepdims=True))
+    return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
+
+
+def _row_sums(values: np.ndarray) -> np.ndarray:
+    """Each row's entries added in column order from 0.0 (column by column over blocks of rows)."""
+    batch, width = values.shape
+    out = np.zeros(batch)
+    for start in range(0, batch, _ROW_BLOCK):
+        block = values[start : start + _ROW_BLOCK]
+        acc = out[start : start + _ROW_BLOCK]
+        for column in range(width):
+            np.add(acc, block[:, column], out=acc)
+    return out
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """``values`` added one at a time from 0.0 (in blocks, each carrying the running total)."""
+    total = 0.0
+    for start in range(0, values.size, _FLAT_BLOCK):
+        block = np.concatenate(([total], values[start : start + _FLAT_BLOCK]))
+        total = float(np.add.accumulate(block)[-1])
+    return total
+
+
+def as_table(value: Any) -> np.ndarray:
+    """`value` as a NumPy array (a torch tensor through ``.detach().cpu().numpy()``, without importing torch)."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
