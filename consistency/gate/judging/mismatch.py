@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from .registry import Registry
-from .views import _row_sums
+from .views import row_sums
 
 #: Two-sided 95 % normal quantile.
 _Z95 = 1.959963984540054
@@ -506,7 +506,7 @@ def _overall_view(
         return StatisticView(
             entries,
             sides=lambda: (rollout.astype(np.float64).reshape(-1), trainer.astype(np.float64).reshape(-1)),
-            per_sample=lambda: (_row_sums(delta), np.full(delta.shape[0], delta.shape[1])),
+            per_sample=lambda: (row_sums(delta), np.full(delta.shape[0], delta.shape[1])),
             advantages=per_entry_adv,
             clips=clips,
         )
@@ -519,7 +519,7 @@ def _overall_view(
     return StatisticView(
         entries,
         sides=lambda: (rollout[mask].astype(np.float64), trainer[mask].astype(np.float64)),
-        per_sample=lambda: (_row_sums(delta)[present], mask.sum(axis=1)[present]),
+        per_sample=lambda: (row_sums(delta)[present], mask.sum(axis=1)[present]),
         advantages=per_entry_adv,
         clips=clips,
     )
@@ -646,10 +646,11 @@ def _percentile_row(row: np.ndarray, q: float) -> float:
         upper_index = lower_index + 1
         gamma = virtual - lower_index
     lower, upper = _order_statistics(row, lower_index, upper_index)
-    difference = upper - lower
-    result = lower + difference * gamma
-    if gamma >= 0.5:
-        result = upper - difference * (1 - gamma)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, as NumPy gives
+        difference = upper - lower
+        result = lower + difference * gamma
+        if gamma >= 0.5:
+            result = upper - difference * (1 - gamma)
     return float(result)
 
 

@@ -228,7 +228,7 @@ class Layout:
     def _sample_means(self, values: np.ndarray, *, normalise: bool = True) -> np.ndarray:
         """Each sample's entries added in step order from 0.0, over its count (NaN without entries)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            means = _row_sums(values) / self.sample_counts
+            means = row_sums(values) / self.sample_counts
         return means + 0.0 if normalise else means  # a view of one cell: (0.0 + mean) / 1
 
 
@@ -371,7 +371,7 @@ def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndar
     return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
 
 
-def _row_sums(values: np.ndarray) -> np.ndarray:
+def row_sums(values: np.ndarray) -> np.ndarray:
     """Each row's entries added in column order from 0.0 (column by column over blocks of rows)."""
     batch, width = values.shape
     out = np.zeros(batch)
