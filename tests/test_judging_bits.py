@@ -1,5 +1,6 @@
 """The vectorised judging (rollout_consistency.gate.judging.views and the registries) gives every figure the
-previous implementation gave, bit for bit (tests/judging_reference.py is that implementation, kept verbatim):
+previous implementation gave, bit for bit (tests/judging_reference.py is that implementation, kept verbatim; one
+deliberate exception, `CHANGED`):
 random tables with NaN and ±inf, missing steps, ragged windows, micro-batches that do not divide the batch, one
 window step, windows per prompt group, float64 inputs, empty batches, advantages. And the primitives the views
 rely on add in the order they promise, checked against a plain Python loop."""
@@ -18,8 +19,18 @@ from rollout_consistency.gate.judging.metrics import compute_metrics
 from rollout_consistency.gate.judging.mismatch import STATISTICS, compute_mismatch, percentile
 
 
+#: The one figure that changed on purpose: `pearson_logp`'s sums of products were BLAS dot products, whose
+#: summation order depends on the CPU's kernel and OpenBLAS's thread count (and one thread wake-up per view cost
+#: ~30 ms on a loaded machine); they are NumPy pairwise sums now, the same on every machine, a few ULP away.
+CHANGED = {"pearson_logp": 1e-14}
+
+
 def assert_same_bits(old, new, path="report"):
     """Equal structure, and every float equal bit for bit (NaN to NaN; 0.0 and -0.0 differ)."""
+    name = path.rsplit(".", 1)[-1]
+    if name in CHANGED and isinstance(old, float) and math.isfinite(old):
+        assert new == pytest.approx(old, rel=CHANGED[name], abs=CHANGED[name]), f"{path}: {old!r} vs {new!r}"
+        return
     if isinstance(old, float) or isinstance(new, float):
         assert isinstance(old, float) and isinstance(new, float), f"{path}: {old!r} vs {new!r}"
         assert struct.pack("<d", old) == struct.pack("<d", new) or (math.isnan(old) and math.isnan(new)), (

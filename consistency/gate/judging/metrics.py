@@ -142,6 +142,12 @@ class Metric:
 METRICS: Registry[Metric] = Registry("metric")
 
 
+def _half_square(delta: np.ndarray) -> np.ndarray:
+    out = np.multiply(0.5, delta)  # (0.5·Δ)·Δ, in one scratch table
+    out *= delta
+    return out
+
+
 def _clipped(entries: Entries) -> np.ndarray:
     ratio = entries.ratio
     return entries.indicator((ratio - 1.0 > entries.clip_ratio_high) | (1.0 - ratio > entries.clip_ratio_low))
@@ -193,7 +199,7 @@ for _metric in (
         table_format=".4f",
         aliases=("clipfrac_lt_one", "clipfrac_lower"),
     ),
-    Metric("approx_kl", "`½ · mean(Δlogp²)` (Flow-GRPO)", lambda e: 0.5 * e.delta * e.delta, scale="rms"),
+    Metric("approx_kl", "`½ · mean(Δlogp²)` (Flow-GRPO)", lambda e: _half_square(e.delta), scale="rms"),
     Metric("mean_abs_dlogp", "mean of `|Δlogp|`", lambda e: np.abs(e.delta), column="mean|dlogp|"),
     Metric(
         "max_abs_dlogp", "max of `|Δlogp|`", lambda e: np.abs(e.delta), pool="max", scale="max", column="max|dlogp|"
@@ -225,6 +231,14 @@ class MetricValues:
     def __init__(self, figures: Mapping[str, float] | None = None, /, *, count: int = 0, **named: float) -> None:
         object.__setattr__(self, "_figures", {**(figures or {}), **named})
         object.__setattr__(self, "count", int(count))
+
+    @classmethod
+    def _of(cls, figures: dict[str, float], count: int) -> MetricValues:
+        """Without copying `figures` (a dict made for this object alone)."""
+        values = object.__new__(cls)
+        object.__setattr__(values, "_figures", figures)
+        object.__setattr__(values, "count", count)
+        return values
 
     def __getattr__(self, name: str) -> float:
         figures = object.__getattribute__(self, "_figures")
@@ -311,6 +325,10 @@ class SampleMetrics:
     values: MetricValues
 
 
+#: Samples turned into Python floats at a time while iterating `by_sample`.
+_ROWS_AT_ONCE = 4096
+
+
 class PerSample(Sequence[SampleMetrics]):
     """``by_sample``: one `SampleMetrics` per sample, built when read (a table of a million samples costs one
     array, not a million objects). `figure` gives one metric for every sample as an array."""
@@ -347,14 +365,18 @@ class PerSample(Sequence[SampleMetrics]):
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
         i = range(len(self))[index]
-        return SampleMetrics(
-            i, MetricValues(dict(zip(self._names, self._figures[i].tolist(), strict=True)), count=int(self._counts[i]))
-        )
+        figures = dict(zip(self._names, self._figures[i].tolist(), strict=True))
+        return SampleMetrics(i, MetricValues._of(figures, int(self._counts[i])))
 
     def __iter__(self) -> Iterator[SampleMetrics]:
-        names = self._names
-        for i, (row, count) in enumerate(zip(self._figures.tolist(), self._counts.tolist(), strict=True)):
-            yield SampleMetrics(i, MetricValues(dict(zip(names, row, strict=True)), count=count))
+        # Each sample's figures stay in the table until one is read (`_RowValues`): a loop that reads one figure
+        # of every sample builds no dict per sample.
+        columns = {name: column for column, name in enumerate(self._names)}
+        for start in range(0, len(self), _ROWS_AT_ONCE):
+            rows = self._figures[start : start + _ROWS_AT_ONCE].tolist()
+            counts = self._counts[start : start + _ROWS_AT_ONCE].tolist()
+            for offset, (row, count) in enumerate(zip(rows, counts, strict=True)):
+                yield SampleMetrics(start + offset, _RowValues._of_row(self._names, columns, row, count))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -372,6 +394,31 @@ class PerSample(Sequence[SampleMetrics]):
             {"index": i, "values": {**dict(zip(names, row, strict=True)), "count": count}}
             for i, (row, count) in enumerate(zip(self._figures.tolist(), self._counts.tolist(), strict=True))
         ]
+
+
+class _RowValues(MetricValues):
+    """One sample's `MetricValues`, reading its row of the per-sample table until a method needs the mapping."""
+
+    __slots__ = ("_columns", "_names", "_row")
+
+    @classmethod
+    def _of_row(cls, names: tuple[str, ...], columns: dict[str, int], row: list[float], count: int) -> _RowValues:
+        values = object.__new__(cls)
+        object.__setattr__(values, "_names", names)
+        object.__setattr__(values, "_columns", columns)
+        object.__setattr__(values, "_row", row)
+        object.__setattr__(values, "count", count)
+        return values
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_figures":  # the mapping, built on first use
+            figures = dict(zip(self._names, self._row, strict=True))
+            object.__setattr__(self, "_figures", figures)
+            return figures
+        column = self._columns.get(name)
+        if column is not None:
+            return self._row[column]
+        return super().__getattr__(name)
 
 
 @dataclass(frozen=True)
@@ -548,6 +595,7 @@ def compute_metrics(
 def _pool(layout: Layout, metric: Metric, entries: Entries) -> Pooled:
     with np.errstate(over="ignore", invalid="ignore"):
         values = metric.values(entries)
+    entries.release()
     return layout.pool(metric.pool, values)
 
 

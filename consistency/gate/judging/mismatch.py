@@ -59,6 +59,8 @@ from .views import row_sums
 _Z95 = 1.959963984540054
 #: verl's ``SAFETY_BOUND``: log-ratios (and their per-sequence sums) are clamped to ±20 before ``exp`` in χ².
 SAFETY_BOUND = 20.0
+#: Entries per block of the Pearson sums.
+_PEARSON_BLOCK = 1 << 16
 
 
 class StatisticView:
@@ -67,11 +69,15 @@ class StatisticView:
     serves the overall view and all per-timestep views.
 
     Attributes:
-        delta: ``Δ = logp_trainer − logp_rollout`` of the view's entries, in (sample, step) order.
+        delta: ``Δ = logp_trainer − logp_rollout`` of the view's entries, in (sample, step) order (float64).
+        rollout, trainer: the two sides' entries as stored (float32 or float64; views of the tables where possible).
         per_sample_sum, per_sample_mean: ``Σ Δ`` and mean ``Δ`` over each sample's entries in the view (the samples
             that have one), in sample order: the sample is the independent unit.
         advantages: each entry's sample advantage (None without advantages).
         clip_ratio_low, clip_ratio_high, clip_ratio_c: the clip ranges and verl's dual-clip constant.
+
+    Tables derived from ``delta`` (`w`, `w_minus_1`, `abs_delta`) are kept one at a time, so a view holds at most
+    two tables of its size; a statistic should make at most one more.
     """
 
     def __init__(
@@ -80,16 +86,17 @@ class StatisticView:
         *,
         sides: Callable[[], tuple[np.ndarray, np.ndarray]],
         per_sample: Callable[[], tuple[np.ndarray, np.ndarray | None]],
-        advantages: np.ndarray | None,
+        advantages: Callable[[], np.ndarray] | None,
         clips: tuple[float, float, float],
     ) -> None:
         self.delta = delta
         self._sides = sides
         self._per_sample = per_sample
         self._samples: tuple[np.ndarray, np.ndarray] | None = None
-        self.advantages = advantages
+        self._advantages = advantages
         self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c = clips
-        self._cached: tuple[str, np.ndarray] | None = None  # one table at a time: memory stays bounded
+        self._cached: tuple[str, np.ndarray] | None = None
+        self.memo: dict[str, Any] = {}  # small results one statistic computes for another
 
     def _cache(self, key: str, make: Callable[[], np.ndarray]) -> np.ndarray:
         if self._cached is None or self._cached[0] != key:
@@ -125,9 +132,13 @@ class StatisticView:
     def abs_delta(self) -> np.ndarray:
         return self._cache("abs_delta", lambda: np.abs(self.delta))
 
+    @property
+    def advantages(self) -> np.ndarray | None:
+        return None if self._advantages is None else self._advantages()
+
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
-        """The two log-prob tables' entries in float64, ``(rollout, trainer)`` (materialised on each call)."""
-        self._cached = None
+        """The two log-prob tables' entries as stored, ``(rollout, trainer)``."""
+        self._cached = None  # room for the caller's float64 blocks
         return self._sides()
 
 
@@ -181,31 +192,66 @@ def _bias_half_width(view: StatisticView) -> Any:
 
 
 def _pearson(view: StatisticView) -> Any:
+    """Σ dx·dy / sqrt(Σ dx² · Σ dy²) about the means. Every sum adds NumPy pairwise sums of blocks, one block at a
+    time: the same number on every machine (not BLAS, whose order depends on the CPU's kernel and its threads),
+    and no float64 copy of either table."""
     x, y = view.sides()
     if x.shape[-1] < 2:
         return np.full(x.shape[:-1], np.nan)  # undefined with < 2 entries
-    finite = np.isfinite(x).all(axis=-1) & np.isfinite(y).all(axis=-1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        x -= _mean(x)[..., None]
-        y -= _mean(y)[..., None]
-    rows_x, rows_y = np.atleast_2d(x), np.atleast_2d(y)
-    out = np.full(rows_x.shape[0], np.nan)
-    for row, ok in enumerate(np.atleast_1d(finite)):
-        if ok:  # non-finite entries propagate as NaN
-            denominator = math.sqrt(float(np.dot(rows_x[row], rows_x[row])) * float(np.dot(rows_y[row], rows_y[row])))
-            out[row] = float(np.dot(rows_x[row], rows_y[row])) / denominator if denominator > 0 else math.nan
-    return out.reshape(x.shape[:-1])
+    n = x.shape[-1]
+    step = max(1024, _PEARSON_BLOCK // max(1, int(np.prod(x.shape[:-1]))))
+    blocks = [slice(start, start + step) for start in range(0, n, step)]
+    shape = x.shape[:-1]
+    mean_x, mean_y = np.zeros(shape), np.zeros(shape)
+    for block in blocks:
+        mean_x += np.sum(x[..., block], axis=-1, dtype=np.float64)
+        mean_y += np.sum(y[..., block], axis=-1, dtype=np.float64)
+    mean_x, mean_y = mean_x / n, mean_y / n
+    sxy, sxx, syy = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    finite = np.ones(shape, dtype=bool)
+    for block in blocks:
+        dx = x[..., block].astype(np.float64) - mean_x[..., None]
+        dy = y[..., block].astype(np.float64) - mean_y[..., None]
+        finite &= np.isfinite(dx).all(axis=-1) & np.isfinite(dy).all(axis=-1)
+        sxy += np.sum(dx * dy, axis=-1)
+        dx *= dx
+        dy *= dy
+        sxx += np.sum(dx, axis=-1)
+        syy += np.sum(dy, axis=-1)
+    denominator = np.sqrt(sxx * syy)
+    correlation = np.where(denominator > 0, sxy / np.where(denominator > 0, denominator, 1.0), np.nan)
+    return np.where(finite, correlation, np.nan)  # non-finite entries propagate as NaN
+
+
+def _expm1_twice_clamped(log_ratio: np.ndarray) -> np.ndarray:
+    """``expm1(2·clamp(log_ratio, ±20))`` = ``ρ² − 1`` with verl's clamp, in one scratch table."""
+    out = np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
+    out *= 2.0
+    return np.expm1(out, out=out)
+
+
+def _exp_of_negative(values: np.ndarray) -> np.ndarray:
+    out = np.negative(values)
+    return np.exp(out, out=out)
 
 
 def _clip_fractions(view: StatisticView) -> tuple[Any, Any]:
-    w, adv = view.w, view.advantages
-    assert adv is not None
-    low, high = view.clip_ratio_low, view.clip_ratio_high
-    clipped = np.clip(w, 1.0 - low, 1.0 + high)
-    active = ((adv > 0) & (w > 1.0 + high)) | ((adv < 0) & (w < 1.0 - low))
-    dual_active = (adv < 0) & (np.maximum(w, clipped) > view.clip_ratio_c)
-    undefined = np.isnan(w)
-    return _mean(np.where(undefined, np.nan, active)), _mean(np.where(undefined, np.nan, dual_active))
+    if "clip_fractions" not in view.memo:
+        w, adv = view.w, view.advantages
+        assert adv is not None
+        low, high = view.clip_ratio_low, view.clip_ratio_high
+        undefined = np.isnan(w)
+        active = ((adv > 0) & (w > 1.0 + high)) | ((adv < 0) & (w < 1.0 - low))
+        # max(w, clip(w, 1 − ε_low, 1 + ε_high)) is max(w, 1 − ε_low), value for value
+        dual_active = (adv < 0) & (np.maximum(w, 1.0 - low) > view.clip_ratio_c)
+        del adv
+        fractions = []
+        for flags in (active, dual_active):
+            share = flags.astype(np.float64)
+            share[undefined] = np.nan
+            fractions.append(_mean(share))
+        view.memo["clip_fractions"] = tuple(fractions)
+    return view.memo["clip_fractions"]
 
 
 for _statistic in (
@@ -265,19 +311,19 @@ for _statistic in (
     Statistic(
         "chi2_token",
         "`mean(ρ²) − 1`, `ρ = exp(clamp(Δlogp, ±20))`",
-        lambda v: _mean(np.expm1(2.0 * np.clip(v.delta, -SAFETY_BOUND, SAFETY_BOUND))),
+        lambda v: _mean(_expm1_twice_clamped(v.delta)),
         follows="verl rollout correction `chi2_token` (evaluated as `mean(expm1(2·clamp(Δlogp)))`)",
     ),
     Statistic(
         "chi2_seq",
         "mean over samples of `exp(2·clamp(Σ_t Δlogp, ±20)) − 1` (a sample's steps are its sequence)",
-        lambda v: _mean(np.expm1(2.0 * np.clip(v.per_sample_sum, -SAFETY_BOUND, SAFETY_BOUND))),
+        lambda v: _mean(_expm1_twice_clamped(v.per_sample_sum)),
         follows="verl rollout correction `chi2_seq` (evaluated with `expm1`)",
     ),
     Statistic(
         "ppl_ratio",
         "mean over samples of `exp(mean_t logp_rollout − mean_t logp_trainer)`",
-        lambda v: _mean(np.exp(-v.per_sample_mean)),
+        lambda v: _mean(_exp_of_negative(v.per_sample_mean)),
         follows="verl rollout correction `ppl_ratio`",
     ),
     Statistic(
@@ -501,13 +547,12 @@ def _overall_view(
     if mask is None:
         if delta.size == 0:
             return None
-        entries = delta.reshape(-1)
-        per_entry_adv = None if adv is None else np.repeat(adv, delta.shape[1])
+        width = delta.shape[1]
         return StatisticView(
-            entries,
-            sides=lambda: (rollout.astype(np.float64).reshape(-1), trainer.astype(np.float64).reshape(-1)),
-            per_sample=lambda: (row_sums(delta), np.full(delta.shape[0], delta.shape[1])),
-            advantages=per_entry_adv,
+            delta.reshape(-1),
+            sides=lambda: (rollout.reshape(-1), trainer.reshape(-1)),
+            per_sample=lambda: (row_sums(delta), np.full(delta.shape[0], width)),
+            advantages=None if adv is None else lambda: np.repeat(adv, width),
             clips=clips,
         )
     if not mask.any():
@@ -515,12 +560,11 @@ def _overall_view(
     entries = delta[mask]
     delta[~mask] = 0.0  # adds nothing to a sample's sum
     present = mask.any(axis=1)
-    per_entry_adv = None if adv is None else np.broadcast_to(adv[:, None], mask.shape)[mask]
     return StatisticView(
         entries,
-        sides=lambda: (rollout[mask].astype(np.float64), trainer[mask].astype(np.float64)),
+        sides=lambda: (rollout[mask], trainer[mask]),
         per_sample=lambda: (row_sums(delta)[present], mask.sum(axis=1)[present]),
-        advantages=per_entry_adv,
+        advantages=None if adv is None else lambda: np.broadcast_to(adv[:, None], mask.shape)[mask],
         clips=clips,
     )
 
@@ -546,27 +590,31 @@ def _column_views(
         first = steps[0]
         if not (steps == first[None, :]).all() or np.unique(first).size != width:
             return None
-        order = [int(j) for j in np.argsort(-first, kind="stable")]
+        order = [int(j) for j in np.argsort(-first, kind="stable")]  # denoising order: large t first
         labels = (order, [float(first[j]) for j in order])
-
-    def transposed(table: np.ndarray) -> np.ndarray:
-        out = np.empty((width, batch))
-        np.copyto(out, table.T, casting="same_kind")
-        return out
-
     delta = np.empty((width, batch))
     with np.errstate(invalid="ignore"):
-        np.subtract(trainer.T, rollout.T, out=delta, dtype=np.float64)
-    if order != positions:
-        delta = delta[order]
+        for row, column in enumerate(order):
+            np.subtract(trainer[:, column], rollout[:, column], out=delta[row], dtype=np.float64)
+
+    def per_sample() -> tuple[np.ndarray, None]:
+        # One entry per sample in a column: its sum from 0.0 is the entry itself, but for -0.0 (which becomes 0.0).
+        negative_zero = (delta == 0) & np.signbit(delta)
+        return (delta + 0.0 if negative_zero.any() else delta), None
+
+    def sides() -> tuple[np.ndarray, np.ndarray]:
+        if order == positions:
+            return rollout.T, trainer.T
+        return rollout[:, order].T, trainer[:, order].T
+
     return (
         list(range(len(order))),
         labels,
         StatisticView(
             delta,
-            sides=lambda: (transposed(rollout)[order], transposed(trainer)[order]),
-            per_sample=lambda: (delta + 0.0, None),  # one entry per sample in a column: its sum from 0.0
-            advantages=None if adv is None else np.broadcast_to(adv[None, :], delta.shape),
+            sides=sides,
+            per_sample=per_sample,
+            advantages=None if adv is None else lambda: np.broadcast_to(adv[None, :], delta.shape),
             clips=clips,
         ),
     )
@@ -602,22 +650,14 @@ def _picked_views(
             delta = np.subtract(trainer[pick], rollout[pick], dtype=np.float64)
         sample = np.nonzero(pick)[0]
         group = np.cumsum(np.r_[True, sample[1:] != sample[:-1]]) - 1  # entries come in sample order
-        out.append(
-            (
-                pos,
-                key,
-                StatisticView(
-                    delta,
-                    sides=lambda pick=pick: (rollout[pick].astype(np.float64), trainer[pick].astype(np.float64)),
-                    per_sample=lambda group=group, delta=delta: (
-                        np.bincount(group, weights=delta),
-                        np.bincount(group),
-                    ),
-                    advantages=None if adv is None else adv[sample],
-                    clips=clips,
-                ),
-            )
+        view = StatisticView(
+            delta,
+            sides=lambda pick=pick: (rollout[pick], trainer[pick]),
+            per_sample=lambda group=group, delta=delta: (np.bincount(group, weights=delta), np.bincount(group)),
+            advantages=None if adv is None else lambda sample=sample: adv[sample],
+            clips=clips,
         )
+        out.append((pos, key, view))
     return out
 
 

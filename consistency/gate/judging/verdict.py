@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .metrics import METRICS, ConsistencyMetrics, Metric, PerSample, StepMetrics
 from .tolerances import Tolerance
 
@@ -242,13 +244,14 @@ def bias_standard_error(metric: str, metrics: ConsistencyMetrics) -> float:
     non-finite figure (no allowance)."""
     by_sample = metrics.by_sample
     if isinstance(by_sample, PerSample):
-        values = by_sample.figure(metric)[by_sample.counts > 0].tolist()
+        figures = by_sample.figure(metric)[by_sample.counts > 0]
     else:
-        values = [s.values.get(metric) for s in by_sample if s.values.count]
-    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+        figures = np.array([s.values.get(metric) for s in by_sample if s.values.count], dtype=np.float64)
+    if figures.size < 2 or not np.isfinite(figures).all():
         return 0.0
+    values = figures.tolist()  # Python's float sums, one value at a time, as this figure was always computed
     mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    variance = sum([(v - mean) ** 2 for v in values]) / (len(values) - 1)
     return math.sqrt(variance / len(values))
 
 

@@ -55,11 +55,14 @@ class Entries:
 
     @property
     def ratio(self) -> np.ndarray:
-        """``exp(Δlogp)``, computed once."""
+        """``exp(Δlogp)``, computed once per metric (`release` drops it: one table less while the next runs)."""
         if self._ratio is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 self._ratio = np.exp(self.delta)
         return self._ratio
+
+    def release(self) -> None:
+        self._ratio = None
 
     def indicator(self, condition: np.ndarray) -> np.ndarray:
         """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
@@ -104,21 +107,24 @@ class Layout:
         self.micro = max(1, min(micro_batch_size, max(batch, 1)))
         self.full_micro = batch // self.micro  # micro-batches of exactly `micro` rows; one shorter may follow
         self.cells_rows = self.full_micro + (batch % self.micro > 0)
-        ones = None if self.valid is None else self.valid.astype(np.int64)
-        if ones is None:
-            self.cell_counts = np.full((self.cells_rows, width), self.micro, dtype=np.int64)
+        if self.valid is None:  # every cell full: one count per micro-batch, broadcast over the positions
+            self.cell_counts = np.full((self.cells_rows, 1), self.micro, dtype=np.int64)
             if batch % self.micro:
                 self.cell_counts[-1] = batch % self.micro
             self.sample_counts = np.full(batch, width, dtype=np.int64)
+            self.column_counts = np.full(width, batch, dtype=np.int64)
+            self._filled: np.ndarray | None = None
+            self._cells_per_position = np.full(width, self.cells_rows, dtype=np.int64)
+            self._cells = self.cells_rows * width
         else:
-            self.cell_counts = _integer_cell_sums(ones, self.micro, self.full_micro)
-            self.sample_counts = ones.sum(axis=1)
+            self.cell_counts = _integer_cell_sums(self.valid.astype(np.int32), self.micro, self.full_micro)
+            self.sample_counts = self.valid.sum(axis=1)
+            self.column_counts = self.cell_counts.sum(axis=0)
+            self._filled = self.cell_counts > 0
+            self._cells_per_position = self._filled.sum(axis=0)
+            self._cells = int(self._filled.sum())
         self.count = int(self.sample_counts.sum())
-        self.column_counts = self.cell_counts.sum(axis=0)
         self.positions = np.flatnonzero(self.column_counts)
-        self._filled = self.cell_counts > 0
-        self._all_filled = bool(self._filled.all())
-        self._cells_per_position = self._filled.sum(axis=0)
         self._timesteps = None if timesteps is None else _TimestepGroups(timesteps, self)
 
     # -- labels ------------------------------------------------------------------------------------
@@ -167,15 +173,19 @@ class Layout:
 
     def _pool_std(self, values: np.ndarray) -> Pooled:
         timesteps = None if self._timesteps is None else self._timesteps.pool_std(values)
-        squares = self._squared_deviations(values, self._cell_means(self._cell_sums(values)))
-        stds = np.sqrt(self._cell_means(self._cell_sums(squares)))
-        del squares  # one scratch table at a time
-        sample_mean = self._sample_means(values, normalise=False)
-        deviation = values - np.where(np.isnan(sample_mean), 0.0, sample_mean)[:, None]
-        deviation *= deviation
-        if self.valid is not None:
-            deviation[~self.valid] = 0.0
-        samples = np.sqrt(self._sample_means(deviation, normalise=False)) + 0.0
+        stds = self._cell_means(self._squared_deviation_sums(values, self._cell_means(self._cell_sums(values))))
+        np.sqrt(stds, out=stds)
+        sample_means = self._sample_means(values, normalise=False)
+        sample_means[np.isnan(sample_means)] = 0.0  # a sample without entries: its deviations are all excluded
+        squares = np.zeros(values.shape[0])
+        for rows in _row_blocks(values.shape[0], 1):
+            deviation = values[rows] - sample_means[rows, None]
+            deviation *= deviation
+            if self.valid is not None:
+                deviation[~self.valid[rows]] = 0.0
+            squares[rows] = row_sums(deviation)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            samples = np.sqrt(squares / self.sample_counts) + 0.0
         return self._views(stds, timesteps, samples)
 
     def _pool_max(self, values: np.ndarray) -> Pooled:
@@ -197,30 +207,42 @@ class Layout:
         return _cell_sums(values, self.micro, self.full_micro)
 
     def _cell_means(self, sums: np.ndarray) -> np.ndarray:
+        """Each cell's sum over its count, in place (an empty cell: 0.0, it adds nothing and is not counted)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            means = sums / self.cell_counts
-        if not self._all_filled:
-            means[~self._filled] = 0.0  # an empty cell is not a cell: it adds nothing and is not counted
-        return means
+            np.divide(sums, self.cell_counts, out=sums)
+        if self._filled is not None:
+            sums[~self._filled] = 0.0
+        return sums
 
-    def _squared_deviations(self, values: np.ndarray, cell_means: np.ndarray) -> np.ndarray:
-        """Each entry's squared distance from its cell's mean (0 for entries not compared)."""
-        out = np.empty_like(values)
-        full = self.full_micro * self.micro
-        shaped = values[:full].reshape(self.full_micro, self.micro, -1)
-        np.subtract(shaped, cell_means[: self.full_micro, None, :], out=out[:full].reshape(shaped.shape))
-        if full < values.shape[0]:
-            np.subtract(values[full:], cell_means[-1], out=out[full:])
-        out *= out
-        if self.valid is not None:
-            out[~self.valid] = 0.0
-        return out
+    def _squared_deviation_sums(self, values: np.ndarray, cell_means: np.ndarray) -> np.ndarray:
+        """Each cell's squared distances from its mean, added in sample order (entries not compared: 0), one block
+        of whole micro-batches at a time, written over `cell_means` (no table the size of the inputs)."""
+        micro, width = self.micro, values.shape[1]
+        for rows in _row_blocks(values.shape[0], micro):
+            block = values[rows]
+            whole = (rows.stop - rows.start) // micro
+            first = rows.start // micro
+            deviation = np.empty_like(block)
+            if whole:
+                np.subtract(
+                    block[: whole * micro].reshape(whole, micro, width),
+                    cell_means[first : first + whole, None, :],
+                    out=deviation[: whole * micro].reshape(whole, micro, width),
+                )
+            if whole * micro < block.shape[0]:
+                np.subtract(block[whole * micro :], cell_means[first + whole], out=deviation[whole * micro :])
+            deviation *= deviation
+            if self.valid is not None:
+                deviation[~self.valid[rows]] = 0.0
+            cells = slice(first, first + whole + (whole * micro < block.shape[0]))
+            cell_means[cells] = _cell_sums(deviation, micro, whole)
+        return cell_means
 
     def _views(self, cell_values: np.ndarray, timesteps: np.ndarray | None, samples: np.ndarray) -> Pooled:
         """Cell values into the position view (and the timestep view when it is the position view relabelled)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             positions = (_column_sums(cell_values) / self._cells_per_position)[self.positions]
-            overall = _sequential_sum(cell_values.ravel()) / int(self._filled.sum())
+            overall = _sequential_sum(cell_values.ravel()) / self._cells
         if timesteps is None:
             timesteps = np.zeros(0) if self._timesteps is None else positions[self._timesteps.order]
         return Pooled(float(overall), positions, timesteps, samples)
@@ -349,17 +371,17 @@ def _cell_sums(values: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
     """``(micro-batches, W)`` sums of each micro-batch's rows, added in row order from 0.0."""
     batch, width = values.shape
     full = full_micro * micro
-    parts = []
+    sums = np.empty((full_micro + (full < batch), width))
     if full_micro:
         shaped = values[:full].reshape(full_micro, micro, width)
         if width >= 2:
-            parts.append(np.add.reduce(shaped, axis=1))  # row by row: the reduced axis is not the contiguous one
+            np.add.reduce(shaped, axis=1, out=sums[:full_micro])  # row by row: the reduced axis is not contiguous
         else:
-            parts.append(np.add.accumulate(shaped, axis=1)[:, -1, :])
+            sums[:full_micro] = np.add.accumulate(shaped, axis=1)[:, -1, :]
     if full < batch:
-        parts.append(_column_sums(values[full:])[None, :])
-    sums = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return sums + 0.0  # the reference starts from 0.0: a sum of -0.0 entries is +0.0
+        sums[-1] = _column_sums(values[full:])
+    sums += 0.0  # the reference starts from 0.0: a sum of -0.0 entries is +0.0
+    return sums
 
 
 def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
@@ -369,6 +391,12 @@ def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndar
     if full < batch:
         parts.append(ones[full:].sum(axis=0, keepdims=True))
     return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
+
+
+def _row_blocks(rows: int, unit: int) -> list[slice]:
+    """Consecutive runs of whole `unit`s of rows (the last may be shorter), about `_ROW_BLOCK` rows each."""
+    step = unit * max(1, _ROW_BLOCK // unit)
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def row_sums(values: np.ndarray) -> np.ndarray:
