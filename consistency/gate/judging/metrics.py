@@ -595,7 +595,7 @@ def compute_metrics(
 def _pool(layout: Layout, metric: Metric, entries: Entries) -> Pooled:
     with np.errstate(over="ignore", invalid="ignore"):
         values = metric.values(entries)
-    entries.release()
+    entries.settle()
     return layout.pool(metric.pool, values)
 
 

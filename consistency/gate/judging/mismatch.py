@@ -60,7 +60,7 @@ _Z95 = 1.959963984540054
 #: verl's ``SAFETY_BOUND``: log-ratios (and their per-sequence sums) are clamped to ±20 before ``exp`` in χ².
 SAFETY_BOUND = 20.0
 #: Entries per block of the Pearson sums.
-_PEARSON_BLOCK = 1 << 16
+_PEARSON_BLOCK = 1 << 18
 
 
 class StatisticView:
@@ -184,11 +184,17 @@ def _ess(view: StatisticView) -> Any:
         return np.where(mean_w2 > 0, mean_w * mean_w / mean_w2, np.nan)
 
 
-def _bias_half_width(view: StatisticView) -> Any:
-    samples = view.per_sample_mean.shape[-1]
-    if samples < 2:
-        return np.full(view.per_sample_mean.shape[:-1], np.nan)
-    return _Z95 * np.std(view.per_sample_mean, axis=-1, ddof=1) / math.sqrt(samples)
+def _bias(view: StatisticView) -> tuple[Any, Any]:
+    """The mean over samples of each sample's mean Δ, and its 95 % half-width ``1.96·s/√n`` (NaN below 2 samples)."""
+    if "bias" not in view.memo:
+        means = view.per_sample_mean
+        samples = means.shape[-1]
+        if samples < 2:
+            half = np.full(means.shape[:-1], np.nan)
+        else:
+            half = _Z95 * np.std(means, axis=-1, ddof=1) / math.sqrt(samples)
+        view.memo["bias"] = (_mean(means), half)
+    return view.memo["bias"]
 
 
 def _pearson(view: StatisticView) -> Any:
@@ -207,12 +213,14 @@ def _pearson(view: StatisticView) -> Any:
         mean_x += np.sum(x[..., block], axis=-1, dtype=np.float64)
         mean_y += np.sum(y[..., block], axis=-1, dtype=np.float64)
     mean_x, mean_y = mean_x / n, mean_y / n
+    # A non-finite entry makes its side's sum, so its mean, non-finite: the correlation is NaN then.
+    finite = np.isfinite(mean_x) & np.isfinite(mean_y)
     sxy, sxx, syy = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    finite = np.ones(shape, dtype=bool)
     for block in blocks:
-        dx = x[..., block].astype(np.float64) - mean_x[..., None]
-        dy = y[..., block].astype(np.float64) - mean_y[..., None]
-        finite &= np.isfinite(dx).all(axis=-1) & np.isfinite(dy).all(axis=-1)
+        dx = x[..., block].astype(np.float64)
+        dx -= mean_x[..., None]
+        dy = y[..., block].astype(np.float64)
+        dy -= mean_y[..., None]
         sxy += np.sum(dx * dy, axis=-1)
         dx *= dx
         dy *= dy
@@ -293,15 +301,15 @@ for _statistic in (
     Statistic(
         "bias",
         "mean over samples of each sample's mean `Δlogp`",
-        lambda v: _mean(v.per_sample_mean),
+        lambda v: _bias(v)[0],
         column="bias",
     ),
     Statistic(
         "bias_ci_low",
         "`bias − 1.96·s/√n` over the `n` per-sample means (normal approximation; NaN below 2 samples)",
-        lambda v: _mean(v.per_sample_mean) - _bias_half_width(v),
+        lambda v: _bias(v)[0] - _bias(v)[1],
     ),
-    Statistic("bias_ci_high", "`bias + 1.96·s/√n`", lambda v: _mean(v.per_sample_mean) + _bias_half_width(v)),
+    Statistic("bias_ci_high", "`bias + 1.96·s/√n`", lambda v: _bias(v)[0] + _bias(v)[1]),
     Statistic(
         "kl",
         "`mean(logp_rollout − logp_trainer)` over the entries",
@@ -329,7 +337,7 @@ for _statistic in (
     Statistic(
         "log_ppl_diff",
         "mean over samples of `mean_t logp_rollout − mean_t logp_trainer` (= −bias)",
-        lambda v: -_mean(v.per_sample_mean) + 0.0,
+        lambda v: -_bias(v)[0] + 0.0,
         follows="verl rollout correction `log_ppl_diff`",
     ),
     Statistic(

@@ -52,22 +52,31 @@ class Entries:
         self.clip_ratio_low = clip_ratio_low
         self.clip_ratio_high = clip_ratio_high
         self._ratio: np.ndarray | None = None
+        self._ratio_undefined: np.ndarray | None = None
+        self._read = False
 
     @property
     def ratio(self) -> np.ndarray:
-        """``exp(Δlogp)``, computed once per metric (`release` drops it: one table less while the next runs)."""
+        """``exp(Δlogp)``, computed once and kept while consecutive metrics read it (`settle`)."""
+        self._read = True
         if self._ratio is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 self._ratio = np.exp(self.delta)
         return self._ratio
 
-    def release(self) -> None:
-        self._ratio = None
+    def settle(self) -> None:
+        """After a metric: a ratio that metric did not read is dropped (one table less while the next runs)."""
+        if not self._read:
+            self._ratio = self._ratio_undefined = None
+        self._read = False
 
     def indicator(self, condition: np.ndarray) -> np.ndarray:
         """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
+        if self._ratio_undefined is None:
+            self._ratio_undefined = np.isnan(self.ratio)
+        self._read = True
         out = condition.astype(np.float64)
-        out[np.isnan(self.ratio)] = np.nan
+        out[self._ratio_undefined] = np.nan
         return out
 
 
@@ -107,22 +116,17 @@ class Layout:
         self.micro = max(1, min(micro_batch_size, max(batch, 1)))
         self.full_micro = batch // self.micro  # micro-batches of exactly `micro` rows; one shorter may follow
         self.cells_rows = self.full_micro + (batch % self.micro > 0)
-        if self.valid is None:  # every cell full: one count per micro-batch, broadcast over the positions
-            self.cell_counts = np.full((self.cells_rows, 1), self.micro, dtype=np.int64)
-            if batch % self.micro:
-                self.cell_counts[-1] = batch % self.micro
+        if self.valid is None:
             self.sample_counts = np.full(batch, width, dtype=np.int64)
             self.column_counts = np.full(width, batch, dtype=np.int64)
-            self._filled: np.ndarray | None = None
             self._cells_per_position = np.full(width, self.cells_rows, dtype=np.int64)
-            self._cells = self.cells_rows * width
         else:
-            self.cell_counts = _integer_cell_sums(self.valid.astype(np.int32), self.micro, self.full_micro)
             self.sample_counts = self.valid.sum(axis=1)
-            self.column_counts = self.cell_counts.sum(axis=0)
-            self._filled = self.cell_counts > 0
-            self._cells_per_position = self._filled.sum(axis=0)
-            self._cells = int(self._filled.sum())
+            self.column_counts = self.valid.sum(axis=0)
+            self._cells_per_position = np.zeros(width, dtype=np.int64)  # cells with an entry, per position
+            for rows in _row_blocks(batch, self.micro):
+                self._cells_per_position += (self._block_counts(rows) > 0).sum(axis=0)
+        self._cells = int(self._cells_per_position.sum())
         self.count = int(self.sample_counts.sum())
         self.positions = np.flatnonzero(self.column_counts)
         self._timesteps = None if timesteps is None else _TimestepGroups(timesteps, self)
@@ -162,31 +166,48 @@ class Layout:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf propagate on purpose
             if how == "max":
                 return self._pool_max(values)
-            if self.valid is not None:
-                values = np.where(self.valid, values, 0.0)  # entries not compared add nothing
-            return self._pool_mean(values) if how == "mean" else self._pool_std(values)
+            return self._pool_cells(values, spread=how == "std")
 
-    def _pool_mean(self, values: np.ndarray) -> Pooled:
-        means = self._cell_means(self._cell_sums(values))
-        timesteps = None if self._timesteps is None else self._timesteps.pool_mean(values)
-        return self._views(means, timesteps, self._sample_means(values))
-
-    def _pool_std(self, values: np.ndarray) -> Pooled:
-        timesteps = None if self._timesteps is None else self._timesteps.pool_std(values)
-        stds = self._cell_means(self._squared_deviation_sums(values, self._cell_means(self._cell_sums(values))))
-        np.sqrt(stds, out=stds)
-        sample_means = self._sample_means(values, normalise=False)
-        sample_means[np.isnan(sample_means)] = 0.0  # a sample without entries: its deviations are all excluded
-        squares = np.zeros(values.shape[0])
-        for rows in _row_blocks(values.shape[0], 1):
-            deviation = values[rows] - sample_means[rows, None]
-            deviation *= deviation
-            if self.valid is not None:
-                deviation[~self.valid[rows]] = 0.0
-            squares[rows] = row_sums(deviation)
+    def _pool_cells(self, values: np.ndarray, *, spread: bool) -> Pooled:
+        """The cells' means (or population standard deviations) into the position, overall and sample views, one
+        block of whole micro-batches at a time: no table the size of the inputs beyond `values`."""
+        batch, width = values.shape
+        positions = np.zeros(width)  # each position's cell values so far, added in micro-batch order from 0.0
+        overall = 0.0  # every cell value so far, added in (micro-batch, position) order from 0.0
+        samples = np.empty(batch)
+        for rows in _row_blocks(batch, self.micro):
+            block = values[rows] if self.valid is None else np.where(self.valid[rows], values[rows], 0.0)
+            counts = self._block_counts(rows)
+            whole = (rows.stop - rows.start) // self.micro
+            cells = self._cell_means(_cell_sums(block, self.micro, whole), counts)
+            sample_counts = self.sample_counts[rows]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sample_means = row_sums(block) / sample_counts
+            if spread:
+                deviation = _minus_cells(block, cells, self.micro)
+                deviation *= deviation
+                if self.valid is not None:
+                    deviation[~self.valid[rows]] = 0.0
+                cells = np.sqrt(self._cell_means(_cell_sums(deviation, self.micro, whole), counts))
+                del deviation
+                deviation = block - np.where(sample_counts == 0, 0.0, sample_means)[:, None]
+                deviation *= deviation
+                if self.valid is not None:
+                    deviation[~self.valid[rows]] = 0.0
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    sample_means = np.sqrt(row_sums(deviation) / sample_counts)
+                del deviation
+            samples[rows] = sample_means + 0.0  # a view of one cell: (0.0 + value) / 1
+            positions = _column_sums(np.concatenate([positions[None, :], cells]))
+            overall = _sequential_sum(cells.ravel(), start=overall)
         with np.errstate(invalid="ignore", divide="ignore"):
-            samples = np.sqrt(squares / self.sample_counts) + 0.0
-        return self._views(stds, timesteps, samples)
+            positions = (positions / self._cells_per_position)[self.positions]
+        if self._timesteps is None:
+            timesteps = np.zeros(0)
+        else:
+            pooled = self._timesteps.pool_std(values) if spread else self._timesteps.pool_mean(values)
+            timesteps = positions[self._timesteps.order] if pooled is None else pooled
+        return Pooled(float(overall / self._cells), positions, timesteps, samples)
 
     def _pool_max(self, values: np.ndarray) -> Pooled:
         if self.valid is not None:
@@ -202,56 +223,23 @@ class Layout:
         )
 
     # -- the arithmetic, in the reference order ------------------------------------------------------
-    def _cell_sums(self, values: np.ndarray) -> np.ndarray:
-        """``(cells_rows, W)``: each (micro-batch, position) cell's entries added in sample order from 0.0."""
-        return _cell_sums(values, self.micro, self.full_micro)
+    def _block_counts(self, rows: slice) -> np.ndarray:
+        """Entries per cell of a block of whole micro-batches: ``(cells, W)``, or ``(cells, 1)`` when all are full."""
+        whole = (rows.stop - rows.start) // self.micro
+        if self.valid is None:
+            counts = np.full((whole + (whole * self.micro < rows.stop - rows.start), 1), self.micro, dtype=np.int64)
+            if whole * self.micro < rows.stop - rows.start:
+                counts[-1] = rows.stop - rows.start - whole * self.micro
+            return counts
+        return _integer_cell_sums(self.valid[rows].astype(np.int32), self.micro, whole)
 
-    def _cell_means(self, sums: np.ndarray) -> np.ndarray:
+    def _cell_means(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Each cell's sum over its count, in place (an empty cell: 0.0, it adds nothing and is not counted)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            np.divide(sums, self.cell_counts, out=sums)
-        if self._filled is not None:
-            sums[~self._filled] = 0.0
+            np.divide(sums, counts, out=sums)
+        if self.valid is not None:
+            sums[np.broadcast_to(counts == 0, sums.shape)] = 0.0
         return sums
-
-    def _squared_deviation_sums(self, values: np.ndarray, cell_means: np.ndarray) -> np.ndarray:
-        """Each cell's squared distances from its mean, added in sample order (entries not compared: 0), one block
-        of whole micro-batches at a time, written over `cell_means` (no table the size of the inputs)."""
-        micro, width = self.micro, values.shape[1]
-        for rows in _row_blocks(values.shape[0], micro):
-            block = values[rows]
-            whole = (rows.stop - rows.start) // micro
-            first = rows.start // micro
-            deviation = np.empty_like(block)
-            if whole:
-                np.subtract(
-                    block[: whole * micro].reshape(whole, micro, width),
-                    cell_means[first : first + whole, None, :],
-                    out=deviation[: whole * micro].reshape(whole, micro, width),
-                )
-            if whole * micro < block.shape[0]:
-                np.subtract(block[whole * micro :], cell_means[first + whole], out=deviation[whole * micro :])
-            deviation *= deviation
-            if self.valid is not None:
-                deviation[~self.valid[rows]] = 0.0
-            cells = slice(first, first + whole + (whole * micro < block.shape[0]))
-            cell_means[cells] = _cell_sums(deviation, micro, whole)
-        return cell_means
-
-    def _views(self, cell_values: np.ndarray, timesteps: np.ndarray | None, samples: np.ndarray) -> Pooled:
-        """Cell values into the position view (and the timestep view when it is the position view relabelled)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            positions = (_column_sums(cell_values) / self._cells_per_position)[self.positions]
-            overall = _sequential_sum(cell_values.ravel()) / self._cells
-        if timesteps is None:
-            timesteps = np.zeros(0) if self._timesteps is None else positions[self._timesteps.order]
-        return Pooled(float(overall), positions, timesteps, samples)
-
-    def _sample_means(self, values: np.ndarray, *, normalise: bool = True) -> np.ndarray:
-        """Each sample's entries added in step order from 0.0, over its count (NaN without entries)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            means = row_sums(values) / self.sample_counts
-        return means + 0.0 if normalise else means  # a view of one cell: (0.0 + mean) / 1
 
 
 class _TimestepGroups:
@@ -393,6 +381,21 @@ def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndar
     return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
 
 
+def _minus_cells(block: np.ndarray, cells: np.ndarray, micro: int) -> np.ndarray:
+    """Each entry of a block of whole micro-batches (the last may be shorter) minus its cell's value."""
+    rows, width = block.shape
+    whole = rows // micro
+    out = np.empty_like(block)
+    if whole:
+        shape = (whole, micro, width)
+        np.subtract(
+            block[: whole * micro].reshape(shape), cells[:whole, None, :], out=out[: whole * micro].reshape(shape)
+        )
+    if whole * micro < rows:
+        np.subtract(block[whole * micro :], cells[whole], out=out[whole * micro :])
+    return out
+
+
 def _row_blocks(rows: int, unit: int) -> list[slice]:
     """Consecutive runs of whole `unit`s of rows (the last may be shorter), about `_ROW_BLOCK` rows each."""
     step = unit * max(1, _ROW_BLOCK // unit)
@@ -411,11 +414,11 @@ def row_sums(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sequential_sum(values: np.ndarray) -> float:
-    """``values`` added one at a time from 0.0 (in blocks, each carrying the running total)."""
-    total = 0.0
-    for start in range(0, values.size, _FLAT_BLOCK):
-        block = np.concatenate(([total], values[start : start + _FLAT_BLOCK]))
+def _sequential_sum(values: np.ndarray, start: float = 0.0) -> float:
+    """``values`` added one at a time to `start` (in blocks, each carrying the running total)."""
+    total = start
+    for first in range(0, values.size, _FLAT_BLOCK):
+        block = np.concatenate(([total], values[first : first + _FLAT_BLOCK]))
         total = float(np.add.accumulate(block)[-1])
     return total
 
