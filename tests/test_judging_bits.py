@@ -18,7 +18,6 @@ from rollout_consistency.gate.judging import views
 from rollout_consistency.gate.judging.metrics import compute_metrics
 from rollout_consistency.gate.judging.mismatch import STATISTICS, compute_mismatch, percentile
 
-
 #: The one figure that changed on purpose: `pearson_logp`'s sums of products were BLAS dot products, whose
 #: summation order depends on the CPU's kernel and OpenBLAS's thread count (and one thread wake-up per view cost
 #: ~30 ms on a loaded machine); they are NumPy pairwise sums now, the same on every machine, a few ULP away.

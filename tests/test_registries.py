@@ -339,3 +339,16 @@ def test_a_new_profile_is_accepted_by_gate_and_the_checker_settings():
         assert "kernel-strict" in table_profiles()
         assert decide(compute_metrics(rollout, trainer), resolve_tolerance("kernel-strict")).status == "FAIL"
     assert "kernel-strict" not in PROFILES
+
+
+# -- the docs read the registries -------------------------------------------------------------------------
+def test_the_docs_tables_are_the_registries():
+    from pathlib import Path
+
+    from rollout_consistency.gate.judging.metrics import metrics_table
+    from rollout_consistency.gate.judging.mismatch import statistics_table
+
+    checker = (Path(__file__).resolve().parents[1] / "docs" / "checker.md").read_text()
+    assert metrics_table() in checker and statistics_table() in checker
+    profiles = checker.split("## Tolerance profiles", 1)[1].split("\n\n", 3)[2]
+    assert [row.split("|")[1].strip(" `") for row in profiles.splitlines()[2:]] == list(PROFILES)

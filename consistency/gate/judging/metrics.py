@@ -1,8 +1,9 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Step-1 consistency metrics: rollout log-probs against the trainer's recomputation of them.
 
-The definitions are the ones GRPO trainers log (verl conventions; Flow-GRPO's approx_kl),
-with ``Δlogp = logp_trainer − logp_rollout``:
+Each metric is one `Metric` entry of the `METRICS` registry: its per-entry values, how cells pool them, how
+profiles limit it (its scale), how reports show it. The built-in definitions are the ones GRPO trainers log (verl
+conventions; Flow-GRPO's approx_kl), with ``Δlogp = logp_trainer − logp_rollout``:
 
 ==================== ==============================================================
 ``ratio_mean``       mean of ``ratio = exp(Δlogp)``
@@ -36,9 +37,13 @@ Views: ``overall`` (all cells); ``by_position`` (window position ``j``, cells ``
 samples share one window); ``by_sample`` (plain statistics over one sample's steps, ``ratio_std`` across
 those steps).
 
+Computation: one float64 working table, ``Δlogp``, for the whole batch; each metric's values are computed on it
+at once and pooled into every view by `rollout_consistency.gate.judging.views` (no Python loop over entries or
+cells), adding in the order the loop above adds — the figures are that loop's, bit for bit.
+
 Guarantees:
-    * Inputs must be float32 (or float64); they are widened to float64 before any arithmetic, so
-      ``Δlogp`` is exact and nothing is rounded to float32 again.
+    * Inputs must be float32 (or float64); their difference is taken in float64, so ``Δlogp`` is exact and
+      nothing is rounded to float32 again.
     * Non-finite log-probs are never averaged away: they are listed in ``nonfinite`` and they propagate
       (NaN or ±inf) into every figure they enter — a clip indicator of a NaN ratio is NaN, not 0.
     * Steps present on one side only are listed in ``missing`` and left out of the figures; a sample with
@@ -54,7 +59,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .registry import Registry
+from .registry import Registry, markdown_table
 from .views import POOLS, Entries, Layout, Pooled, as_table
 
 Side = Literal["rollout", "trainer"]
@@ -148,11 +153,6 @@ def _half_square(delta: np.ndarray) -> np.ndarray:
     return out
 
 
-def _clipped(entries: Entries) -> np.ndarray:
-    ratio = entries.ratio
-    return entries.indicator((ratio - 1.0 > entries.clip_ratio_high) | (1.0 - ratio > entries.clip_ratio_low))
-
-
 for _metric in (
     Metric(
         "ratio_mean",
@@ -175,7 +175,7 @@ for _metric in (
     Metric(
         "pg_clipfrac",
         "fraction with `ratio − 1 > ε_high` or `1 − ratio > ε_low`",
-        _clipped,
+        lambda e: e.indicator(e.clipped_higher | e.clipped_lower),
         scale="fraction",
         column="clipfrac",
         table_format=".4f",
@@ -184,7 +184,7 @@ for _metric in (
     Metric(
         "pg_clipfrac_higher",
         "fraction with `ratio − 1 > ε_high`",
-        lambda e: e.indicator(e.ratio - 1.0 > e.clip_ratio_high),
+        lambda e: e.indicator(e.clipped_higher),
         scale="fraction",
         column="clip_hi",
         table_format=".4f",
@@ -193,7 +193,7 @@ for _metric in (
     Metric(
         "pg_clipfrac_lower",
         "fraction with `1 − ratio > ε_low`",
-        lambda e: e.indicator(1.0 - e.ratio > e.clip_ratio_low),
+        lambda e: e.indicator(e.clipped_lower),
         scale="fraction",
         column="clip_lo",
         table_format=".4f",
@@ -209,6 +209,11 @@ for _metric in (
 
 #: The built-in metrics' names (`METRICS` lists every registered one).
 METRIC_NAMES: tuple[str, ...] = METRICS.names()
+
+
+def metrics_table() -> str:
+    """The docs' table of the registered metrics (docs/checker.md holds exactly this; a test checks it)."""
+    return markdown_table(("metric", "definition"), [(f"`{m.name}`", m.definition) for m in METRICS.values()])
 
 
 def get_metric(name: str) -> Metric:

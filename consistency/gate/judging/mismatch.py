@@ -2,42 +2,18 @@
 """Mismatch statistics beyond ``ratio_mean`` and ``ppo_kl``: the figures LLM trainers log for the
 rollout/trainer gap, overall and per timestep. Reported, not gated.
 
-With ``Δ = logp_trainer − logp_rollout`` and ``w = exp(Δ)`` (the importance weight π_trainer/π_rollout of a
-sample drawn by the rollout), every figure is pooled over the ``(sample, step)`` entries of its view — not a
-mean of per-micro-batch cells as the gated trainer figures are:
+Each statistic is one `Statistic` entry of the `STATISTICS` registry (name, definition, whose definition it
+follows, a function of a `StatisticView`); `statistics_table` renders them for docs/checker.md, which holds the
+definitions. With ``Δ = logp_trainer − logp_rollout`` and ``w = exp(Δ)`` (the importance weight
+π_trainer/π_rollout of a sample drawn by the rollout), every figure is pooled over the ``(sample, step)`` entries
+of its view — not a mean of per-micro-batch cells as the gated trainer figures are. The sample is the unit of
+the per-sample figures (the bias and its interval, verl's per-sequence ``chi2_seq`` and perplexity ratios): a
+sample's steps share its latents, and its window is its sequence.
 
-=========================  ===================================================================================
-``k3_kl``                  ``mean(w − 1 − Δ)``: Schulman's k3 estimator of KL(π_rollout ‖ π_trainer), ≥ 0 per
-                           entry (verl's ``low_var_kl`` form, without its clamp)
-``chi2``                   ``mean((w − 1)²)``: χ² divergence of the weights (verl rollout correction's
-                           variance proxy)
-``ess``                    ``mean(w)² / mean(w²)`` = ``1 / mean(w̃²)`` with ``w̃ = w / mean(w)``: the
-                           self-normalised effective sample size as a fraction of the entries, in (0, 1]; 1 =
-                           perfect agreement (verl's ``rollout_is_eff_sample_size``, scale-invariant)
-``p99_abs_dlogp``          99th percentile of ``|Δ|`` (linear interpolation, NumPy's default)
-``max_abs_dlogp``          max of ``|Δ|``
-``pearson_logp``           Pearson correlation of the two log-prob tables over the entries (NaN when either
-                           side is constant: a correlation is undefined then). verl's
-                           ``rollout_actor_probs_pearson_corr`` correlates token *probabilities*; a diffusion
-                           log-prob is a per-dimension mean of a Gaussian log-density, so the log-probs are
-                           correlated here
-``bias``                   signed mean of ``Δ``, with the sample as the unit: the mean over samples of each
-                           sample's mean ``Δ`` (= ``−ppo_kl`` when every sample has every step and one cell)
-``bias_ci_low/high``       its 95 % confidence interval, ``bias ± 1.96·s/√n`` over the ``n`` per-sample means
-                           (normal approximation; steps of one sample share its latents, so the sample, not the
-                           entry, is the independent unit). NaN with fewer than 2 samples
-=========================  ===================================================================================
-
-When advantages ``A`` (one per sample) are given, the advantage-dependent clip fractions of LLM verl's
-``compute_policy_loss`` are added (the diffusion trainers — verl-omni's diffusion actor and Flow-GRPO —
-count clipping without advantages; those are the gated ``pg_clipfrac*`` figures):
-
-=========================  ===================================================================================
-``pg_clipfrac_adv``        verl ``actor/pg_clipfrac``: fraction where the clipped objective is active,
-                           ``(A > 0 and w > 1 + ε_high) or (A < 0 and w < 1 − ε_low)``
-``pg_clipfrac_dual``       verl ``actor/pg_clipfrac_lower``: dual-clip fraction, ``A < 0 and max(w, clip(w)) >
-                           clip_ratio_c`` (default ``clip_ratio_c`` 3)
-=========================  ===================================================================================
+Every statistic reduces along the last axis, so the overall view (one row of all entries) and, when each
+timestep is one whole window position, all per-timestep views (one row per timestep) are computed at once;
+other views are picked entry by entry. Sums are NumPy's pairwise sums over the view's entries in (sample, step)
+order, the order the report's figures have always had.
 
 Non-finite log-probs propagate: a NaN entry makes every figure of its view NaN (the verdict's ``finite``
 guard names it).
@@ -52,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .registry import Registry
+from .registry import Registry, markdown_table
 from .views import row_sums
 
 #: Two-sided 95 % normal quantile.
@@ -365,6 +341,13 @@ for _statistic in (
 ):
     STATISTICS.register(_statistic)
 
+
+def statistics_table() -> str:
+    """The docs' table of the registered statistics (docs/checker.md holds exactly this; a test checks it)."""
+    rows = [(f"`{s.name}`", s.definition, s.follows) for s in STATISTICS.values()]
+    return markdown_table(("name", "definition", "follows"), rows)
+
+
 #: The built-in statistics computed without advantages, and the two that need them (`STATISTICS` lists all).
 MISMATCH_NAMES: tuple[str, ...] = tuple(s.name for s in STATISTICS.values() if not s.needs_advantages)
 ADVANTAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STATISTICS.values() if s.needs_advantages)
@@ -607,8 +590,8 @@ def _column_views(
 
     def per_sample() -> tuple[np.ndarray, None]:
         # One entry per sample in a column: its sum from 0.0 is the entry itself, but for -0.0 (which becomes 0.0).
-        negative_zero = (delta == 0) & np.signbit(delta)
-        return (delta + 0.0 if negative_zero.any() else delta), None
+        zeros = delta[delta == 0]
+        return (delta + 0.0 if np.signbit(zeros).any() else delta), None
 
     def sides() -> tuple[np.ndarray, np.ndarray]:
         if order == positions:

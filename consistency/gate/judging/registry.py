@@ -17,7 +17,7 @@ import difflib
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Registry", "closest_name"]
+__all__ = ["Registry", "closest_name", "markdown_table"]
 
 
 class _Named(Protocol):
@@ -33,6 +33,13 @@ def closest_name(name: str, candidates: tuple[str, ...] | list[str]) -> str:
     lowered = {c.lower(): c for c in candidates}
     match = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.5)
     return f" Did you mean {lowered[match[0]]!r}?" if match else ""
+
+
+def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A Markdown table (the docs' tables of registered entries); a bar inside a cell is escaped, even in backticks."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 class Registry(Generic[EntryT]):

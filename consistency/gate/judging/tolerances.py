@@ -4,6 +4,13 @@
 A limit bounds the metric's *deviation* from agreement: ``|ratio_mean − 1|``, ``|ppo_kl|`` and the value
 itself for the others (all non-negative). A metric without a limit is reported but not gated.
 
+Each profile is a `Profile` in the `PROFILES` registry: its name (the settings', flags' and reports' string), what
+it promises, its limit for a metric — from the metric's `scale` (a bias, a spread, its rms form, one entry's
+maximum, a fraction) — and the behaviour the rest of the gate asks it about instead of comparing names:
+``pooled`` (gate the pooled figures only), ``needs_floor`` (the checker measures a floor in the same run; a pair
+of tables cannot have one), ``bit_exact`` (say first when the configuration cannot have it), ``unmeasured``
+(the profile to use where no floor can be measured: the step-2 check).
+
 Profiles (the reasoning is in docs/checker.md):
 
 ``exact``

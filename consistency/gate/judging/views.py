@@ -52,7 +52,7 @@ class Entries:
         self.clip_ratio_low = clip_ratio_low
         self.clip_ratio_high = clip_ratio_high
         self._ratio: np.ndarray | None = None
-        self._ratio_undefined: np.ndarray | None = None
+        self._derived: dict[str, np.ndarray] = {}  # boolean tables of the ratio, kept with it
         self._read = False
 
     @property
@@ -67,16 +67,31 @@ class Entries:
     def settle(self) -> None:
         """After a metric: a ratio that metric did not read is dropped (one table less while the next runs)."""
         if not self._read:
-            self._ratio = self._ratio_undefined = None
+            self._ratio = None
+            self._derived.clear()
         self._read = False
+
+    def _flag(self, name: str, make: Any) -> np.ndarray:
+        ratio = self.ratio
+        if name not in self._derived:
+            self._derived[name] = make(ratio)
+        return self._derived[name]
+
+    @property
+    def clipped_higher(self) -> np.ndarray:
+        """``ratio − 1 > ε_high`` (bool): clipped on the higher side (False where the ratio is NaN)."""
+        return self._flag("higher", lambda ratio: ratio - 1.0 > self.clip_ratio_high)
+
+    @property
+    def clipped_lower(self) -> np.ndarray:
+        """``1 − ratio > ε_low`` (bool): clipped on the lower side (False where the ratio is NaN)."""
+        return self._flag("lower", lambda ratio: 1.0 - ratio > self.clip_ratio_low)
 
     def indicator(self, condition: np.ndarray) -> np.ndarray:
         """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
-        if self._ratio_undefined is None:
-            self._ratio_undefined = np.isnan(self.ratio)
-        self._read = True
+        undefined = self._flag("undefined", np.isnan)
         out = condition.astype(np.float64)
-        out[self._ratio_undefined] = np.nan
+        out[undefined] = np.nan
         return out
 
 
