@@ -22,14 +22,14 @@ guard names it).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .registry import Registry, markdown_table
-from .views import row_sums
+from .views import key_table, row_sums
 
 #: Two-sided 95 % normal quantile.
 _Z95 = 1.959963984540054
@@ -501,7 +501,7 @@ def compute_mismatch(
         order, labels, view = columns
         rows = _values(statistics, optional, view, rows=len(order))
         steps = [StepMismatch(pos, ts, rows[i]) for i, pos, ts in zip(order, *labels, strict=True)]
-    elif overall.count:
+    elif overall.count:  # one view at a time
         steps = [
             StepMismatch(pos, ts, _values(statistics, optional, view))
             for pos, ts, view in _picked_views(rollout, trainer, mask, timesteps, adv, clips, width)
@@ -619,37 +619,37 @@ def _picked_views(
     adv: np.ndarray | None,
     clips: tuple[float, float, float],
     width: int,
-) -> list[tuple[int | None, float | None, StatisticView]]:
-    """Each view's entries picked out of the tables (views that are not whole columns)."""
-    use = np.ones(rollout.shape, dtype=bool) if mask is None else mask
-    position = np.broadcast_to(np.arange(width)[None, :], rollout.shape)
-    views: list[tuple[int | None, float | None, np.ndarray]] = []
+) -> Iterator[tuple[int | None, float | None, StatisticView]]:
+    """Each view's entries picked out of the tables, in (sample, step) order, one view at a time (views that are
+    not whole columns: windows drawn per prompt group, or entries left out)."""
+    flat_rollout, flat_trainer = rollout.reshape(-1), trainer.reshape(-1)
+    groups: list[tuple[int | None, float | None, np.ndarray]] = []  # (position, timestep, flat entry indices)
     if timesteps is not None:
-        steps = np.asarray(timesteps, dtype=np.float64)
-        for key in sorted(np.unique(steps[use]), reverse=True):  # denoising order: large t first
-            pick = use & (steps == key)
-            at = np.unique(position[pick])
-            views.append((int(at[0]) if at.size == 1 else None, float(key), pick))
+        keys, key_of = key_table(np.asarray(timesteps), mask)
+        flat_keys = key_of.reshape(-1)
+        by_key = np.argsort(flat_keys, kind="stable")  # grouped by key, (sample, step) order inside a group
+        bounds = np.searchsorted(flat_keys[by_key], np.arange(keys.size + 1))
+        for key in range(keys.size - 1, -1, -1):  # denoising order: large t first
+            entries = by_key[bounds[key] : bounds[key + 1]]
+            at = np.unique(entries % width)
+            groups.append((int(at[0]) if at.size == 1 else None, float(keys[key]), entries))
     else:
+        use = np.ones(rollout.shape, dtype=bool) if mask is None else mask
         for pos in np.flatnonzero(use.any(axis=0)):
-            pick = np.zeros(rollout.shape, dtype=bool)
-            pick[:, pos] = use[:, pos]
-            views.append((int(pos), None, pick))
-    out = []
-    for pos, key, pick in views:
+            groups.append((int(pos), None, np.flatnonzero(use[:, pos]) * width + pos))
+    for pos, key, entries in groups:
         with np.errstate(invalid="ignore"):
-            delta = np.subtract(trainer[pick], rollout[pick], dtype=np.float64)
-        sample = np.nonzero(pick)[0]
+            delta = np.subtract(flat_trainer[entries], flat_rollout[entries], dtype=np.float64)
+        sample = entries // width
         group = np.cumsum(np.r_[True, sample[1:] != sample[:-1]]) - 1  # entries come in sample order
         view = StatisticView(
             delta,
-            sides=lambda pick=pick: (rollout[pick], trainer[pick]),
+            sides=lambda entries=entries: (flat_rollout[entries], flat_trainer[entries]),
             per_sample=lambda group=group, delta=delta: (np.bincount(group, weights=delta), np.bincount(group)),
             advantages=None if adv is None else lambda sample=sample: adv[sample],
             clips=clips,
         )
-        out.append((pos, key, view))
-    return out
+        yield pos, key, view
 
 
 # ----------------------------------------------------------------------------------------------------

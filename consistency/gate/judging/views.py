@@ -261,14 +261,15 @@ class _TimestepGroups:
     """The ``by_timestep`` view: cells (micro-batch, exact timestep value), values large t first.
 
     When every window position holds one timestep value and no two positions share one (all samples share the
-    window), the view is ``by_position`` relabelled, entry for entry; otherwise its cells are summed with
-    ``np.bincount`` (which adds in entry order, as the reference does).
+    window), the view is ``by_position`` relabelled, entry for entry. Otherwise (windows drawn per prompt group)
+    each block of whole micro-batches sums its cells with ``np.bincount`` — which adds in entry order, as the
+    reference does — and the running sums over cells are carried from block to block, in micro-batch order.
     """
 
     def __init__(self, timesteps: np.ndarray, layout: Layout) -> None:
         self.layout = layout
         valid = layout.valid
-        batch, width = layout.shape
+        width = layout.shape[1]
         columns = layout.positions
         self.column_value: np.ndarray | None = None
         if len(columns):
@@ -280,38 +281,27 @@ class _TimestepGroups:
             if uniform and np.unique(values).size == values.size:
                 self.column_value = values
         if self.column_value is not None:
-            order = np.argsort(-self.column_value, kind="stable")
-            self.order = order
-            self.values = self.column_value[order]
-            self.counts = layout.column_counts[columns][order]
+            self.order = np.argsort(-self.column_value, kind="stable")
+            self.values = self.column_value[self.order]
+            self.counts = layout.column_counts[columns][self.order]
             return
-        picked = timesteps.astype(np.float64) if valid is None else timesteps[valid].astype(np.float64)
-        keys, inverse = np.unique(picked.ravel(), return_inverse=True)
-        key_of = np.full(layout.shape, keys.size, dtype=np.int64)  # not compared: one past the last key
-        if valid is None:
-            key_of[...] = inverse.reshape(layout.shape)
-        else:
-            key_of[valid] = inverse.reshape(-1)
-        micro_of_row = np.arange(batch, dtype=np.int64) // layout.micro
-        self.keys = keys
-        self.key_of = key_of
-        self.cell_of = np.where(
-            key_of < keys.size, micro_of_row[:, None] * keys.size + key_of, layout.cells_rows * keys.size
-        )
-        self.cell_counts = np.bincount(self.cell_of.ravel(), minlength=layout.cells_rows * keys.size + 1)[:-1].reshape(
-            layout.cells_rows, keys.size
-        )
-        self.order = np.argsort(-keys, kind="stable")
-        self.values = keys[self.order]
-        self.counts = self.cell_counts.sum(axis=0)[self.order]
+        self.keys, self.key_of = key_table(timesteps, valid)  # not compared: key_of == len(keys)
+        size = self.keys.size
+        present = np.bincount(
+            (self.key_of.astype(np.int64) * width + np.arange(width)).ravel(), minlength=(size + 1) * width
+        ).reshape(size + 1, width)[:size]
+        self._present = present > 0  # (key, position): does an entry with that key sit there
+        self.order = np.argsort(-self.keys, kind="stable")
+        self.values = self.keys[self.order]
+        self.counts = present.sum(axis=1)[self.order]
 
     def position_labels(self, positions: np.ndarray) -> list[float | None]:
         if self.column_value is not None:
             return [float(v) for v in self.column_value]
         labels: list[float | None] = []
         for position in positions:
-            seen = np.unique(self.keys[self.key_of[:, position][self.key_of[:, position] < self.keys.size]])
-            labels.append(float(seen[0]) if seen.size == 1 else None)
+            seen = np.flatnonzero(self._present[:, position])
+            labels.append(float(self.keys[seen[0]]) if seen.size == 1 else None)
         return labels
 
     def value_positions(self) -> list[int | None]:
@@ -319,40 +309,66 @@ class _TimestepGroups:
             return [int(p) for p in self.layout.positions[self.order]]
         labels: list[int | None] = []
         for key in self.order:
-            where = np.flatnonzero((self.key_of == key).any(axis=0))
+            where = np.flatnonzero(self._present[key])
             labels.append(int(where[0]) if where.size == 1 else None)
         return labels
 
-    def _cell_means(self, values: np.ndarray) -> np.ndarray:
-        size = self.cell_counts.size
-        sums = np.bincount(self.cell_of.ravel(), weights=values.ravel(), minlength=size + 1)[:size]
+    def _pooled(self, values: np.ndarray, *, spread: bool) -> np.ndarray:
+        layout, size = self.layout, self.keys.size
+        totals = np.zeros(size)  # each key's cell values so far, added in micro-batch order from 0.0
+        cells = np.zeros(size, dtype=np.int64)
+        for rows in _row_blocks(layout.shape[0], layout.micro):
+            micro = (np.arange(rows.start, rows.stop) - rows.start) // layout.micro
+            keys = self.key_of[rows].astype(np.intp)
+            ids = np.where(keys < size, micro[:, None] * size + keys, micro[-1] * size + size).ravel()
+            block = values[rows].ravel()
+            counts = np.bincount(ids, minlength=(micro[-1] + 1) * size + 1)
+            means = _bincount_means(ids, block, counts)
+            if spread:
+                deviation = block - means[ids]
+                deviation *= deviation
+                means = np.sqrt(_bincount_means(ids, deviation, counts))
+            shaped = means[:-1].reshape(-1, size)
+            totals = _column_sums(np.concatenate([totals[None, :], shaped]))
+            cells += (counts[:-1].reshape(-1, size) > 0).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            means = sums.reshape(self.cell_counts.shape) / self.cell_counts
-        means[self.cell_counts == 0] = 0.0
-        return means
-
-    def _over_cells(self, cell_values: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (_column_sums(cell_values) / (self.cell_counts > 0).sum(axis=0))[self.order]
+            return (totals / cells)[self.order]
 
     def pool_mean(self, values: np.ndarray) -> np.ndarray | None:
-        if self.column_value is not None:
-            return None  # relabelled positions: filled in by `views`
-        return self._over_cells(self._cell_means(values))
+        return None if self.column_value is not None else self._pooled(values, spread=False)
 
     def pool_std(self, values: np.ndarray) -> np.ndarray | None:
-        if self.column_value is not None:
-            return None
-        means = self._cell_means(values)
-        padded = np.append(means.ravel(), 0.0)
-        deviation = values - padded[self.cell_of]
-        deviation *= deviation
-        return self._over_cells(np.sqrt(self._cell_means(deviation)))
+        return None if self.column_value is not None else self._pooled(values, spread=True)
 
     def pool_max(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray:
         if self.column_value is not None:
             return columns[self.layout.positions][self.order]
-        return np.array([np.max(values, where=self.key_of == key, initial=-np.inf) for key in self.order])
+        maxima = np.full(self.keys.size + 1, -np.inf)
+        np.maximum.at(maxima, self.key_of.ravel().astype(np.intp), values.ravel())  # a max: any order
+        return maxima[:-1][self.order]
+
+
+def _bincount_means(ids: np.ndarray, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per id: its values added in entry order from 0.0, over its count (0.0 for an id without entries; the last
+    id collects the entries not compared)."""
+    sums = np.bincount(ids, weights=values, minlength=counts.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sums /= counts
+    sums[counts == 0] = 0.0
+    sums[-1] = 0.0
+    return sums
+
+
+def key_table(values: np.ndarray, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values among the compared entries (sorted), and each entry's index into them (the number of
+    values where an entry is not compared), in the smallest integer type that holds it."""
+    keys = np.unique(values if valid is None else values[valid])  # NaN, if any, is one key, the last
+    index = np.empty(values.shape, dtype=np.int16 if keys.size < np.iinfo(np.int16).max else np.int64)
+    for rows in _row_blocks(values.shape[0], 1):
+        index[rows] = np.searchsorted(keys, values[rows])  # exact: every compared value is a key
+    if valid is not None:
+        index[~valid] = keys.size
+    return keys.astype(np.float64), index
 
 
 # ----------------------------------------------------------------------------------------------------
