@@ -114,6 +114,9 @@ def field_definitions(rollout: np.ndarray, trainer: np.ndarray, clip: float, mic
             "rollout_corr/logprob_abs_diff_mean": float(log_ratio.abs().mean()),
             "rollout_corr/logprob_abs_diff_max": float(log_ratio.abs().max()),
             "rollout_corr/log_ppl_diff": float((old.mean(dim=-1) - new.mean(dim=-1)).mean()),
+            "rollout_corr/log_ppl_abs_diff": float((old.mean(dim=-1) - new.mean(dim=-1)).abs().mean()),
+            "rollout_corr/ppl_ratio": float(torch.exp(old.mean(dim=-1) - new.mean(dim=-1)).mean()),
+            "rollout_corr/chi2_seq": float(torch.exp(2.0 * torch.clamp(log_ratio.sum(dim=-1), -20.0, 20.0)).mean() - 1),
         }
     )
     return figures
@@ -136,7 +139,7 @@ def test_every_figure_has_a_name_and_a_field_name_gives_the_fields_number(failin
     for name, value in fields.items():
         assert name in reference, f"{name} carries a field's name: add the field's formula here"
         assert value == pytest.approx(reference[name], rel=1e-6, abs=1e-12), name
-    assert len(fields) == 8  # six actor figures, two rollout-correction figures
+    assert len(fields) == 14  # six actor figures, eight rollout-correction figures
     # Why ours keep our own names: on these tables the field's figure of the same name differs.
     ours = tracker_scalars(failing, prefix="")
     assert ours["consistency/ratio_std"] != pytest.approx(reference["actor/ratio_std"], rel=1e-3)

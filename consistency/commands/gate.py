@@ -11,6 +11,8 @@ import argparse
 import os
 from typing import Any
 
+from rollout_consistency.gate.judging.tolerances import table_profiles
+
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
 
@@ -38,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("dump", metavar="DUMP", help="the .safetensors log-prob dump")
     parser.add_argument(
         "--profile",
-        choices=("exact", "implementation", "kernel"),
+        choices=table_profiles(),
         default="exact",
         help="tolerance profile (default: exact)",
     )

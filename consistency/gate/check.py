@@ -38,7 +38,7 @@ from .judging.experts import compare_experts
 from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .judging.mismatch import MismatchStats, compute_mismatch
 from .judging.report import Report, SampleInfo
-from .judging.tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
+from .judging.tolerances import Profile, Tolerance, ToleranceError, exact_tolerance, get_profile, resolve_tolerance
 from .judging.verdict import Problem, decide, window_problems
 from .sides.backends import build_backend, run_batch
 from .sides.distributed import DistributedError, run_sharded
@@ -245,7 +245,7 @@ def _judge(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> tuple[ConsistencyMetrics | None, Tolerance, MismatchStats | None]:
     """Metrics over every returned sample (global order), the resolved tolerance, and the mismatch statistics."""
-    profile = config.resolved_profile
+    profile = get_profile(config.resolved_profile)
     settings = dict(
         clip_ratio=config.clip_ratio,
         clip_ratio_low=config.clip_ratio_low,
@@ -273,7 +273,7 @@ def _judge(
         return None, _fallback_tolerance(config, profile), None
 
     floor, floor_parts = None, {}
-    if profile == "calibrated":
+    if profile.needs_floor:
         floor_tables = [r.floor_log_probs for r in results]
         if any(t is None for t in floor_tables):
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
@@ -287,7 +287,7 @@ def _judge(
                 problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
     try:
         tolerance = resolve_tolerance(
-            profile,
+            profile.name,
             config.thresholds,
             floor=floor,
             multiple=config.calibration_multiple,
@@ -302,18 +302,18 @@ def _judge(
             f"calibrated floor, {source} (trainer '{config.trainer_attention}' vs itself with the {source} changed): "
             f"mean |dlogp| {part.mean_abs_dlogp:.3g}, max {part.max_abs_dlogp:.3g}, ppo_kl {part.ppo_kl:.3g}"
         )
-    if profile == "exact":
+    if profile.bit_exact:
         tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
         if advice:
             problems.append(Problem("exact", advice))
     return metrics, tolerance, mismatch
 
 
-def _fallback_tolerance(config: CheckConfig, profile: str) -> Tolerance:
+def _fallback_tolerance(config: CheckConfig, profile: Profile) -> Tolerance:
     """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
-    if profile == "calibrated":
-        return Tolerance("calibrated", exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
-    return resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
+    if profile.needs_floor:
+        return Tolerance(profile.name, exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
+    return resolve_tolerance(profile.name, config.thresholds, compute_dtype=config.compute_dtype)
 
 
 def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:

@@ -2,9 +2,12 @@
 """Judging: from two log-prob tables to PASS or FAIL, and the report that says why. Nothing here runs a side or
 reads the check's settings (tests/test_layout.py keeps it so); numpy only.
 
-    metrics          the figures GRPO trainers log: ratio mean/std, ppo_kl, clip fractions, approx_kl, |Δlogp|
-    mismatch         the mismatch statistics LLM trainers log (reported, never gated)
-    tolerances       the profiles: exact, implementation, kernel, calibrated
+    registry         `Registry`: entries by name, the one mechanism behind every extension point below
+    views            the float64 working table and its views (cells, positions, timesteps, samples), vectorised
+    metrics          the figures GRPO trainers log (`METRICS`: ratio mean/std, ppo_kl, clip fractions, approx_kl,
+                     |Δlogp|): one `Metric` entry each
+    mismatch         the mismatch statistics LLM trainers log (`STATISTICS`, reported, never gated)
+    tolerances       the profiles (`PROFILES`: exact, implementation, kernel, calibrated) and their limits
     tolerance_model  which differences a configuration legitimately has, and how the calibrated floor combines
     verdict          the checks: the gated metrics and the guards on the comparison itself (windows included)
     causes           a likely cause as a report carries it (`Diagnosis`; the doctor finds them)
@@ -16,27 +19,44 @@ from __future__ import annotations
 
 from .causes import Diagnosis
 from .loggers import LOGGED_NAMES, LoggerError, tracker_rows, tracker_scalars
-from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricsInputError, MetricValues, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
+from .metrics import (
+    METRIC_NAMES,
+    METRICS,
+    ConsistencyMetrics,
+    Metric,
+    MetricsInputError,
+    MetricValues,
+    compute_metrics,
+    get_metric,
+)
+from .mismatch import STATISTICS, MismatchStats, Statistic, compute_mismatch
+from .registry import Registry
 from .report import Report, SampleInfo
 from .tolerance_model import difference_sources
-from .tolerances import PROFILES, Tolerance, ToleranceError, resolve_tolerance
+from .tolerances import PROFILES, LimitContext, Profile, Tolerance, ToleranceError, get_profile, resolve_tolerance
 from .verdict import CheckResult, Problem, Verdict, decide
 
 __all__ = [
     "LOGGED_NAMES",
+    "METRICS",
     "METRIC_NAMES",
     "PROFILES",
+    "STATISTICS",
     "CheckResult",
     "ConsistencyMetrics",
     "Diagnosis",
+    "LimitContext",
     "LoggerError",
+    "Metric",
     "MetricValues",
     "MetricsInputError",
     "MismatchStats",
     "Problem",
+    "Profile",
+    "Registry",
     "Report",
     "SampleInfo",
+    "Statistic",
     "Tolerance",
     "ToleranceError",
     "Verdict",
@@ -44,6 +64,8 @@ __all__ = [
     "compute_mismatch",
     "decide",
     "difference_sources",
+    "get_metric",
+    "get_profile",
     "resolve_tolerance",
     "tracker_rows",
     "tracker_scalars",

@@ -78,6 +78,13 @@ LOGGED_NAMES: Mapping[str, tuple[str, str]] = {
     "metrics.mean_abs_dlogp": ("consistency/mean_abs_dlogp", _OURS + " (per-cell means, averaged)"),
     "metrics.max_abs_dlogp": ("consistency/max_abs_dlogp", _OURS + " (gated)"),
     "mismatch.k3_kl": ("rollout_corr/k3_kl", "verl's rollout correction"),
+    # verl's own figures (judging.mismatch computes them with verl's formulas): logged under verl's names.
+    "mismatch.kl": ("rollout_corr/kl", "verl's rollout correction"),
+    "mismatch.chi2_token": ("rollout_corr/chi2_token", "verl's rollout correction"),
+    "mismatch.chi2_seq": ("rollout_corr/chi2_seq", "verl's rollout correction"),
+    "mismatch.ppl_ratio": ("rollout_corr/ppl_ratio", "verl's rollout correction"),
+    "mismatch.log_ppl_diff": ("rollout_corr/log_ppl_diff", "verl's rollout correction"),
+    "mismatch.log_ppl_abs_diff": ("rollout_corr/log_ppl_abs_diff", "verl's rollout correction"),
     # verl's chi2_token is mean(w²) − 1; ours is mean((w − 1)²).
     "mismatch.chi2": ("consistency/chi2", _OURS + " (verl's chi2_token is mean(w²) − 1)"),
     # verl's rollout_is_eff_sample_size truncates the weights at rollout_is_threshold first.

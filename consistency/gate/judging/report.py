@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .causes import Diagnosis, format_diagnosis
-from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
-from .mismatch import ADVANTAGE_NAMES, MISMATCH_NAMES, MismatchStats
+from .metrics import METRICS, ConsistencyMetrics, StepMetrics
+from .mismatch import STATISTICS, MismatchStats
 from .tolerances import Tolerance
 from .verdict import Verdict
 
@@ -212,39 +212,14 @@ def _write_text(path: str | os.PathLike[str], text: str) -> None:
 
 # ----------------------------------------------------------------------------------------------------
 # Terminal table
-_SHORT = {
-    "ratio_mean": "ratio_mean",
-    "ratio_std": "ratio_std",
-    "ppo_kl": "ppo_kl",
-    "pg_clipfrac": "clipfrac",
-    "pg_clipfrac_higher": "clip_hi",
-    "pg_clipfrac_lower": "clip_lo",
-    "approx_kl": "approx_kl",
-    "mean_abs_dlogp": "mean|dlogp|",
-    "max_abs_dlogp": "max|dlogp|",
-}
-
-
 def _fmt(value: float | None, metric: str | None = None) -> str:
+    if metric is not None and metric in METRICS:
+        return METRICS[metric].format(value)
     if value is None:
         return "-"
     if math.isnan(value):
         return "nan"
-    if metric == "ratio_mean" and math.isfinite(value):
-        return f"{value:.9f}"
-    if metric in ("pg_clipfrac", "pg_clipfrac_higher", "pg_clipfrac_lower") and math.isfinite(value):
-        return f"{value:.4f}"
     return f"{value:.3e}" if value != 0 else "0"
-
-
-def _limit_text(metric: str, limit: float | None) -> str:
-    if limit is None:
-        return "(not gated)"
-    if metric == "ratio_mean":
-        return f"|x-1| <= {limit:.3g}"
-    if metric == "ppo_kl":
-        return f"|x| <= {limit:.3g}"
-    return f"<= {limit:.3g}"
 
 
 def format_table(report: Report, *, per_sample: bool = False) -> str:
@@ -274,12 +249,12 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
         lines += ["", *format_diagnosis(report.diagnosis)]
     lines.append("")
     lines.append(f"  {'metric':<20} {'value':>16}  {'limit':<22} status")
-    for metric in METRIC_NAMES:
-        value = None if m is None else m.overall.get(metric)
-        limit = report.tolerance.limit(metric)
-        check = next((c for c in report.verdict.checks if c.kind == "metric" and c.name == metric), None)
+    for metric in METRICS.values():
+        value = None if m is None else m.overall.get(metric.name)
+        limit = report.tolerance.limit(metric.name)
+        check = next((c for c in report.verdict.checks if c.kind == "metric" and c.name == metric.name), None)
         status = "-" if check is None else ("ok" if check.passed else "FAIL")
-        lines.append(f"  {metric:<20} {_fmt(value, metric):>16}  {_limit_text(metric, limit):<22} {status}")
+        lines.append(f"  {metric.name:<20} {metric.format(value):>16}  {metric.limit_text(limit):<22} {status}")
     guards = [c for c in report.verdict.checks if c.kind == "guard"]
     lines.append("  guards: " + "  ".join(f"{c.name} {'ok' if c.passed else 'FAIL'}" for c in guards))
 
@@ -287,7 +262,7 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
         lines.append("")
         steps = m.by_timestep if m.by_timestep else m.by_position
         lines.append("  per timestep" if m.by_timestep else "  per window position")
-        header = f"  {'step':>4} {'t':>9} {'n':>4}" + "".join(f" {_SHORT[k]:>12}" for k in METRIC_NAMES)
+        header = f"  {'step':>4} {'t':>9} {'n':>4}" + "".join(f" {k.column:>12}" for k in METRICS.values())
         lines.append(header)
         for s in steps:
             lines.append(_step_row(s))
@@ -295,7 +270,7 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
         lines.append("")
         lines.append("  per sample")
         lines.append(
-            f"  {'idx':>4} {'group':>5} {'seed':>8} {'n':>4}" + "".join(f" {_SHORT[k]:>12}" for k in METRIC_NAMES)
+            f"  {'idx':>4} {'group':>5} {'seed':>8} {'n':>4}" + "".join(f" {k.column:>12}" for k in METRICS.values())
         )
         info = {s.index: s for s in report.samples}
         for s in m.by_sample:
@@ -304,7 +279,7 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
             seed = "-" if extra is None else str(extra.seed)
             lines.append(
                 f"  {s.index:>4} {group:>5} {seed:>8} {s.values.count:>4}"
-                + "".join(f" {_fmt(s.values.get(k), k):>12}" for k in METRIC_NAMES)
+                + "".join(f" {k.format(s.values.get(k.name)):>12}" for k in METRICS.values())
             )
     if report.mismatch is not None:
         lines.extend(_mismatch_lines(report.mismatch))
@@ -318,24 +293,12 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     return "\n".join(lines)
 
 
-_MISMATCH_SHORT = {
-    "k3_kl": "k3_kl",
-    "chi2": "chi2",
-    "ess": "ess",
-    "p99_abs_dlogp": "p99|dlogp|",
-    "max_abs_dlogp": "max|dlogp|",
-    "pearson_logp": "pearson",
-    "bias": "bias",
-    "pg_clipfrac_adv": "clip_adv",
-    "pg_clipfrac_dual": "clip_dual",
-}
-
-
 def _mismatch_lines(stats: MismatchStats) -> list[str]:
-    names = [n for n in stats.overall.names() if n not in ("bias_ci_low", "bias_ci_high")]
     o = stats.overall
+    shown = [s for s in STATISTICS.values() if s.column is not None and o.get(s.name) is not None]
+    names = [s.name for s in shown]
     lines = ["", "  mismatch statistics (pooled over entries; reported, not gated; docs/checker.md)"]
-    lines.append(f"  {'':>14}" + "".join(f" {_MISMATCH_SHORT[k]:>11}" for k in names) + "  bias 95% CI")
+    lines.append(f"  {'':>14}" + "".join(f" {s.column:>11}" for s in shown) + "  bias 95% CI")
     lines.append(_mismatch_row("overall", o, names))
     for s in stats.by_timestep:
         label = f"t={s.timestep:.4g}" if s.timestep is not None else f"step {s.position}"
@@ -364,7 +327,9 @@ def _statistic(value: float | None) -> str:
 def _step_row(s: StepMetrics) -> str:
     pos = "-" if s.position is None else str(s.position)
     ts = "-" if s.timestep is None else f"{s.timestep:.4g}"
-    return f"  {pos:>4} {ts:>9} {s.values.count:>4}" + "".join(f" {_fmt(s.values.get(k), k):>12}" for k in METRIC_NAMES)
+    return f"  {pos:>4} {ts:>9} {s.values.count:>4}" + "".join(
+        f" {k.format(s.values.get(k.name)):>12}" for k in METRICS.values()
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -418,9 +383,8 @@ def junit_xml(report: Report) -> str:
             for s in report.mismatch.by_timestep
         ]
         for view, values in views:
-            for name in MISMATCH_NAMES + ADVANTAGE_NAMES:
-                value = getattr(values, name)
-                if value is not None:
+            for name, value in values.to_dict().items():
+                if name != "count" and value is not None:
                     ET.SubElement(properties, "property", name=f"mismatch.{view}.{name}", value=repr(float(value)))
     classname = f"rollout_consistency.step1.{report.tolerance.profile}"
     for check in checks:
@@ -526,7 +490,8 @@ def _signed_dlogp_panel(ax: Any, report: Report, steps: list[StepMetrics], xs: l
     for metric, color in (("ppo_kl", "tab:purple"), ("max_abs_dlogp", "tab:red")):
         limit = report.tolerance.limit(metric)
         if limit:
-            ax.axhline(limit, color=color, linestyle="--", linewidth=0.8, label=f"{_SHORT[metric]} limit ±{limit:.2g}")
+            label = f"{METRICS[metric].column} limit ±{limit:.2g}"
+            ax.axhline(limit, color=color, linestyle="--", linewidth=0.8, label=label)
             ax.axhline(-limit, color=color, linestyle="--", linewidth=0.8)
     ax.axhline(0.0, color="black", linewidth=0.8)
     values = [abs(v) for v in mean + spread + worst if math.isfinite(v) and v != 0]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import METRIC_NAMES, MetricsInputError, MetricValues, compute_metrics
+from .metrics import METRICS, MetricsInputError, MetricValues, compute_metrics
 
 #: |Δlogp| at or below this is "rounding-sized" (≈100 float32 ULP of a log-prob near 1).
 ROUNDING_SIZED = 1e-5
@@ -168,21 +168,20 @@ def floor_variants(config: Any, default_kernel: str | None) -> dict[str, dict[st
 
 def combine_floors(parts: Sequence[MetricValues]) -> MetricValues:
     """One floor from per-source floors: mean-type figures add (triangle inequality), the rms adds
-    (``approx_kl = ½·(Σ rms)²``), the max adds; ``ratio_mean`` adds its deviations from 1."""
+    (``approx_kl = ½·(Σ rms)²``), the max adds; a figure gated by its distance from agreement (``ratio_mean``,
+    ``ppo_kl``) adds its deviations."""
     if len(parts) == 1:
         return parts[0]
     total: dict[str, float] = {}
-    for metric in METRIC_NAMES:
-        values = [p.get(metric) for p in parts]
-        if metric == "ratio_mean":
-            total[metric] = 1.0 + sum(abs(v - 1.0) for v in values)
-        elif metric == "approx_kl":
-            total[metric] = 0.5 * sum(math.sqrt(2.0 * max(v, 0.0)) if math.isfinite(v) else v for v in values) ** 2
-        elif metric == "ppo_kl":
-            total[metric] = sum(abs(v) for v in values)
+    for metric in METRICS.values():
+        values = [p.get(metric.name) for p in parts]
+        if metric.scale == "rms":
+            total[metric.name] = 0.5 * sum(math.sqrt(2.0 * max(v, 0.0)) if math.isfinite(v) else v for v in values) ** 2
+        elif metric.agreement is not None:
+            total[metric.name] = metric.agreement + sum(metric.deviation(v) for v in values)
         else:
-            total[metric] = sum(values)
-    return MetricValues(**total, count=min(p.count for p in parts))
+            total[metric.name] = sum(values)
+    return MetricValues(total, count=min(p.count for p in parts))
 
 
 def calibration_floor(

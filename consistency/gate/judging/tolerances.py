@@ -4,6 +4,13 @@
 A limit bounds the metric's *deviation* from agreement: ``|ratio_mean − 1|``, ``|ppo_kl|`` and the value
 itself for the others (all non-negative). A metric without a limit is reported but not gated.
 
+Each profile is a `Profile` in the `PROFILES` registry: its name (the settings', flags' and reports' string), what
+it promises, its limit for a metric — from the metric's `scale` (a bias, a spread, its rms form, one entry's
+maximum, a fraction) — and the behaviour the rest of the gate asks it about instead of comparing names:
+``pooled`` (gate the pooled figures only), ``needs_floor`` (the checker measures a floor in the same run; a pair
+of tables cannot have one), ``bit_exact`` (say first when the configuration cannot have it), ``unmeasured``
+(the profile to use where no floor can be measured: the step-2 check).
+
 Profiles (the reasoning is in docs/checker.md):
 
 ``exact``
@@ -37,15 +44,32 @@ Profiles (the reasoning is in docs/checker.md):
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .metrics import METRIC_NAMES, MetricValues
+from .metrics import METRICS, Metric, MetricValues
+from .registry import Registry, closest_name
 
-PROFILES: tuple[str, ...] = ("exact", "implementation", "kernel", "calibrated")
+__all__ = [
+    "PROFILES",
+    "LimitContext",
+    "Profile",
+    "Tolerance",
+    "ToleranceError",
+    "calibrated_tolerance",
+    "closest_name",
+    "deviation",
+    "exact_tolerance",
+    "get_profile",
+    "implementation_tolerance",
+    "kernel_tolerance",
+    "metric_name_hint",
+    "narrowest_dtype",
+    "resolve_tolerance",
+    "table_profiles",
+]
 
 #: Published KL floor between vLLM-omni and PyTorch attention after every known fix (docs/checker.md).
 PUBLISHED_KERNEL_FLOOR_KL = 3e-5
@@ -67,10 +91,8 @@ IMPLEMENTATION_MEAN_LIMIT = 1e-6
 IMPLEMENTATION_MAX_LIMIT = 1e-5
 #: `calibrated` profile: default multiple of the measured floor.
 DEFAULT_CALIBRATION_MULTIPLE = 4.0
-
-#: Metrics gated by their absolute value (signed figures); the ratio is gated by its distance to 1.
-_SIGNED = {"ppo_kl"}
-_AROUND_ONE = {"ratio_mean"}
+#: What the `calibrated` floor measures unless the caller says otherwise.
+DEFAULT_FLOOR_SOURCES = "trainer vs itself, other attention kernel"
 
 
 class ToleranceError(ValueError):
@@ -79,46 +101,255 @@ class ToleranceError(ValueError):
 
 def deviation(metric: str, value: float) -> float:
     """Distance of `value` from perfect agreement for `metric` (NaN stays NaN)."""
-    if metric in _AROUND_ONE:
-        return abs(value - 1.0)
-    if metric in _SIGNED:
-        return abs(value)
-    return value
+    return METRICS[metric].deviation(value)
 
 
-#: Metric names other trainers log, pointing at this checker's name (Flow-GRPO: ``clipfrac_gt_one`` counts
-#: ``ratio − 1 > ε``, the *higher* side; ``clipfrac_lt_one`` counts ``1 − ratio > ε``, the lower side).
-METRIC_ALIASES: dict[str, str] = {
-    "clipfrac": "pg_clipfrac",
-    "clipfrac_gt_one": "pg_clipfrac_higher",
-    "clipfrac_lt_one": "pg_clipfrac_lower",
-    "clipfrac_higher": "pg_clipfrac_higher",
-    "clipfrac_lower": "pg_clipfrac_lower",
-    "kl": "ppo_kl",
-}
+def metric_aliases() -> dict[str, str]:
+    """Metric names other trainers log, pointing at this checker's name (Flow-GRPO: ``clipfrac_gt_one`` counts
+    ``ratio − 1 > ε``, the *higher* side; ``clipfrac_lt_one`` counts ``1 − ratio > ε``, the lower side)."""
+    return {alias: metric.name for metric in METRICS.values() for alias in metric.aliases}
 
 
 def metric_name_hint(name: str) -> str:
     """` This checker calls that metric 'x'.` for a name another trainer uses, else the closest metric name."""
-    alias = METRIC_ALIASES.get(str(name).lower())
+    alias = metric_aliases().get(str(name).lower())
     if alias is not None:
         return f" This checker calls that metric {alias!r}."
-    return closest_name(name, METRIC_NAMES)
+    return closest_name(name, METRICS.names())
 
 
-def closest_name(name: str, candidates: tuple[str, ...] | list[str]) -> str:
-    """` Did you mean 'x'?` suffix for an unknown name, or an empty string."""
-    lowered = {c.lower(): c for c in candidates}
-    match = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.5)
-    return f" Did you mean {lowered[match[0]]!r}?" if match else ""
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LimitContext:
+    """What a profile's limits may depend on.
+
+    Attributes:
+        compute_dtype: the narrowest dtype either side's forward runs in (``kernel`` scales with it).
+        floor: the figures of the difference measured on this setup (profiles that `need_floor`).
+        multiple: how many floors a figure may reach.
+        floor_sources: what the floor measured, for the basis line.
+    """
+
+    compute_dtype: str = "bfloat16"
+    floor: MetricValues | None = None
+    multiple: float = DEFAULT_CALIBRATION_MULTIPLE
+    floor_sources: str = DEFAULT_FLOOR_SOURCES
 
 
+@dataclass(frozen=True)
+class Profile:
+    """A tolerance profile: what agreement it promises, and how far each metric may be from it.
+
+    The string `name` is the profile's face in settings, flags and reports; the object carries the behaviour.
+
+    Attributes:
+        name: ``profile = "..."`` in a config, ``--profile`` on the command line, ``tolerance.profile`` in JSON.
+        promises: one line for the docs: what a PASS under it means.
+        limit: a metric's largest allowed deviation under this profile (None: reported, not gated), from the
+            metric's `Metric.scale` and the context.
+        basis: the report's ``limits:`` line, where the limits come from.
+        pooled: gate the figures over all samples and steps only (per-step figures are reported, named on a
+            FAIL, not gated); ``False`` gates every view.
+        needs_floor: its limits need a floor measured in the same run (the checker's second trainer pass):
+            refused for a pair of tables, replaced by `unmeasured` where no floor can be measured.
+        bit_exact: it promises bit-for-bit agreement (the report says first when the configuration cannot have
+            it, and a rounding-sized FAIL explains itself).
+        unmeasured: the profile to use where this one's floor cannot be measured (default: itself).
+        validate: raises `ToleranceError` for a context this profile cannot use (e.g. a floor that is not finite).
+    """
+
+    name: str
+    promises: str
+    limit: Callable[[Metric, LimitContext], float | None]
+    basis: Callable[[LimitContext], str]
+    pooled: bool = True
+    needs_floor: bool = False
+    bit_exact: bool = False
+    unmeasured: str = ""
+    validate: Callable[[LimitContext], None] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.unmeasured:
+            object.__setattr__(self, "unmeasured", self.name)
+
+    def tolerance(self, context: LimitContext | None = None) -> Tolerance:
+        """The resolved limits of every registered metric under this profile."""
+        context = context or LimitContext()
+        if self.needs_floor and context.floor is None:
+            raise ToleranceError(f"profile {self.name!r} needs the measured floor (run the calibration first).")
+        if self.validate is not None:
+            self.validate(context)
+        limits = {}
+        for metric in METRICS.values():
+            limit = self.limit(metric, context)
+            if limit is not None:
+                limits[metric.name] = limit
+        return Tolerance(
+            self.name,
+            limits,
+            floor=context.floor if self.needs_floor else None,
+            multiple=float(context.multiple) if self.needs_floor else None,
+            basis=self.basis(context),
+            pooled=self.pooled,
+        )
+
+
+#: The tolerance profiles by name. A new profile is one `Profile` and one `PROFILES.register` call: settings,
+#: flags, the checker, `gate()` and the reports accept its name.
+PROFILES: Registry[Profile] = Registry("profile")
+
+
+def get_profile(name: str) -> Profile:
+    """The registered profile called `name` (ToleranceError naming the known ones and the closest)."""
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise ToleranceError(PROFILES.unknown(name))
+    return profile
+
+
+def table_profiles() -> tuple[str, ...]:
+    """The profiles a pair of tables can be gated under: those that need no floor measured in the same run."""
+    return tuple(p.name for p in PROFILES.values() if not p.needs_floor)
+
+
+def limit_by_scale(metric: Metric, *, bias: float, spread: float, max_: float) -> float | None:
+    """A pooled profile's limit from the metric's scale: a bias, a spread (its rms form quadratic), one entry's
+    maximum; fractions are reported, not gated (with a clip range below the floor, noise alone clips)."""
+    if metric.scale == "bias":
+        return bias
+    if metric.scale == "spread":
+        return spread
+    if metric.scale == "rms":
+        return 0.5 * (RMS_TO_MEAN * spread) ** 2
+    if metric.scale == "max":
+        return max_
+    return None
+
+
+def narrowest_dtype(*dtypes: str) -> str:
+    """The dtype with the fewest mantissa bits among `dtypes` (names as in `KERNEL_DTYPE_SCALE`)."""
+    return min(dtypes, key=lambda name: _MANTISSA_BITS[name])
+
+
+def _kernel_scale(compute_dtype: str) -> float:
+    if compute_dtype not in KERNEL_DTYPE_SCALE:
+        raise ToleranceError(f"compute_dtype {compute_dtype!r}: expected one of {', '.join(KERNEL_DTYPE_SCALE)}.")
+    return KERNEL_DTYPE_SCALE[compute_dtype]
+
+
+def _kernel_basis(mean_limit: float, spread_limit: float, max_limit: float, compute_dtype: str) -> str:
+    return (
+        f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL, {compute_dtype} "
+        f"kernels: pooled bias "
+        f"(|ppo_kl|, |ratio_mean - 1|) <= {mean_limit:g}, spread (mean |dlogp|, ratio_std) <= "
+        f"{spread_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * spread_limit:g}, any |dlogp| <= {max_limit:g}"
+    )
+
+
+def _implementation_basis(mean_limit: float, max_limit: float) -> str:
+    return (
+        f"same maths, other code (float32 rounding): pooled mean-type figures <= {mean_limit:g}, "
+        f"rms |dlogp| <= {RMS_TO_MEAN * mean_limit:g}, any |dlogp| <= {max_limit:g}"
+    )
+
+
+def _calibrated_limit(metric: Metric, context: LimitContext) -> float | None:
+    floor, multiple = context.floor, context.multiple
+    assert floor is not None  # `Profile.tolerance` refuses a floorless context
+    value, scale = floor.get(metric.name), floor.mean_abs_dlogp
+    if metric.scale == "bias":
+        return multiple * max(metric.deviation(value), scale)  # a signed mean near 0 by chance must not gate at 0
+    if metric.scale == "spread":
+        return multiple * max(value, scale)
+    if metric.scale == "rms":
+        return multiple**2 * value
+    if metric.scale == "max":
+        return multiple * value
+    return None
+
+
+def _calibrated_basis(context: LimitContext) -> str:
+    floor = context.floor
+    assert floor is not None
+    basis = (
+        f"{context.multiple:g}x the floor measured here ({context.floor_sources}: "
+        f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g})"
+    )
+    if floor.max_abs_dlogp == 0:
+        basis += "; the kernels agree bit for bit on this setup, so every limit is 0 (as `exact`)"
+    return basis
+
+
+def _validate_floor(context: LimitContext) -> None:
+    multiple, floor = context.multiple, context.floor
+    if not (isinstance(multiple, (int, float)) and math.isfinite(multiple) and multiple >= 1):
+        raise ToleranceError(f"calibration multiple must be a finite number >= 1, got {multiple!r}.")
+    if floor is None or floor.count == 0 or not floor.is_finite():
+        raise ToleranceError(
+            "the calibration floor is empty or not finite: the trainer against itself with the other attention "
+            "kernel produced NaN/Inf or no steps; fix that run before calibrating a gate on it."
+        )
+
+
+EXACT = PROFILES.register(
+    Profile(
+        "exact",
+        "bit-for-bit agreement",
+        limit=lambda metric, context: 0.0,
+        basis=lambda context: "same code on both sides: log-probs must agree bit for bit",
+        pooled=False,
+        bit_exact=True,
+    )
+)
+IMPLEMENTATION = PROFILES.register(
+    Profile(
+        "implementation",
+        "the same maths in other code: differences of float32 rounding",
+        limit=lambda metric, context: limit_by_scale(
+            metric, bias=IMPLEMENTATION_MEAN_LIMIT, spread=IMPLEMENTATION_MEAN_LIMIT, max_=IMPLEMENTATION_MAX_LIMIT
+        ),
+        basis=lambda context: _implementation_basis(IMPLEMENTATION_MEAN_LIMIT, IMPLEMENTATION_MAX_LIMIT),
+    )
+)
+KERNEL = PROFILES.register(
+    Profile(
+        "kernel",
+        "a difference no larger than an attention-kernel difference",
+        limit=lambda metric, context: limit_by_scale(
+            metric,
+            bias=KERNEL_MEAN_LIMIT * _kernel_scale(context.compute_dtype),
+            spread=KERNEL_SPREAD_LIMIT * _kernel_scale(context.compute_dtype),
+            max_=KERNEL_MAX_LIMIT * _kernel_scale(context.compute_dtype),
+        ),
+        basis=lambda context: _kernel_basis(
+            KERNEL_MEAN_LIMIT * _kernel_scale(context.compute_dtype),
+            KERNEL_SPREAD_LIMIT * _kernel_scale(context.compute_dtype),
+            KERNEL_MAX_LIMIT * _kernel_scale(context.compute_dtype),
+            context.compute_dtype,
+        ),
+    )
+)
+CALIBRATED = PROFILES.register(
+    Profile(
+        "calibrated",
+        "a difference no larger than a multiple of the floor measured in the same run",
+        limit=_calibrated_limit,
+        basis=_calibrated_basis,
+        needs_floor=True,
+        unmeasured="kernel",
+        validate=_validate_floor,
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Tolerance:
     """A resolved profile: one limit per gated metric.
 
     Attributes:
-        profile: ``"exact"``, ``"implementation"``, ``"kernel"`` or ``"calibrated"``.
+        profile: the profile's name (``"exact"``, ``"implementation"``, ``"kernel"``, ``"calibrated"`` or one
+            registered in `PROFILES`).
         limits: metric name -> largest allowed deviation; metrics absent here are not gated.
         floor: the measured floor (``calibrated`` only).
         multiple: the floor multiple (``calibrated`` only).
@@ -144,8 +375,8 @@ class Tolerance:
         for metric, limit in dict(self.limits).items():
             _check_metric(metric)
             clean[metric] = _check_limit(metric, limit)
-        # A private copy in deterministic order (METRIC_NAMES), so reports are byte-stable.
-        object.__setattr__(self, "limits", {m: clean[m] for m in METRIC_NAMES if m in clean})
+        # A private copy in deterministic order (the registry's), so reports are byte-stable.
+        object.__setattr__(self, "limits", {m: clean[m] for m in METRICS if m in clean})
 
     def limit(self, metric: str) -> float | None:
         return self.limits.get(metric)
@@ -176,16 +407,7 @@ class Tolerance:
 
 def exact_tolerance() -> Tolerance:
     """Bit-for-bit agreement: every metric's deviation must be exactly 0."""
-    return Tolerance(
-        "exact",
-        {metric: 0.0 for metric in METRIC_NAMES},
-        basis="same code on both sides: log-probs must agree bit for bit",
-    )
-
-
-def narrowest_dtype(*dtypes: str) -> str:
-    """The dtype with the fewest mantissa bits among `dtypes` (names as in `KERNEL_DTYPE_SCALE`)."""
-    return min(dtypes, key=lambda name: _MANTISSA_BITS[name])
+    return EXACT.tolerance()
 
 
 def kernel_tolerance(
@@ -196,46 +418,26 @@ def kernel_tolerance(
 ) -> Tolerance:
     """Cross-engine limits derived from the published ~3e-5 attention-kernel KL floor (module docstring),
     scaled for `compute_dtype`, the narrowest dtype either side computes in."""
-    if compute_dtype not in KERNEL_DTYPE_SCALE:
-        raise ToleranceError(f"compute_dtype {compute_dtype!r}: expected one of {', '.join(KERNEL_DTYPE_SCALE)}.")
-    scale = KERNEL_DTYPE_SCALE[compute_dtype]
+    scale = _kernel_scale(compute_dtype)
     mean_limit, max_limit, spread_limit = mean_limit * scale, max_limit * scale, spread_limit * scale
+    limits = {m.name: limit_by_scale(m, bias=mean_limit, spread=spread_limit, max_=max_limit) for m in METRICS.values()}
     return Tolerance(
         "kernel",
-        _pooled_limits(mean_limit, spread_limit, max_limit),
-        basis=(
-            f"published vLLM-omni/PyTorch attention floor ~{PUBLISHED_KERNEL_FLOOR_KL:g} KL, {compute_dtype} "
-            f"kernels: pooled bias "
-            f"(|ppo_kl|, |ratio_mean - 1|) <= {mean_limit:g}, spread (mean |dlogp|, ratio_std) <= "
-            f"{spread_limit:g}, rms |dlogp| <= {RMS_TO_MEAN * spread_limit:g}, any |dlogp| <= {max_limit:g}"
-        ),
+        {name: limit for name, limit in limits.items() if limit is not None},
+        basis=_kernel_basis(mean_limit, spread_limit, max_limit, compute_dtype),
         pooled=True,
     )
-
-
-def _pooled_limits(mean_limit: float, spread_limit: float, max_limit: float) -> dict[str, float]:
-    """Limits on pooled figures: bias (ratio_mean, ppo_kl), spread (ratio_std, mean |dlogp|, approx_kl's rms)."""
-    return {
-        "ratio_mean": mean_limit,
-        "ratio_std": spread_limit,
-        "ppo_kl": mean_limit,
-        "approx_kl": 0.5 * (RMS_TO_MEAN * spread_limit) ** 2,
-        "mean_abs_dlogp": spread_limit,
-        "max_abs_dlogp": max_limit,
-    }
 
 
 def implementation_tolerance(
     mean_limit: float = IMPLEMENTATION_MEAN_LIMIT, max_limit: float = IMPLEMENTATION_MAX_LIMIT
 ) -> Tolerance:
     """Same maths, other code: both sides compute the same float32 transition, in another operation order."""
+    limits = {m.name: limit_by_scale(m, bias=mean_limit, spread=mean_limit, max_=max_limit) for m in METRICS.values()}
     return Tolerance(
         "implementation",
-        _pooled_limits(mean_limit, mean_limit, max_limit),
-        basis=(
-            f"same maths, other code (float32 rounding): pooled mean-type figures <= {mean_limit:g}, "
-            f"rms |dlogp| <= {RMS_TO_MEAN * mean_limit:g}, any |dlogp| <= {max_limit:g}"
-        ),
+        {name: limit for name, limit in limits.items() if limit is not None},
+        basis=_implementation_basis(mean_limit, max_limit),
         pooled=True,
     )
 
@@ -243,7 +445,7 @@ def implementation_tolerance(
 def calibrated_tolerance(
     floor: MetricValues,
     multiple: float = DEFAULT_CALIBRATION_MULTIPLE,
-    sources: str = "trainer vs itself, other attention kernel",
+    sources: str = DEFAULT_FLOOR_SOURCES,
 ) -> Tolerance:
     """Limits at `multiple` times a floor measured on this setup (trainer vs itself, other kernel).
 
@@ -256,29 +458,7 @@ def calibrated_tolerance(
         ToleranceError: the floor is not finite or has no entries (a floor that cannot be measured cannot
             calibrate a gate), or `multiple` is not a finite number >= 1.
     """
-    if not (isinstance(multiple, (int, float)) and math.isfinite(multiple) and multiple >= 1):
-        raise ToleranceError(f"calibration multiple must be a finite number >= 1, got {multiple!r}.")
-    if floor.count == 0 or not floor.is_finite():
-        raise ToleranceError(
-            "the calibration floor is empty or not finite: the trainer against itself with the other attention "
-            "kernel produced NaN/Inf or no steps; fix that run before calibrating a gate on it."
-        )
-    scale = floor.mean_abs_dlogp
-    limits = {
-        "ratio_mean": multiple * max(deviation("ratio_mean", floor.ratio_mean), scale),
-        "ratio_std": multiple * max(floor.ratio_std, scale),
-        "ppo_kl": multiple * max(abs(floor.ppo_kl), scale),
-        "approx_kl": multiple**2 * floor.approx_kl,
-        "mean_abs_dlogp": multiple * scale,
-        "max_abs_dlogp": multiple * floor.max_abs_dlogp,
-    }
-    basis = (
-        f"{multiple:g}x the floor measured here ({sources}: "
-        f"mean |dlogp| {floor.mean_abs_dlogp:.3g}, max {floor.max_abs_dlogp:.3g})"
-    )
-    if floor.max_abs_dlogp == 0:
-        basis += "; the kernels agree bit for bit on this setup, so every limit is 0 (as `exact`)"
-    return Tolerance("calibrated", limits, floor=floor, multiple=float(multiple), basis=basis, pooled=True)
+    return CALIBRATED.tolerance(LimitContext(floor=floor, multiple=multiple, floor_sources=sources))
 
 
 def resolve_tolerance(
@@ -293,29 +473,20 @@ def resolve_tolerance(
     """The profile's limits with per-metric overrides applied.
 
     Args:
-        profile: ``"exact"``, ``"implementation"``, ``"kernel"`` or ``"calibrated"`` (which needs `floor`).
+        profile: a registered profile's name: ``"exact"``, ``"implementation"``, ``"kernel"`` or
+            ``"calibrated"`` (which needs `floor`).
         overrides: metric -> limit; ``None`` removes the metric's gate (reported only).
         floor, multiple: see [`calibrated_tolerance`]; floor_sources: its ``sources``.
         compute_dtype: the narrowest dtype either side computes in (``kernel`` limits scale with it).
     """
-    if profile == "exact":
-        base = exact_tolerance()
-    elif profile == "kernel":
-        base = kernel_tolerance(compute_dtype=compute_dtype)
-    elif profile == "implementation":
-        base = implementation_tolerance()
-    elif profile == "calibrated":
-        if floor is None:
-            raise ToleranceError("profile 'calibrated' needs the measured floor (run the calibration first).")
-        base = (
-            calibrated_tolerance(floor, multiple)
-            if floor_sources is None
-            else calibrated_tolerance(floor, multiple, floor_sources)
+    base = get_profile(profile).tolerance(
+        LimitContext(
+            compute_dtype=compute_dtype,
+            floor=floor,
+            multiple=multiple,
+            floor_sources=DEFAULT_FLOOR_SOURCES if floor_sources is None else floor_sources,
         )
-    else:
-        raise ToleranceError(
-            f"Unknown profile {profile!r}; expected one of {', '.join(PROFILES)}.{closest_name(profile, PROFILES)}"
-        )
+    )
     if not overrides:
         return base
     limits = dict(base.limits)
@@ -325,24 +496,22 @@ def resolve_tolerance(
             limits.pop(metric, None)
         else:
             limits[metric] = _check_limit(metric, limit)
+    named = [m for m in METRICS if m in overrides]
     return Tolerance(
         base.profile,
         limits,
         floor=base.floor,
         multiple=base.multiple,
-        overridden=tuple(m for m in METRIC_NAMES if m in overrides),
+        overridden=tuple(named),
         pooled=base.pooled,
-        basis=base.basis
-        + "; overridden: "
-        + ", ".join(f"{m}={overrides[m]!r}" for m in METRIC_NAMES if m in overrides),
+        basis=base.basis + "; overridden: " + ", ".join(f"{m}={overrides[m]!r}" for m in named),
     )
 
 
 def _check_metric(metric: str) -> None:
-    if metric not in METRIC_NAMES:
+    if metric not in METRICS:
         raise ToleranceError(
-            f"Unknown metric {metric!r} in thresholds; expected one of {', '.join(METRIC_NAMES)}."
-            f"{metric_name_hint(metric)}"
+            f"Unknown metric {metric!r} in thresholds; expected one of {', '.join(METRICS)}.{metric_name_hint(metric)}"
         )
 
 

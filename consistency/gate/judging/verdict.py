@@ -30,16 +30,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .metrics import METRIC_NAMES, ConsistencyMetrics, StepMetrics
-from .tolerances import Tolerance, deviation
+import numpy as np
+
+from .metrics import METRICS, ConsistencyMetrics, Metric, PerSample, StepMetrics
+from .tolerances import Tolerance
 
 GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "finite", "complete", "workers", "windows")
 
-#: Under a pooled tolerance a bias (``|ppo_kl|``, ``|ratio_mean − 1|``) fails only when it exceeds its limit by
-#: more than this many standard errors of its mean over samples: the mean of a few samples' kernel noise is
-#: not zero (a bug's bias is the same in every sample, so its standard error is small).
+#: Under a pooled tolerance a bias (a metric of scale ``"bias"``: ``|ppo_kl|``, ``|ratio_mean − 1|``) fails only when
+#: it exceeds its limit by more than this many standard errors of its mean over samples: the mean of a few samples'
+#: kernel noise is not zero (a bug's bias is the same in every sample, so its standard error is small).
 BIAS_NOISE_Z = 3.0
-_BIAS_METRICS = ("ratio_mean", "ppo_kl")
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def decide(
         if metrics.nonfinite:
             by_check.setdefault("finite", []).append(_describe_nonfinite(metrics))
         elif metrics.overall.count and not metrics.overall.is_finite():
-            bad = [m for m in METRIC_NAMES if not math.isfinite(metrics.overall.get(m))]
+            bad = [m for m in metrics.overall.names() if not math.isfinite(metrics.overall.get(m))]
             by_check.setdefault("finite", []).append(f"figures not finite: {', '.join(bad)}")
         if metrics.missing:
             by_check.setdefault("complete", []).append(_describe_missing(metrics))
@@ -193,36 +194,39 @@ def decide(
                 "no metric has a limit (every threshold was disabled); a check that gates nothing cannot pass",
             )
         )
-    for metric, limit in tolerance.limits.items():
-        checks.append(_metric_check(metric, limit, metrics, tolerance.profile, pooled=tolerance.pooled))
+    for name, limit in tolerance.limits.items():
+        checks.append(_metric_check(METRICS[name], limit, metrics, tolerance.profile, pooled=tolerance.pooled))
     return Verdict(tuple(checks))
 
 
 # ----------------------------------------------------------------------------------------------------
 def _metric_check(
-    metric: str, limit: float, metrics: ConsistencyMetrics | None, profile: str, *, pooled: bool = False
+    metric: Metric, limit: float, metrics: ConsistencyMetrics | None, profile: str, *, pooled: bool = False
 ) -> CheckResult:
+    name = metric.name
     if metrics is None or metrics.overall.count == 0:
-        return CheckResult(metric, "metric", False, "not evaluated: no comparison was made", limit=limit)
-    value = metrics.overall.get(metric)
-    overall_dev = deviation(metric, value)
-    over_positions = [s for s in metrics.by_position if not _within(deviation(metric, s.values.get(metric)), limit)]
-    over_timesteps = [s for s in metrics.by_timestep if not _within(deviation(metric, s.values.get(metric)), limit)]
+        return CheckResult(name, "metric", False, "not evaluated: no comparison was made", limit=limit)
+    value = metrics.overall.get(name)
+    overall_dev = metric.deviation(value)
+    over_positions = [s for s in metrics.by_position if not within(metric.deviation(s.values.get(name)), limit)]
+    over_timesteps = [s for s in metrics.by_timestep if not within(metric.deviation(s.values.get(name)), limit)]
     worst = max(
-        [overall_dev] + [deviation(metric, s.values.get(metric)) for s in over_positions + over_timesteps],
+        [overall_dev] + [metric.deviation(s.values.get(name)) for s in over_positions + over_timesteps],
         key=lambda d: math.inf if math.isnan(d) else d,
     )
-    # Pooled profiles gate the figure over all entries; the steps over the limit are still named on a FAIL.
-    noise = BIAS_NOISE_Z * bias_standard_error(metric, metrics) if pooled and metric in _BIAS_METRICS else 0.0
-    passed = _within(overall_dev, limit + noise) and (pooled or (not over_positions and not over_timesteps))
+    # Pooled profiles gate the figure over all entries; the steps over the limit are still named on a FAIL. A
+    # pooled bias over its limit gets its sampling noise as allowance (within the limit, it passes anyway).
+    noisy = pooled and metric.scale == "bias" and not within(overall_dev, limit)
+    noise = BIAS_NOISE_Z * bias_standard_error(name, metrics) if noisy else 0.0
+    passed = within(overall_dev, limit + noise) and (pooled or (not over_positions and not over_timesteps))
     if passed:
-        return CheckResult(metric, "metric", True, "", value=value, limit=limit, excess=0.0)
+        return CheckResult(name, "metric", True, "", value=value, limit=limit, excess=0.0)
     if pooled:
         worst = overall_dev
     excess = worst - limit if not math.isnan(worst) else math.nan
-    message = f"{metric} = {_value_text(metric, value)}"
-    if metric in ("ratio_mean", "ppo_kl"):
-        message += f" ({_deviation_text(metric, overall_dev)})"
+    message = f"{name} = {_value_text(metric, value)}"
+    if metric.agreement is not None:
+        message += f" ({metric.deviation_text(overall_dev)})"
     message += f", {profile} limit {limit:.3g}: {_by_how_much(overall_dev, limit)}"
     if noise > 0:
         message += (
@@ -232,7 +236,7 @@ def _metric_check(
         where = "; per step (reported, not gated) over the limit at " if pooled else "; over the limit at "
         message += where + _describe_steps(metric, over_positions, over_timesteps)
     return CheckResult(
-        metric,
+        name,
         "metric",
         False,
         message,
@@ -246,25 +250,28 @@ def _metric_check(
 
 def bias_standard_error(metric: str, metrics: ConsistencyMetrics) -> float:
     """Standard error of the pooled `metric` as a mean over samples: the spread of the per-sample figures
-    over sqrt(number of samples). 0 with fewer than two samples or a non-finite figure (no allowance)."""
-    values = [s.values.get(metric) for s in metrics.by_sample if s.values.count]
-    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+    (sample standard deviation, n − 1) over sqrt(number of samples). 0 with fewer than two samples or a
+    non-finite figure (no allowance)."""
+    by_sample = metrics.by_sample
+    if isinstance(by_sample, PerSample):
+        figures = by_sample.figure(metric)[by_sample.counts > 0]
+    else:
+        figures = np.array([s.values.get(metric) for s in by_sample if s.values.count], dtype=np.float64)
+    if figures.size < 2 or not np.isfinite(figures).all():
         return 0.0
+    values = figures.tolist()  # Python's float sums, one value at a time, as this figure was always computed
     mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    variance = sum([(v - mean) ** 2 for v in values]) / (len(values) - 1)
     return math.sqrt(variance / len(values))
 
 
-def _within(dev: float, limit: float) -> bool:
-    return not math.isnan(dev) and dev <= limit
+def within(deviation: float, limit: float) -> bool:
+    """A deviation is within its limit only when it is a number no larger than the limit (NaN never is)."""
+    return not math.isnan(deviation) and deviation <= limit
 
 
-def _value_text(metric: str, value: float) -> str:
-    return f"{value:.9f}" if metric == "ratio_mean" and math.isfinite(value) else f"{value:.3g}"
-
-
-def _deviation_text(metric: str, dev: float) -> str:
-    return f"|ratio_mean - 1| = {dev:.3g}" if metric == "ratio_mean" else f"|ppo_kl| = {dev:.3g}"
+def _value_text(metric: Metric, value: float) -> str:
+    return f"{value:{metric.message_format}}" if math.isfinite(value) else f"{value:.3g}"
 
 
 def _by_how_much(dev: float, limit: float) -> str:
@@ -277,10 +284,10 @@ def _by_how_much(dev: float, limit: float) -> str:
     return f"over by {dev:.3g}"
 
 
-def _describe_steps(metric: str, positions: Sequence[StepMetrics], timesteps: Sequence[StepMetrics]) -> str:
+def _describe_steps(metric: Metric, positions: Sequence[StepMetrics], timesteps: Sequence[StepMetrics]) -> str:
     # Timestep entries name the step best (with its window position when unique); positions otherwise.
     entries = timesteps if timesteps else positions
-    return _short_list([f"{s.label()} ({_value_text(metric, s.values.get(metric))})" for s in entries], limit=8)
+    return _short_list([f"{s.label()} ({_value_text(metric, s.values.get(metric.name))})" for s in entries], limit=8)
 
 
 def _describe_nonfinite(metrics: ConsistencyMetrics) -> str:

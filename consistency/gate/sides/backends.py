@@ -30,6 +30,7 @@ import numpy as np
 
 from rollout_consistency.gate.backend_registry import get_backend, is_plugin_spec
 from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.judging.tolerances import get_profile
 
 from . import plugins
 from .plan import BatchSpec
@@ -143,7 +144,7 @@ def _dtype(name: str) -> Any:
 
 def floor_kernel(config: CheckConfig) -> str | None:
     """The trainer's *other* attention kernel for the calibrated floor (None if no floor is measured)."""
-    if config.resolved_profile != "calibrated":
+    if not get_profile(config.resolved_profile).needs_floor:
         return None
     if config.calibration_attention is not None:
         return config.calibration_attention

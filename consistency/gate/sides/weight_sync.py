@@ -230,12 +230,12 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     diagnosis = _diagnose(weights_before, weights_after, rollout, sync_out, info)
 
     from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
-    from rollout_consistency.gate.judging.tolerances import resolve_tolerance
+    from rollout_consistency.gate.judging.tolerances import get_profile, resolve_tolerance
     from rollout_consistency.gate.judging.verdict import decide
 
     plan2 = make_plan(config.replace(global_step=config.global_step + 1))
     results = [run_batch(backend, batch) for batch in plan2]
-    profile = "kernel" if config.resolved_profile == "calibrated" else config.resolved_profile
+    profile = get_profile(config.resolved_profile).unmeasured  # no floor is measured for step 2
     tolerance = resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
     try:
         metrics = compute_metrics(

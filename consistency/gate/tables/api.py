@@ -211,7 +211,7 @@ def gate(
         },
         mismatch=mismatch,
         not_checked=not_checked,
-        sample_ids=tuple(int(i) for i in ids),
+        sample_ids=tuple(ids.tolist()),
     )
     return attach_diagnosis(report)  # the doctor from the tables alone: the user's code is not at hand
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from rollout_consistency.gate.judging.tolerances import (
     Tolerance,
     ToleranceError,
     resolve_tolerance,
+    table_profiles,
 )
 
 __all__ = ["GateInputError", "GateSettings"]
@@ -64,12 +65,12 @@ class GateSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(self.notes))
+        usable = table_profiles()  # the profiles that need no floor measured in the same run
         if self.profile not in PROFILES:
-            raise GateInputError(f"unknown profile {self.profile!r}; use 'exact', 'implementation' or 'kernel'.")
-        if self.profile == "calibrated":
+            raise GateInputError(f"unknown profile {self.profile!r}; use {_either(usable)}.")
+        if self.profile not in usable:
             raise GateInputError(
-                "profile 'calibrated' needs the checker's second trainer pass; for tables use 'exact', "
-                "'implementation' or 'kernel', "
+                f"profile {self.profile!r} needs the checker's second trainer pass; for tables use {_either(usable)}, "
                 "or set limits with thresholds={...}."
             )
         if self.compute_dtype not in KERNEL_DTYPE_SCALE:  # whatever the profile: a typo is not a dtype
@@ -105,3 +106,8 @@ class GateSettings:
                 f"fields: {', '.join(names)}."
             )
         return dataclasses.replace(self, **changes)
+
+
+def _either(names: Sequence[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
