@@ -9,6 +9,7 @@ ends with `# expect: <rule-id>[, <rule-id>]`; every other line must stay silent 
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import re
@@ -123,6 +124,18 @@ def test_a_rule_never_skips_a_file_it_would_report_in():
                 checked += 1
                 assert rule.needs(data.lower(), str(path).lower()), (rule.id, path)
     assert checked >= 40
+
+
+def test_the_garbage_collector_is_left_as_it_was():
+    gc.enable()
+    lint_paths([FIXTURES / "positive" / "flow_grpo_like"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        lint_paths([FIXTURES / "positive" / "flow_grpo_like"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_worker_processes_find_the_same(tmp_path):
@@ -350,6 +363,20 @@ def test_a_file_nested_too_deeply_is_a_syntax_error_finding_and_the_run_goes_on(
         ("generated.py", "syntax-error"),
         ("seeded.py", "non-launcher-seed"),
     ]
+
+
+def test_a_file_too_deep_for_the_rules_is_a_syntax_error_finding_and_the_run_goes_on(tmp_path):
+    """A 990-factor product parses, but unwrapping it to find a mask's sum would exhaust the recursion limit:
+    the file is reported as not checked (never a crash, never clean), the other files are linted."""
+    product = " * ".join(["1"] * 990)
+    (tmp_path / "vllm_rollout.py").write_text(f"txt_seq_lens = mask.sum(dim=1) * {product}\n")
+    (tmp_path / "seeded.py").write_text(WINDOW_FROM_GLOBAL_RANDOM)
+    findings = lint_paths([tmp_path])
+    assert [(Path(f.path).name, f.rule) for f in findings] == [
+        ("seeded.py", "non-launcher-seed"),
+        ("vllm_rollout.py", "syntax-error"),
+    ]
+    assert findings[1].message.startswith("cannot check: nested too deeply for the lint")
 
 
 def test_a_deep_but_parseable_expression_is_checked(tmp_path):

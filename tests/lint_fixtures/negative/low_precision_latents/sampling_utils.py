@@ -81,3 +81,13 @@ def upcasts(scheduler, noise_pred, t, latents):
     doubled = prev_sample.to(dtype=torch.float64)
     moved = prev_sample.to("cpu")
     return widened, doubled, moved, log_prob
+
+
+def sde_step_rescored(scheduler, model_output, timestep, sample, noise_level):
+    """The rounded sample is scored again after the cast: the log-prob returned is the rounded sample's."""
+    prev_sample, log_prob, prev_sample_mean, std_dev_t = scheduler.sde_step_with_logprob(
+        model_output.float(), timestep, sample.float(), noise_level=noise_level
+    )
+    prev_sample = prev_sample.to(model_output.dtype)
+    log_prob = -((prev_sample.float() - prev_sample_mean) ** 2) / (2 * std_dev_t**2)
+    return prev_sample, log_prob.mean(dim=tuple(range(1, log_prob.ndim)))

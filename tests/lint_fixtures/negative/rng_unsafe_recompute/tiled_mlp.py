@@ -18,7 +18,8 @@ class TiledMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        fn, module = ctx.fn, ctx.module
+        fn = ctx.fn
+        module = ctx.module
         (x,) = ctx.saved_tensors
         x = x.detach().requires_grad_(True)
         for x_shard, grad_shard in zip(torch.chunk(x, ctx.shards, dim=-2), torch.chunk(grads[0], ctx.shards, dim=-2)):
