@@ -155,10 +155,21 @@ def _check_backward(file: SourceFile, backward: ast.FunctionDef) -> Iterator[Hit
         return
     ctx = backward.args.args[0].arg
     saved = {ctx}
-    for node in ast.walk(backward):  # names bound from ctx attributes: fn = ctx.run_function
-        value = node.value if isinstance(node, ast.Assign) else None
-        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == ctx:
-            saved.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(backward):  # names bound from ctx attributes: `fn = ctx.run_function`, `fn, m = ctx.f, ctx.m`
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = [(target, node.value)]
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs = list(zip(target.elts, node.value.elts, strict=False))
+            for name, value in pairs:
+                if (
+                    isinstance(name, ast.Name)
+                    and isinstance(value, ast.Attribute)
+                    and isinstance(value.value, ast.Name)
+                    and value.value.id == ctx
+                ):
+                    saved.add(name.id)
     blocks = _grad_enabled_blocks(backward)
     differentiates = any(
         isinstance(node, ast.Call) and call_name(node, file.aliases).endswith(("autograd.backward", "autograd.grad"))
