@@ -38,7 +38,7 @@ _ALL = (
     ),
     Rule(
         id=seeds.RULE_ID,
-        title="SDE window drawn from the rank, the process, hash(request id), the clock or an unseeded RNG",
+        title="SDE window drawn from the rank, the process, a request's id, the clock or an unseeded RNG",
         why="windows then change with the GPU count, the rank order or the run, and rollouts of one prompt group "
         "get different windows",
         fix="derive SDE windows from explicit launcher arguments only (seed, global step, prompt group)",
