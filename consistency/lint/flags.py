@@ -88,7 +88,7 @@ class _Setting:
     place: tuple[int, int, int, int]  # line, col, end_line, end_col
     text: str
     flag: str
-    value: object  # True, False or _UNKNOWN
+    value: object  # True, False or _UNKNOWN (compared with ==: a worker process sends a copy)
     side: str
     why: str
     suppressed: bool
@@ -98,7 +98,7 @@ class _Setting:
         return f"{self.path}:{self.place[0]}"
 
     def shown_value(self) -> str:
-        return "unknown" if self.value is _UNKNOWN else ("on" if self.value else "off")
+        return "unknown" if self.value == _UNKNOWN else ("on" if self.value else "off")
 
 
 @dataclass(frozen=True)

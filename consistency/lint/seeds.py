@@ -1,11 +1,11 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`non-launcher-seed`: an SDE window drawn from the rank, the process, a request id's hash, the clock or an
+"""`non-launcher-seed`: an SDE window drawn from the rank, the process, a request's id, the clock or an
 unseeded / globally seeded RNG instead of the launcher's arguments.
 
 The SDE window (the denoising steps that get noise and log-probs) must be the same for every rollout of a
-prompt group, whatever rank or process drew it: the group's rewards are compared with each other. verl-omni's
-BAGEL adapter seeds it with `int(os.environ["LOCAL_RANK"])`; Flow-GRPO style pipelines call
-`random.seed(process_index)` and then `random.randint(...)`. A seed that only diversifies sampling (a
+prompt group, whatever rank, process or request drew it: the group's rewards are compared with each other.
+verl-omni's BAGEL adapter seeds it with `int(os.environ["LOCAL_RANK"])` (and, at fe48aeee, with a digest of the
+request's id); Flow-GRPO style pipelines call `random.seed(process_index)` and then `random.randint(...)`. A seed that only diversifies sampling (a
 per-device `set_seed(seed, device_specific=True)`, `seed + rank` for noise or mini-batch shuffling) is left
 alone: the noise is stored with the trajectory and read back by the trainer, so nothing has to be reproduced.
 
@@ -25,14 +25,16 @@ alone: the noise is stored with the trajectory and read back by the trainer, so 
 through generators seeded with them): `os.environ[...]`/`os.getenv(...)` of RANK, LOCAL_RANK, NODE_RANK,
 WORLD_SIZE, SLURM_PROCID and kin; `*.get_rank()` and kin; `.process_index`, `.local_process_index`,
 `.local_rank`, `.global_rank`, `.rank` and names `rank`, `local_rank`, `global_rank`, `node_rank`,
-`dp_rank`, `process_index`; `os.getpid()`; builtin `hash()` (str hashes are salted per process) and `id()`;
+`dp_rank`, `process_index`; `os.getpid()`; a request's id (`request_id`, `req.request_id`, `getattr(req,
+"request_id")`: each rollout of a group has its own, digested or not); builtin `hash()` (str hashes are salted
+per process) and `id()`;
 the clock (for a seed; `start = time.perf_counter()` is timing); `uuid`; OS entropy; draws from the global
 `random` / `numpy.random` / torch generators (unless this function seeded them from launcher arguments
 first; seeded from a rank, the draw comes from that rank); `torch.rand*` without `generator=`; draws from a
 `random.Random()` / `np.random.default_rng()` / `torch.Generator` built without a seed or seeded from one of
 these.
 
-The finding is reported where the rank, process, clock or hash is read (or the unseeded generator is made),
+The finding is reported where the rank, process, clock or id is read (or the unseeded generator is made),
 and names the window it reaches; a suppression comment there or on the window's line silences it.
 """
 
