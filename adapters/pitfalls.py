@@ -81,7 +81,6 @@ def stock_round_to_model_dtype(prev_sample: torch.Tensor, model_dtype: torch.dty
     Returns the sample rounded to `model_dtype`, held in a float32 tensor: the value the stock rollout stored
     and fed to the next step, while its log-prob had been computed from the unrounded float32 sample.
     """
-    # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject bf16-latents)
     return prev_sample.to(model_dtype).to(torch.float32)
 
 
@@ -138,7 +137,6 @@ class StockModelDtypeLatents(StockRoundedLatents):
     injection_name = "stepwise-bf16"
 
     def _cast(self, prev_sample: torch.Tensor) -> torch.Tensor:
-        # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject stepwise-bf16)
         return prev_sample.to(self.dtype)
 
 

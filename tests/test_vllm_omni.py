@@ -468,7 +468,6 @@ def test_scheduler_step_refuses_low_precision(model, encoder, setup):
     rollout = vo.start_request(request, request.conditioning, _view(model), device="cpu")
     with pytest.raises(TypeError, match="float32"):
         vo.advance_request(rollout, torch.zeros_like(rollout.state.latents, dtype=torch.bfloat16))
-    # rollout-consistency: ignore[low-precision-latents] the stock step-wise bug, reproduced on purpose
     rollout.state.latents = rollout.state.latents.to(torch.bfloat16)  # the stock step-wise bug
     other = vo.start_request(request, request.conditioning, _view(model), device="cpu")
     with pytest.raises(MixedDtypeBatchError, match="Mixed dtypes in latents batch"):

@@ -1,4 +1,5 @@
-"""rng-unsafe-recompute near misses: nothing here may be reported.
+"""rng-unsafe-recompute near misses: the fix by hand, an analytic backward, torch.utils.checkpoint with its
+RNG preserved, a helper that restores the RNG. Written for the lint's tests.
 
 Lint fixture: parsed, never imported or run.
 """

@@ -1,4 +1,5 @@
-"""mask-sum-rope near misses: nothing here may be reported.
+"""mask-sum-rope near misses inside rollout-engine code: a mask's sum used for something else than the text
+RoPE length, and the fix. Written for the lint's tests.
 
 Lint fixture: parsed, never imported or run.
 """
@@ -21,8 +22,7 @@ def trim_to_longest(prompt_embeds, prompt_embeds_mask):
 
 
 def mean_pool(embeds, mask):
-    pooled = (embeds * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
-    return pooled
+    return (embeds * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
 
 
 def token_statistics(attention_mask):
