@@ -12,7 +12,7 @@ and replace the three parts marked ``YOUR CODE`` with yours: the policy you load
 sampling loop and the training loop below are flow_grpo's (``pipeline_with_logprob`` and the inner loop of
 ``train_sd3.py``): keep yours in the same place.
 
-How the checker uses this file (docs/checker.md, "Plug-ins: your own rollout and trainer"):
+How the checker uses this file (docs/checker.md, "Plug-in backends: your own rollout and trainer"):
 
 * it imports the file once per process, with its folder importable: ``make_rollout`` and ``make_trainer`` share
   this module's state (here, ``_SHARED``: one policy for both), and the file may import its neighbours;
@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from rollout_consistency import CheckConfig
-from rollout_consistency.gate.plugins import PluginRollout, RolloutRequest
+from rollout_consistency.gate import CheckConfig, PluginRollout, RolloutRequest
 
 # Module state shared by the rollout and the trainer built in one process (this module is imported once).
 _SHARED: dict[str, Any] = {}

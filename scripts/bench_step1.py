@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import torch
 
 from rollout_consistency import CheckConfig, adapters, run_step1_check
-from rollout_consistency.gate.backends import build_backend
-from rollout_consistency.gate.plan import make_plan
+from rollout_consistency.gate.sides.backends import build_backend
+from rollout_consistency.gate.sides.plan import make_plan
 
 
 def bare_forwards(config: CheckConfig) -> float:
@@ -56,7 +56,8 @@ def bare_forwards(config: CheckConfig) -> float:
             sub = {k: v[rows] for k, v in conditioning.items()}
             m = rows.stop - rows.start
             calls += [
-                (m, schedule[batch.samples[0].window_start + k].expand(m), sub) for k in range(config.sde_window_size)
+                (m, schedule[batch.samples[0].window_start + k].expand(m), sub)
+                for k in range(config.resolved_window_size)
             ]
     inputs = [(torch.randn((n, *latent_shape), generator=generator), t.contiguous(), c) for n, t, c in calls]
     with torch.no_grad():
@@ -89,6 +90,7 @@ def adapter_calls(config: CheckConfig) -> float:
                     windows=windows,
                     prompt_groups=[s.prompt_group for s in batch.samples],
                     global_step=config.global_step,
+                    denoise_to_end=False,
                 ),
                 sampling=adapters.SamplingSettings(
                     noise_level=config.noise_level,
@@ -96,7 +98,6 @@ def adapter_calls(config: CheckConfig) -> float:
                     guidance_scale=backend.kit.guidance(config),
                 ),
                 options=backend.options,
-                denoise_to_end=False,
             )
             for first in range(0, trajectory.batch_size, micro):
                 part = trajectory.select(range(first, min(first + micro, trajectory.batch_size)))

@@ -16,8 +16,8 @@ from rollout_consistency.adapters import INJECTION_NAMES, BatchRequests, Samplin
 from rollout_consistency.adapters.pitfalls import StockMaskSumRope
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
-from rollout_consistency.gate.doctor import attach_diagnosis, diagnose, from_localisation
-from rollout_consistency.gate.localise import SideSpec, localise
+from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose, from_localisation
+from rollout_consistency.gate.diagnosis.localise import SideSpec, localise
 from rollout_consistency.schedulers import SDEWindow
 
 # Real reports of `rollout-consistency check --inject NAME --json` (default settings; written before the doctor
@@ -137,10 +137,9 @@ def trajectory(model):
         height=32,
         width=32,
         num_inference_steps=4,
-        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4)),
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4), denoise_to_end=False),
         sampling=SamplingSettings(noise_level=0.7),
         mask_text_padding=False,
-        denoise_to_end=False,
     )
 
 

@@ -1,0 +1,485 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Differential localisation: replay one stored rollout through both sides and name the first stage where
+they part.
+
+Where both sides' code is at hand (the built-in backends, or a user's own two velocity functions), the
+doctor (`rollout_consistency.gate.diagnosis.doctor`) does not have to guess from the figures. [`localise`] replays every
+stored window step of a trajectory through each side, as that side computes it (its model, attention
+kernel, rows per forward, settings, velocity function), and records every stage:
+
+==========================  ===============================================================================
+``weights``                 the two models' parameters (same dtype only)
+``inputs.<name>``           what each side feeds the transformer: latents, timestep, conditioning, text mask,
+                            text lengths (``txt_seq_lens``), guidance, pooled text
+``rope``                    the rotary tables the first block receives (text/image RoPE)
+``embed``                   the first block's inputs (after the input projections and time embedding)
+``blocks.<i>``              each transformer block's output (forward hooks)
+``velocity``                the velocity after CFG, float32
+``transition.mean/std``     the SDE transition each side scores under
+``scored_sample``           the sample each side scores: the rollout its own draw (re-drawn from its
+                            seeded generators), the trainer the stored ``latents[:, k+1]``
+``log_prob``                the log-prob
+==========================  ===============================================================================
+
+The first stage with any difference is where the two computations part; its size (max |Δ| and relative
+to the stage's magnitude) says whether it is rounding or a different computation. The replay of the
+rollout side must reproduce the stored log-probs (``replay_max_abs``): that is how a user knows the replay
+is faithful. Settings that differ between the sides are listed as well (``settings``).
+
+Shapes: stage tensors are per row ``(B, ...)``, held as float64 on the CPU for comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Model-input keyword names, by stage (the names diffusers' and vLLM-omni's transformers take).
+INPUT_STAGES: tuple[tuple[str, str], ...] = (
+    ("inputs.latents", "hidden_states"),
+    ("inputs.timestep", "timestep"),
+    ("inputs.conditioning", "encoder_hidden_states"),
+    ("inputs.text_mask", "encoder_hidden_states_mask"),
+    ("inputs.text_lengths", "txt_seq_lens"),
+    ("inputs.guidance", "guidance"),
+    ("inputs.pooled", "pooled_projections"),
+)
+STEP_STAGES: tuple[str, ...] = ("velocity", "transition.mean", "transition.std", "scored_sample", "log_prob")
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """How one side computes a stored step. ``None`` fields take the trajectory's value.
+
+    Attributes:
+        label: ``"rollout"`` or ``"trainer"``.
+        model: the side's transformer (any dtype).
+        attention: diffusers attention backend name for its forwards.
+        rows_per_forward: rows per forward (the rollout's batch, the trainer's micro-batch); ``None`` = all.
+        guidance_scale, noise_level, sde_type, include_normalizer, options: the settings it computes with.
+        velocity: the side's velocity function (default: the family's).
+        draws_sample: score the side's own draw (re-drawn from the per-sample seeded generators: what a
+            rollout scores) instead of the stored next latent (what a trainer scores).
+    """
+
+    label: str
+    model: Any
+    attention: str = "native"
+    rows_per_forward: int | None = None
+    guidance_scale: float | None = None
+    noise_level: float | None = None
+    sde_type: str | None = None
+    include_normalizer: bool | None = None
+    options: Mapping[str, Any] | None = None
+    velocity: Callable[..., Any] | None = None
+    draws_sample: bool = False
+
+
+@dataclass(frozen=True)
+class StageDiff:
+    """One stage's difference: max |rollout − trainer| over rows and steps, relative to the stage's scale.
+
+    ``max_abs`` is ``inf`` when the shapes differ (``detail`` says how); ``step``/``row`` locate the worst entry.
+    """
+
+    stage: str
+    max_abs: float
+    relative: float
+    step: int | None = None
+    row: int | None = None
+    detail: str = ""
+
+    @property
+    def differs(self) -> bool:
+        return self.max_abs != 0 or bool(self.detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class Localisation:
+    """The result of [`localise`].
+
+    Attributes:
+        stages: every stage compared, in computation order.
+        first_stage: the first stage that differs (``None``: the replays agree bit for bit).
+        settings: ``(name, rollout value, trainer value)`` for each setting the sides differ in.
+        replay_max_abs: max |replayed rollout log-prob − stored log-prob| (0: the replay is faithful).
+        rows: how many rows were replayed; samples: their global sample indices.
+    """
+
+    stages: tuple[StageDiff, ...]
+    settings: tuple[tuple[str, str, str], ...] = ()
+    replay_max_abs: float = 0.0
+    rows: int = 0
+    samples: tuple[int, ...] = ()
+
+    @property
+    def first(self) -> StageDiff | None:
+        return next((s for s in self.stages if s.differs), None)
+
+    @property
+    def first_stage(self) -> str | None:
+        first = self.first
+        return None if first is None else first.stage
+
+    def setting_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.settings)
+
+    def describe(self) -> str:
+        first = self.first
+        where = "no stage differs: the two replays agree bit for bit"
+        if first is not None:
+            size = first.detail or f"max |Δ| {first.max_abs:.3g} ({first.relative:.3g} of its scale)"
+            at = "" if first.step is None else f" at window step {first.step}, row {first.row}"
+            where = f"first differing stage: {first.stage}{at}, {size}"
+        settings = "; settings differ: " + ", ".join(f"{n} {a} vs {b}" for n, a, b in self.settings)
+        return where + (settings if self.settings else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_stage": self.first_stage,
+            "stages": [s.to_dict() for s in self.stages],
+            "settings": [list(s) for s in self.settings],
+            "replay_max_abs": self.replay_max_abs,
+            "rows": self.rows,
+            "samples": list(self.samples),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Localisation:
+        return cls(
+            stages=tuple(StageDiff(**s) for s in data.get("stages", ())),
+            settings=tuple(tuple(s) for s in data.get("settings", ())),
+            replay_max_abs=float(data.get("replay_max_abs", 0.0)),
+            rows=int(data.get("rows", 0)),
+            samples=tuple(data.get("samples", ())),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+def localise(trajectory: Any, rollout: SideSpec, trainer: SideSpec, *, samples: Sequence[int] = ()) -> Localisation:
+    """Replay every stored window step of `trajectory` through both sides and compare stage by stage.
+
+    Args:
+        trajectory: a `rollout_consistency.adapters.Trajectory` (float32) as the rollout stored it.
+        rollout, trainer: how each side computes (see [`SideSpec`]).
+        samples: the rows' global sample indices (for the report only).
+    """
+    import torch
+
+    from rollout_consistency.adapters import get_family
+
+    family = get_family(trajectory.model_family)
+    with torch.no_grad():
+        traces = [_trace_side(family, trajectory, side) for side in (rollout, trainer)]
+        weights = _weights_diff(rollout.model, trainer.model)
+    stored = trajectory.log_probs.detach().double().cpu()
+    replayed = torch.cat([column.reshape(-1, 1) for column in traces[0]["log_prob"]], dim=1)
+    replay = (replayed - stored).abs()
+    order = _stage_order(traces)
+    stages = [weights] if weights is not None else []
+    stages += [_compare(name, traces[0].get(name), traces[1].get(name)) for name in order]
+    return Localisation(
+        stages=tuple(stages),
+        settings=_settings_diff(trajectory, rollout, trainer),
+        replay_max_abs=float(replay.max()) if replay.numel() else 0.0,
+        rows=trajectory.batch_size,
+        samples=tuple(samples),
+    )
+
+
+def _trace_side(family: Any, trajectory: Any, side: SideSpec) -> dict[str, Any]:
+    """Every stage of every stored step as this side computes it: ``{stage: (B, W, ...) float64}``."""
+
+    from rollout_consistency.adapters import make_generators
+    from rollout_consistency.gate.sides.shared import attention
+
+    batch, width = trajectory.batch_size, trajectory.window_size
+    rows = side.rows_per_forward or batch
+    options = dict(trajectory.family_options if side.options is None else side.options)
+    guidance = trajectory.guidance_scale if side.guidance_scale is None else side.guidance_scale
+    noise_level = trajectory.noise_level if side.noise_level is None else side.noise_level
+    sde_type = trajectory.sde_type if side.sde_type is None else side.sde_type
+    normalizer = trajectory.include_normalizer if side.include_normalizer is None else side.include_normalizer
+    velocity_fn = side.velocity or family.velocity
+    scheduler = trajectory.scheduler.scheduler()
+    generators = None
+    if side.draws_sample:
+        # The rollout's own draws: initial noise first, then one normal per window step (adapters.denoise).
+        generators = make_generators(list(trajectory.seeds))
+        family.initial_latents(side.model, generators, options)
+    per_step: list[dict[str, Any]] = []
+    for k in range(width):
+        chunks: list[dict[str, Any]] = []
+        for start in range(0, batch, rows):
+            picked = list(range(start, min(start + rows, batch)))
+            sample = trajectory.latents[picked, k].contiguous()
+            timestep = trajectory.timesteps[picked, k]
+            cond = {name: t[picked] for name, t in trajectory.conditioning.items()}
+            with _tracer(side.model) as record, attention(side.attention):
+                velocity = velocity_fn(side.model, sample, timestep, cond, guidance, options=options).float()
+            out = scheduler.sample_previous_step(
+                velocity,
+                timestep,
+                sample,
+                noise_level=noise_level,
+                sde_type=sde_type,
+                prev_sample=None if side.draws_sample else trajectory.latents[picked, k + 1].contiguous(),
+                generator=[generators[b] for b in picked] if side.draws_sample else None,
+                include_normalizer=normalizer,
+            )
+            record["velocity"] = velocity
+            record["transition.mean"] = out.prev_sample_mean
+            record["transition.std"] = out.prev_sample_std
+            record["scored_sample"] = out.prev_sample
+            record["log_prob"] = out.log_prob
+            chunks.append({name: _rows(value) for name, value in record.items()})
+        names = [n for n in chunks[0] if all(n in c for c in chunks)]
+        per_step.append({n: (_unique if n.startswith("rope") else _cat)([c[n] for c in chunks]) for n in names})
+    names = [n for n in per_step[0] if all(n in s for s in per_step)]
+    return {n: _stack_steps([s[n] for s in per_step]) for n in names}
+
+
+@contextlib.contextmanager
+def _tracer(model: Any) -> Iterator[dict[str, Any]]:
+    """Record the model's inputs (per forward pass: CFG runs two) and each block's output while inside."""
+    record: dict[str, Any] = {}
+    passes = [0]
+    handles = []
+
+    def suffix() -> str:
+        return "" if passes[0] <= 1 else f"[pass {passes[0]}]"
+
+    def model_pre(_module, args, kwargs):
+        passes[0] += 1
+        for stage, name in INPUT_STAGES:
+            value = kwargs.get(name, args[0] if name == "hidden_states" and args else None)
+            if value is not None:
+                record[stage + suffix()] = value
+
+    def first_block_pre(_module, args, kwargs):
+        values = list(args) + [v for k, v in kwargs.items() if "rotary" not in k]
+        record["embed" + suffix()] = values
+        rope = next((v for k, v in kwargs.items() if "rotary" in k and v is not None), None)
+        if rope is not None:
+            record["rope" + suffix()] = rope
+
+    # The module that holds the blocks gets the real inputs (a wrapper such as pitfalls.StockMaskSumRope
+    # rewrites them on the way in).
+    core = _core(model)
+    handles.append(core.register_forward_pre_hook(model_pre, with_kwargs=True))
+    blocks = [m for name, m in core.named_children() if name.endswith("blocks")]
+    index = 0
+    for module_list in blocks:
+        for block in module_list:
+            if index == 0:
+                handles.append(block.register_forward_pre_hook(first_block_pre, with_kwargs=True))
+            stage = f"blocks.{index}"
+            handles.append(
+                block.register_forward_hook(lambda _m, _a, out, s=stage: record.__setitem__(s + suffix(), out))
+            )
+            index += 1
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _core(model: Any) -> Any:
+    """The module that holds the transformer blocks (a wrapper's inner model)."""
+    return next((m for m in model.modules() if any(n.endswith("blocks") for n, _ in m.named_children())), model)
+
+
+def _rows(value: Any) -> Any:
+    """A row-first float64 CPU tensor `(rows, -1)` of any tensor / list / tuple of them (None if none)."""
+    import torch
+
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, int) for v in value):
+            return torch.tensor(value, dtype=torch.float64).reshape(len(value), 1)
+        parts = [_rows(v) for v in value]
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        if len({p.shape[0] for p in parts}) == 1:
+            return torch.cat(parts, dim=1)
+        # Tables shared by all rows (RoPE): compare them whole.
+        return torch.cat([p.reshape(1, -1) for p in parts], dim=1)
+    if not isinstance(value, torch.Tensor):
+        return None
+    if value.is_complex():
+        value = torch.view_as_real(value)
+    value = value.detach().to("cpu", torch.float64)
+    if value.dim() == 0:
+        return value.reshape(1, 1)
+    return value.reshape(value.shape[0], -1)
+
+
+def _cat(parts: list[Any]) -> Any:
+    import torch
+
+    if any(p is None for p in parts):
+        return None
+    if len({p.shape[1] for p in parts}) > 1:
+        return parts  # different widths per forward (e.g. RoPE tables): compared as a list
+    return torch.cat(parts, dim=0)
+
+
+def _unique(tables: list[Any]) -> Any:
+    """RoPE tables are shared by a forward's rows: keep each distinct table once (rows per forward may differ)."""
+    kept: list[Any] = []
+    for table in tables:
+        if table is not None and not any(k.shape == table.shape and bool((k == table).all()) for k in kept):
+            kept.append(table)
+    return kept[0] if len(kept) == 1 else kept
+
+
+def _stack_steps(parts: list[Any]) -> Any:
+    return parts  # one entry per window step; compared step by step
+
+
+def _stage_order(traces: Sequence[Mapping[str, Any]]) -> list[str]:
+    names = [n for n in traces[0]] + [n for n in traces[1] if n not in traces[0]]
+
+    def key(name: str) -> tuple[int, int, str]:
+        base, _, passed = name.partition("[")
+        if base.startswith("inputs."):
+            rank = [s for s, _ in INPUT_STAGES].index(base)
+        elif base == "rope":
+            rank = len(INPUT_STAGES)
+        elif base == "embed":
+            rank = len(INPUT_STAGES) + 1
+        elif base.startswith("blocks."):
+            rank = len(INPUT_STAGES) + 2 + int(base.split(".")[1])
+        else:
+            rank = 10_000 + STEP_STAGES.index(base)
+        return rank, 0 if not passed else 1, name
+
+    return sorted(names, key=key)
+
+
+def _compare(stage: str, a: Any, b: Any) -> StageDiff:
+    """Max |a − b| over steps and rows (a, b: one entry per step, each (rows, -1) or a list of such)."""
+    if a is None or b is None:
+        side = "rollout" if a is None else "trainer"
+        return StageDiff(stage, math.inf, math.inf, detail=f"computed on one side only (absent on the {side})")
+    worst = StageDiff(stage, 0.0, 0.0)
+    for step, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x is None or y is None:
+            continue
+        xs, ys = (x if isinstance(x, list) else [x]), (y if isinstance(y, list) else [y])
+        for xi, yi in zip(xs, ys, strict=False):
+            if xi.shape != yi.shape:
+                return StageDiff(
+                    stage,
+                    math.inf,
+                    math.inf,
+                    step=step,
+                    detail=f"shapes differ: {tuple(xi.shape)} vs {tuple(yi.shape)}",
+                )
+            diff = (xi - yi).abs()
+            if not bool(diff.isfinite().all()) and not bool((xi.isfinite() == yi.isfinite()).all()):
+                return StageDiff(stage, math.inf, math.inf, step=step, detail="finite on one side only")
+            diff = diff.nan_to_num(0.0)
+            value = float(diff.max()) if diff.numel() else 0.0
+            if value > worst.max_abs:
+                scale = float(yi.abs().nan_to_num(0.0).max()) or 1.0
+                row = int(diff.amax(dim=1).argmax()) if diff.dim() == 2 else 0
+                worst = StageDiff(stage, value, value / scale, step=step, row=row)
+    return worst
+
+
+def _weights_diff(a: Any, b: Any) -> StageDiff | None:
+    """Max |Δ| between same-named parameters (None when the modules are one object or of different dtypes)."""
+    a, b = _core(a), _core(b)
+    if a is b:
+        return None
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    if set(pa) != set(pb):
+        return StageDiff("weights", math.inf, math.inf, detail="the models have different parameter names")
+    worst, largest = 0.0, ""
+    for name, tensor in pa.items():
+        other = pb[name]
+        if tensor.dtype != other.dtype:
+            return None  # a dtype difference is a setting, listed there
+        if tensor.shape != other.shape:
+            return StageDiff("weights", math.inf, math.inf, detail=f"{name}: shapes differ")
+        diff = float((tensor.detach().double().cpu() - other.detach().double().cpu()).abs().max())
+        if diff > worst:
+            worst, largest = diff, name
+    if not worst:
+        return StageDiff("weights", 0.0, 0.0)
+    scale = float(pb[largest].detach().double().abs().max()) or 1.0
+    return StageDiff("weights", worst, worst / scale, detail=f"parameter {largest}: max |Δ| {worst:.3g}")
+
+
+def _settings_diff(trajectory: Any, rollout: SideSpec, trainer: SideSpec) -> tuple[tuple[str, str, str], ...]:
+    from rollout_consistency.adapters.families import model_dtype
+
+    def value(side: SideSpec, name: str) -> Any:
+        if name == "dtype":
+            return str(model_dtype(side.model)).replace("torch.", "")
+        if name == "rows_per_forward":
+            return side.rows_per_forward or trajectory.batch_size
+        if name == "velocity":
+            fn = side.velocity
+            return "family default" if fn is None else getattr(fn, "__qualname__", repr(fn))
+        own = getattr(side, name)
+        if own is None:
+            own = {"options": trajectory.family_options}.get(name, getattr(trajectory, name, None))
+        return dict(own) if isinstance(own, Mapping) else own
+
+    names = ("attention", "dtype", "rows_per_forward", "guidance_scale", "noise_level", "sde_type")
+    names += ("include_normalizer", "options", "velocity")
+    out = []
+    for name in names:
+        a, b = value(rollout, name), value(trainer, name)
+        if a != b:
+            out.append((name, str(a), str(b)))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+def localise_check(config: Any, batch_spec: Any) -> Localisation:
+    """The built-in backends' localisation: roll out `batch_spec` again in this process and replay it.
+
+    The rollout side is the rollout backend as the check ran it (its model, kernel, batch, injection); the
+    trainer side is the trainer backend (its model, kernel, micro-batch).
+    """
+    from rollout_consistency.gate.sides.backends import build_backend, rollout_trajectory
+
+    backend = build_backend(config)
+    trajectory = rollout_trajectory(backend, batch_spec)
+    model = backend.rollout_model
+    if backend.injection is not None:  # the rollout's transformer as the check ran it (e.g. mask-sum-rope)
+        from rollout_consistency.adapters import apply_injection
+
+        windows = tuple(trajectory.windows)
+        model = apply_injection(
+            backend.injection,
+            scheduler=backend.scheduler_setup.scheduler(),
+            transformer=model,
+            windows=windows,
+            request_ids=[""] * len(windows),
+        ).transformer
+    rows = config.max_num_seqs if config.step_execution else config.rollout_batch_size
+    rollout = SideSpec(
+        "rollout",
+        model,
+        attention=config.rollout_attention,
+        rows_per_forward=min(rows, trajectory.batch_size),
+        draws_sample=True,
+    )
+    trainer = SideSpec(
+        "trainer",
+        backend.trainer_model,
+        attention=config.trainer_attention,
+        rows_per_forward=min(config.resolved_micro_batch_size, trajectory.batch_size),
+    )
+    return localise(trajectory, rollout, trainer, samples=batch_spec.sample_indices)
