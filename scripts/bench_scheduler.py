@@ -1,46 +1,72 @@
-"""Benchmark the patched scheduler step against diffusers' Euler step, side by side in one run.
+"""Benchmark the patched scheduler step against diffusers' Euler step (and verl-omni's SDE step), side by side.
 
-    python scripts/bench_scheduler.py [--batch 8] [--repeats 30] [--device cpu|cuda]
+    python scripts/bench_scheduler.py [--batch 8] [--pairs 40] [--calls 5] [--device cpu|cuda]
+                                      [--verl-omni PATH] [--threads N] [--json]
 
 (a) recompute path (score a given prev_sample)  vs  diffusers' FlowMatchEulerDiscreteScheduler.step
 (b) sampling path (draw + score)                vs  diffusers' step + drawing the same amount of noise
+(c) recompute path                              vs  verl-omni's FlowMatchSDEDiscreteScheduler scoring the same
+    sample (its `sample_previous_step(..., prev_sample=...)`), and (d) sampling vs its sampling: only with
+    `--verl-omni PATH`, the root of a verl-omni source tree (e.g. `git archive HEAD | tar -x -C PATH`), whose
+    scheduler file is loaded from there at run time (it imports only torch and diffusers); skipped otherwise.
+Every ratio is timed as interleaved pairs (A B, B A, ...; scripts/paired_timing.py): each timing covers
+`--calls` calls, and the figure is the median pair ratio with the spread of the pairs.
 Also the peak extra memory of one step, as a multiple of one latent tensor (CUDA: allocator peak; CPU:
-the resident-set peak of a child process).
-Targets: (a) <= 1.5x, (b) <= 1.3x, memory <= 3 latents.
+the resident-set peak of a child process), and the memory-traffic floor of (a) (--roofline).
+Targets: (a) <= 1.5x, (b) <= 1.3x, (c) <= 0.25x, memory <= 3 latents.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
+from paired_timing import interleaved_pairs, time_call
 
 from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler
 
 LATENT = (16, 128, 128)
 STEP_INDEX = 3
+NOISE_LEVEL = 0.7
+VERL_OMNI_SCHEDULER = Path("verl_omni/pipelines/schedulers/flow_match_sde.py")
 
 
-def setup(batch: int, device: str):
+def load_verl_omni_scheduler(root: str | None) -> tuple[type | None, str]:
+    """verl-omni's scheduler class from the source tree at `root`, or None and the reason it is skipped."""
+    if root is None:
+        return None, "skipped: no --verl-omni PATH (a verl-omni source tree) given"
+    path = Path(root) / VERL_OMNI_SCHEDULER
+    if not path.is_file():
+        return None, f"skipped: {path} does not exist (pass the root of a verl-omni source tree)"
+    spec = importlib.util.spec_from_file_location("verl_omni_flow_match_sde", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FlowMatchSDEDiscreteScheduler, f"verl-omni scheduler from {path}"
+
+
+def setup(batch: int, device: str, verl_cls: type | None = None):
     ours, stock = FlowMatchSDEDiscreteScheduler(shift=3.0), FlowMatchEulerDiscreteScheduler(shift=3.0)
-    ours.set_timesteps(10, device=device)
-    stock.set_timesteps(10, device=device)
+    verl = verl_cls(shift=3.0) if verl_cls is not None else None
+    for scheduler in (ours, stock, verl):
+        if scheduler is not None:
+            scheduler.set_timesteps(10, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     shape = (batch, *LATENT)
     x, v, prev = (torch.randn(shape, generator=g, device=device) for _ in range(3))
-    return ours, stock, x, v, prev, ours.timesteps[STEP_INDEX]
+    return ours, stock, verl, x, v, prev, ours.timesteps[STEP_INDEX]
 
 
-def paths(batch: int, device: str, sde_type: str = "sde"):
-    ours, stock, x, v, prev, t = setup(batch, device)
+def paths(batch: int, device: str, sde_type: str = "sde", verl_cls: type | None = None):
+    ours, stock, verl, x, v, prev, t = setup(batch, device, verl_cls)
     generator = torch.Generator(device=device).manual_seed(1)
 
     def stock_step():
@@ -52,32 +78,31 @@ def paths(batch: int, device: str, sde_type: str = "sde"):
         return torch.randn(x.shape, generator=generator, device=device)
 
     def recompute():
-        return ours.sample_previous_step(v, t, x, noise_level=0.7, sde_type=sde_type, prev_sample=prev).log_prob
+        return ours.sample_previous_step(v, t, x, noise_level=NOISE_LEVEL, sde_type=sde_type, prev_sample=prev).log_prob
 
     def sample():
-        return ours.sample_previous_step(v, t, x, noise_level=0.7, sde_type=sde_type, generator=generator).log_prob
+        return ours.sample_previous_step(
+            v, t, x, noise_level=NOISE_LEVEL, sde_type=sde_type, generator=generator
+        ).log_prob
 
-    return {
+    fns = {
         "stock_step": stock_step,
         "stock_step_and_noise": stock_step_and_noise,
         "recompute": recompute,
         "sample": sample,
-    }, x
+    }
+    if verl is not None:
 
+        def verl_recompute():
+            verl._step_index = STEP_INDEX  # its timestep=None path reads diffusers' counter
+            return verl.sample_previous_step(x, v, noise_level=NOISE_LEVEL, prev_sample=prev, sde_type=sde_type)[1]
 
-def median_ms(fn, repeats: int, device: str) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        def verl_sample():
+            verl._step_index = STEP_INDEX
+            return verl.sample_previous_step(x, v, noise_level=NOISE_LEVEL, generator=generator, sde_type=sde_type)[1]
+
+        fns.update(verl_recompute=verl_recompute, verl_sample=verl_sample)
+    return fns, x
 
 
 def _status_kib(field: str) -> int:
@@ -132,11 +157,39 @@ def peak_extra_latents(name: str, batch: int, device: str) -> float:
     return float(child.stdout.strip())
 
 
+def roofline(batch: int, pairs: int, calls: int) -> dict[str, float]:
+    """What bounds (a) on this machine: the time of one latent-sized stream and of the floor of each path.
+
+    A "stream" is one latent read or written (a write to memory the step allocates costs a read for
+    ownership too). diffusers' step, `x + dt·v` in two eager ops, moves 7: v, dt·v (written + read back),
+    x, the result. The recompute's minimum with one fused kernel is 5 (x, v, prev read; mean written); in
+    eager ops it moves 11: mean = a·x (3), += b·v in place (3), x' − mean (4), its norm (1).
+    """
+    x = torch.randn(batch, *LATENT)
+    out = torch.empty_like(x)
+    # A copy moves 3 streams: x read, `out` read for ownership and written.
+    copy = statistics.median(time_call(lambda: out.copy_(x), calls) for _ in range(pairs))
+    stream = copy / 3
+    mib = x.numel() * x.element_size() / 2**20
+    return {
+        "latent_MiB": round(mib, 2),
+        "stream_ms": round(1e3 * stream, 4),
+        "stream_GBps": round(x.numel() * x.element_size() / stream / 1e9, 1),
+        "euler_floor_ms": round(1e3 * 7 * stream, 4),
+        "recompute_eager_floor_ms": round(1e3 * 11 * stream, 4),
+        "recompute_fused_floor_ms": round(1e3 * 5 * stream, 4),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=40, help="interleaved pairs per ratio")
+    parser.add_argument("--calls", type=int, default=5, help="calls per timing")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--verl-omni", metavar="PATH", help="root of a verl-omni source tree, for (c) and (d)")
+    parser.add_argument("--sde-type", default="sde", choices=("sde", "cps", "dance_sde"))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--measure-memory", metavar="PATH", help=argparse.SUPPRESS)  # the child of peak_extra_latents
     args = parser.parse_args()
@@ -145,37 +198,65 @@ def main() -> None:
         # on free, and every call then pays page faults that swamp the arithmetic being compared.
         cached = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**31)}
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, **cached})
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.measure_memory:
         print(measure_peak_extra(args.measure_memory, args.batch))
         return
 
-    fns, _ = paths(args.batch, args.device)
-    # Interleave the paths round by round so that machine load affects all of them alike.
-    rounds = {name: [] for name in fns}
-    for _ in range(5):
-        for name, fn in fns.items():
-            rounds[name].append(median_ms(fn, max(1, args.repeats // 5), args.device))
-    ms = {name: statistics.median(values) for name, values in rounds.items()}
+    verl_cls, verl_note = load_verl_omni_scheduler(args.verl_omni)
+    fns, _ = paths(args.batch, args.device, args.sde_type, verl_cls)
+    sync = torch.cuda.synchronize if args.device == "cuda" else None
+
+    def timer(name):
+        return lambda: time_call(fns[name], args.calls, sync)
+
+    comparisons = [
+        ("(a) recompute / diffusers step", timer("stock_step"), timer("recompute")),
+        ("(b) sample / (diffusers step + noise)", timer("stock_step_and_noise"), timer("sample")),
+    ]
+    if verl_cls is not None:
+        comparisons += [
+            ("(c) recompute / verl-omni recompute", timer("verl_recompute"), timer("recompute")),
+            ("(d) sample / verl-omni sample", timer("verl_sample"), timer("sample")),
+        ]
+    ratios = interleaved_pairs(comparisons, args.pairs)
     result = {
         "device": args.device,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "shape": [args.batch, *LATENT],
-        "ms": {k: round(v, 3) for k, v in ms.items()},
-        "recompute_vs_stock_step": round(ms["recompute"] / ms["stock_step"], 3),
-        "sample_vs_stock_step_and_noise": round(ms["sample"] / ms["stock_step_and_noise"], 3),
+        "sde_type": args.sde_type,
+        "verl_omni": verl_note,
+        "ratios": {name: ratio.as_dict() for name, ratio in ratios.items()},
         "peak_extra_latents": {
             name: round(peak_extra_latents(name, args.batch, args.device), 2) for name in ("recompute", "sample")
         },
     }
+    if args.device == "cpu":
+        result["roofline"] = roofline(args.batch, args.pairs, args.calls)
     if args.json:
         print(json.dumps(result))
         return
-    print(f"device {args.device}, latents {tuple(result['shape'])} fp32, median of {args.repeats} calls")
-    for name, value in result["ms"].items():
-        print(f"  {name:<24} {value:8.3f} ms")
-    print(f"(a) recompute / diffusers step          {result['recompute_vs_stock_step']:.2f}x   (target <= 1.5x)")
-    print(f"(b) sample / (diffusers step + noise)   {result['sample_vs_stock_step_and_noise']:.2f}x   (target <= 1.3x)")
+    print(
+        f"device {args.device} ({result['cpu_capability']}, {result['threads']} threads), latents "
+        f"{tuple(result['shape'])} fp32, {args.sde_type}, {args.pairs} interleaved pairs of {args.calls} calls each"
+    )
+    targets = {"(a)": "<= 1.5x", "(b)": "<= 1.3x", "(c)": "<= 0.25x", "(d)": "(no target)"}
+    for name, ratio in ratios.items():
+        print(f"{name:<40} {ratio.describe()}   target {targets[name[:3]]}")
+        print(f"{'':<40} {1e3 * min(ratio.times_b):.3f} / {1e3 * min(ratio.times_a):.3f} ms (fastest of each)")
+    if verl_cls is None:
+        print(f"(c), (d) verl-omni: {verl_note}")
     for name, value in result["peak_extra_latents"].items():
-        print(f"peak extra memory, {name:<10}          {value:.2f} latents (target <= 3)")
+        print(f"peak extra memory, {name:<10}            {value:.2f} latents (target <= 3)")
+    if "roofline" in result:
+        r = result["roofline"]
+        print(
+            f"memory traffic: one latent stream ({r['latent_MiB']} MiB) {r['stream_ms']:.3f} ms ({r['stream_GBps']} GB/s); "
+            f"floors: diffusers step (7 streams) {r['euler_floor_ms']:.3f} ms, recompute in eager ops (11) "
+            f"{r['recompute_eager_floor_ms']:.3f} ms, fused (5) {r['recompute_fused_floor_ms']:.3f} ms"
+        )
 
 
 if __name__ == "__main__":
