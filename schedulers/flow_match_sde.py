@@ -412,18 +412,14 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         density = torch.tensor(
             [[s / numel for s in scale], offset if include_normalizer else [0.0] * batch], dtype=torch.float64
         ).to(sample.device)
-        noise = _standard_normal(sample.shape, generator, sample.device) if prev_sample is None else None
-        needs_graph = torch.is_grad_enabled() and (sample.requires_grad or model_output.requires_grad)
-        if sample.device.type == "cpu" and not needs_graph:
-            mean, prev_sample, chunk_norms = _step_in_blocks(sample, model_output, factors, prev_sample, noise)
-        else:
-            # Every transition is linear in (x, v): mean = a·x + b·v with per-sample scalars, two passes over
-            # memory. In-place on a fresh tensor is autograd-safe: the product's backward does not need it.
-            mean = torch.mul(sample, factors[0].view(view)).addcmul_(model_output, factors[1].view(view))
-            if prev_sample is None:
-                prev_sample = torch.addcmul(mean.detach(), noise, factors[2].view(view))
-                del noise  # let the allocator reuse it for the residual
-            chunk_norms = _residual_chunk_norms(prev_sample.detach(), mean)
+        # Every transition is linear in (x, v): mean = a·x + b·v with per-sample scalars, two passes over
+        # memory. In-place on a fresh tensor is autograd-safe: the product's backward does not need it.
+        mean = torch.mul(sample, factors[0].view(view)).addcmul_(model_output, factors[1].view(view))
+        if prev_sample is None:
+            noise = _standard_normal(sample.shape, generator, sample.device)
+            # Written over the noise (no further latent-sized buffer); the noise is not needed afterwards.
+            prev_sample = torch.addcmul(mean.detach(), noise, factors[2].view(view), out=noise)
+        chunk_norms = _residual_chunk_norms(prev_sample.detach(), mean)
         sum_sq = chunk_norms.to(torch.float64).square().sum(dim=1)
         log_prob = sum_sq.mul(density[0]).add(density[1]).to(torch.float32)
         return self._output(prev_sample, log_prob, mean, factors[2], factors[3], return_dict)
@@ -539,64 +535,15 @@ def _standard_normal(
     return noise.to(device)
 
 
-# The reduction behind `log_prob`. The differences compared downstream are ~1e-6 of values ~1, so its own
-# rounding must stay far below 1e-7 relative: a float32 sum over the whole latent would add ~6e-8, and a
-# float64 sum would materialise a float64 copy of the latent. Instead: float32 norms of chunks of <= 512
-# elements (~1e-7 relative each, independent), whose squares are summed in float64 (~7e-9 relative overall).
-# The norm's backward is finite at zero (cps on its last step).
-_CHUNK = 512
-# Elements per block of the CPU path: 1 MiB of float32, so that a block's mean and residual stay in a core's
-# L2 cache between the ops that write and read them.
-_BLOCK = 1 << 18
-
-
 def _residual_chunk_norms(prev_sample: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """Norms of `prev_sample − mean` over chunks of `gcd(numel, 512)` elements of each row: `(B, chunks)`, float32."""
+    """Norms of `prev_sample − mean` over chunks of `gcd(numel, 512)` elements of each row: `(B, chunks)`, float32.
+
+    The reduction behind `log_prob`. The differences compared downstream are ~1e-6 of values ~1, so its own
+    rounding must stay far below 1e-7 relative: a float32 sum over the whole latent would add ~6e-8, and a
+    float64 sum would materialise a float64 copy of the latent. Instead: one float32 pass computing the norms
+    of chunks of <= 512 elements (~1e-7 relative each, independent), whose squares the caller sums in float64
+    (~7e-9 relative overall). The norm's backward is finite at zero (cps on its last step).
+    """
     batch = prev_sample.shape[0]
     residual = (prev_sample - mean).reshape(batch, -1)
-    return torch.linalg.vector_norm(residual.view(batch, -1, math.gcd(residual.shape[1], _CHUNK)), dim=2)
-
-
-def _step_in_blocks(
-    sample: torch.Tensor,
-    model_output: torch.Tensor,
-    factors: torch.Tensor,
-    prev_sample: torch.Tensor | None,
-    noise: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`mean = a·x + b·v`, `prev_sample` (drawn as `mean + std·noise` into the noise buffer when not given) and
-    [`_residual_chunk_norms`], computed block by block with the very same ops, so bit for bit the same.
-
-    Each op of the unblocked path reads and writes whole latents, so on a CPU every intermediate goes out to
-    memory and back: 11 latent-sized transfers for a recompute. Here the latents are read once and the mean
-    written once (5 transfers); a block's mean and residual are read back from cache. Without autograd only
-    (the blocks are written through `out=`).
-    """
-    batch = sample.shape[0]
-    x, v = sample.reshape(batch, -1), model_output.reshape(batch, -1)
-    numel = x.shape[1]
-    chunk = math.gcd(numel, _CHUNK)
-    drawn = prev_sample is None
-    prev = (noise if drawn else prev_sample).reshape(batch, -1)
-    mean = torch.empty_like(x)
-    norms = torch.empty(batch, numel // chunk, dtype=torch.float32, device=x.device)
-    residual = torch.empty(min(_BLOCK, batch * numel), dtype=torch.float32, device=x.device)
-    a, b, std = (factors[i].view(batch, 1) for i in range(3))
-    if numel >= _BLOCK:  # one row at a time, in column blocks (multiples of 512: whole chunks)
-        blocks = [
-            (slice(r, r + 1), slice(c, min(c + _BLOCK, numel))) for r in range(batch) for c in range(0, numel, _BLOCK)
-        ]
-    else:  # whole rows, as many as fit a block
-        rows = _BLOCK // numel
-        blocks = [(slice(r, min(r + rows, batch)), slice(0, numel)) for r in range(0, batch, rows)]
-    for row, col in blocks:
-        block_mean, block_prev = mean[row, col], prev[row, col]
-        torch.mul(x[row, col], a[row], out=block_mean)
-        block_mean.addcmul_(v[row, col], b[row])
-        if drawn:
-            torch.addcmul(block_mean, block_prev, std[row], out=block_prev)  # noise -> mean + std·noise
-        block_residual = residual[: block_mean.numel()].view(block_mean.shape)
-        torch.sub(block_prev, block_mean, out=block_residual)
-        block_norms = norms[row, col.start // chunk : col.stop // chunk].view(-1)
-        torch.linalg.vector_norm(block_residual.view(-1, chunk), dim=1, out=block_norms)
-    return mean.view_as(sample), prev.view_as(sample) if drawn else prev_sample, norms
+    return torch.linalg.vector_norm(residual.view(batch, -1, math.gcd(residual.shape[1], 512)), dim=2)

@@ -12,7 +12,8 @@
 Every ratio is timed as interleaved pairs (A B, B A, ...; scripts/paired_timing.py): each timing covers
 `--calls` calls, and the figure is the median pair ratio with the spread of the pairs.
 Also the peak extra memory of one step, as a multiple of one latent tensor (CUDA: allocator peak; CPU:
-the resident-set peak of a child process), and the memory-traffic floor of (a) (--roofline).
+the resident-set peak of a child process), the latent-sized passes each path makes (bytes its ATen ops read
+and write, from a dispatch trace) and, on CPU, the time of one pass on this machine (from a copy).
 Targets: (a) <= 1.5x, (b) <= 1.3x, (c) <= 0.25x, memory <= 3 latents.
 """
 
@@ -31,6 +32,8 @@ from pathlib import Path
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from paired_timing import interleaved_pairs, time_call
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler
 
@@ -157,27 +160,57 @@ def peak_extra_latents(name: str, batch: int, device: str) -> float:
     return float(child.stdout.strip())
 
 
-def roofline(batch: int, pairs: int, calls: int) -> dict[str, float]:
-    """What bounds (a) on this machine: the time of one latent-sized stream and of the floor of each path.
+class _Traffic(TorchDispatchMode):
+    """Bytes every ATen op of a call reads and writes (op level: a re-read from cache counts too)."""
 
-    A "stream" is one latent read or written (a write to memory the step allocates costs a read for
-    ownership too). diffusers' step, `x + dt·v` in two eager ops, moves 7: v, dt·v (written + read back),
-    x, the result. The recompute's minimum with one fused kernel is 5 (x, v, prev read; mean written); in
-    eager ops it moves 11: mean = a·x (3), += b·v in place (3), x' − mean (4), its norm (1).
-    """
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = self.written = self.allocated = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.is_view:  # a slice or view moves no data
+            return out
+        written = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if func._schema.name in ("aten::empty", "aten::empty_like", "aten::empty_strided"):
+            self.allocated += sum(t.numel() * t.element_size() for t in written)  # written later, through out=
+            return out
+        # An `out=` argument is written, not read; an in-place op's `self` is both (returned, so written).
+        inputs = tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))[0]
+        self.read += sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+        self.written += sum(t.numel() * t.element_size() for t in written)
+        if not func._schema.is_mutable:  # a fresh output: its memory is read for ownership before the write
+            self.allocated += sum(t.numel() * t.element_size() for t in written)
+        return out
+
+
+def memory_passes(fns: dict, names: list[str], batch: int) -> dict[str, dict[str, float]]:
+    """Latent-sized passes of each path: reads, writes and fresh outputs, in units of one latent."""
+    latent = batch * torch.Size(LATENT).numel() * 4
+    passes = {}
+    for name in names:
+        with torch.no_grad(), _Traffic() as traffic:
+            fns[name]()
+        passes[name] = {
+            "read": round(traffic.read / latent, 2),
+            "written": round(traffic.written / latent, 2),
+            "fresh": round(traffic.allocated / latent, 2),
+        }
+    return passes
+
+
+def stream_time(batch: int, pairs: int, calls: int) -> dict[str, float]:
+    """This machine's cost of moving one latent: a copy into an owned buffer reads one latent and writes one;
+    its time over 2 is the cost of one pass (the roofline every latent-sized op sits on)."""
     x = torch.randn(batch, *LATENT)
     out = torch.empty_like(x)
-    # A copy moves 3 streams: x read, `out` read for ownership and written.
     copy = statistics.median(time_call(lambda: out.copy_(x), calls) for _ in range(pairs))
-    stream = copy / 3
-    mib = x.numel() * x.element_size() / 2**20
+    size = x.numel() * x.element_size()
     return {
-        "latent_MiB": round(mib, 2),
-        "stream_ms": round(1e3 * stream, 4),
-        "stream_GBps": round(x.numel() * x.element_size() / stream / 1e9, 1),
-        "euler_floor_ms": round(1e3 * 7 * stream, 4),
-        "recompute_eager_floor_ms": round(1e3 * 11 * stream, 4),
-        "recompute_fused_floor_ms": round(1e3 * 5 * stream, 4),
+        "latent_MiB": round(size / 2**20, 2),
+        "pass_ms": round(1e3 * copy / 2, 4),
+        "GBps": round(2 * size / copy / 1e9, 1),
     }
 
 
@@ -233,8 +266,11 @@ def main() -> None:
             name: round(peak_extra_latents(name, args.batch, args.device), 2) for name in ("recompute", "sample")
         },
     }
+    traced = ["stock_step", "recompute", "stock_step_and_noise", "sample"]
+    traced += ["verl_recompute", "verl_sample"] if verl_cls is not None else []
+    result["passes"] = memory_passes(fns, traced, args.batch)
     if args.device == "cpu":
-        result["roofline"] = roofline(args.batch, args.pairs, args.calls)
+        result["memory"] = stream_time(args.batch, args.pairs, args.calls)
     if args.json:
         print(json.dumps(result))
         return
@@ -250,13 +286,12 @@ def main() -> None:
         print(f"(c), (d) verl-omni: {verl_note}")
     for name, value in result["peak_extra_latents"].items():
         print(f"peak extra memory, {name:<10}            {value:.2f} latents (target <= 3)")
-    if "roofline" in result:
-        r = result["roofline"]
-        print(
-            f"memory traffic: one latent stream ({r['latent_MiB']} MiB) {r['stream_ms']:.3f} ms ({r['stream_GBps']} GB/s); "
-            f"floors: diffusers step (7 streams) {r['euler_floor_ms']:.3f} ms, recompute in eager ops (11) "
-            f"{r['recompute_eager_floor_ms']:.3f} ms, fused (5) {r['recompute_fused_floor_ms']:.3f} ms"
-        )
+    print("latent-sized passes per call (op level, from a dispatch trace): read + written (of which fresh outputs)")
+    for name, p in result["passes"].items():
+        print(f"  {name:<24} {p['read']:5.2f} + {p['written']:5.2f} ({p['fresh']:.2f})")
+    if "memory" in result:
+        m = result["memory"]
+        print(f"one latent pass ({m['latent_MiB']} MiB) {m['pass_ms']:.3f} ms ({m['GBps']} GB/s, from a copy)")
 
 
 if __name__ == "__main__":

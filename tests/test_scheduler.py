@@ -104,7 +104,7 @@ def test_scoring_a_drawn_sample_reproduces_its_log_prob_bit_for_bit(
     scored = scheduler.sample_previous_step(v, t, x, prev_sample=drawn.prev_sample, **kwargs)
     assert torch.equal(drawn.log_prob, scored.log_prob)
     assert torch.equal(drawn.prev_sample_mean, scored.prev_sample_mean)
-    # The trainer scores it with a graph to its model output (the whole-tensor path, not the CPU's blocks).
+    # The trainer scores it with a graph to its model output.
     trained = scheduler.sample_previous_step(v.requires_grad_(), t, x, prev_sample=drawn.prev_sample, **kwargs)
     assert torch.equal(trained.log_prob.detach(), drawn.log_prob)
 
@@ -204,32 +204,6 @@ def test_per_sample_timesteps_equal_separate_calls():
         )
         assert torch.equal(batched.prev_sample[row], single.prev_sample[0])
         assert torch.equal(batched.log_prob[row], single.log_prob[0])
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [(2, 16, 160, 128), (80, 4, 32, 32), (3, 5, 7, 9)],
-    ids=["rows-in-column-blocks", "rows-grouped-in-blocks", "one-small-block"],
-)
-@pytest.mark.parametrize("sde_type", SDE_TYPES)
-def test_cpu_blocks_without_autograd_give_the_bits_of_the_whole_tensor_ops(shape, sde_type):
-    """Without a graph the CPU step runs in cache-sized blocks; with one (the trainer's recompute) in whole-tensor
-    ops. A rollout drawn without autograd and scored with it must agree bit for bit: mean, sample and log-prob."""
-    scheduler = make_scheduler()
-    x, v = tensors(7, shape=shape)
-    t = scheduler.timesteps[torch.arange(shape[0]) % 9]  # rows at different steps: per-row coefficients
-    kwargs = dict(noise_level=0.7, sde_type=sde_type)
-    with torch.no_grad():
-        drawn = scheduler.sample_previous_step(v, t, x, generator=generators(7, shape[0]), **kwargs)
-        scored = scheduler.sample_previous_step(v, t, x, prev_sample=drawn.prev_sample, **kwargs)
-    v_train = v.clone().requires_grad_(True)
-    drawn_graph = scheduler.sample_previous_step(v_train, t, x, generator=generators(7, shape[0]), **kwargs)
-    scored_graph = scheduler.sample_previous_step(v_train, t, x, prev_sample=drawn.prev_sample, **kwargs)
-    for blocked, whole in ((drawn, drawn_graph), (scored, scored_graph)):
-        for name in ("prev_sample", "prev_sample_mean", "log_prob"):
-            assert torch.equal(getattr(blocked, name), getattr(whole, name).detach()), name
-    assert torch.equal(scored.log_prob, drawn.log_prob)
-    assert scored.prev_sample is drawn.prev_sample  # a scored sample comes back as given
 
 
 def test_log_prob_reduction_rounding_is_far_below_1e7_relative():
