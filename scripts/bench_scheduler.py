@@ -14,6 +14,8 @@ Every ratio is timed as interleaved pairs (A B, B A, ...; scripts/paired_timing.
 Also the peak extra memory of one step, as a multiple of one latent tensor (CUDA: allocator peak; CPU:
 the resident-set peak of a child process), the latent-sized passes each path makes (bytes its ATen ops read
 and write, from a dispatch trace) and, on CPU, the time of one pass on this machine (from a copy).
+`--fused-reference` adds (e): the recompute's maths as one torch.compile'd kernel, the floor a fused kernel
+reaches (not what the scheduler runs).
 Targets: (a) <= 1.5x, (b) <= 1.3x, (c) <= 0.25x, memory <= 3 latents.
 """
 
@@ -106,6 +108,24 @@ def paths(batch: int, device: str, sde_type: str = "sde", verl_cls: type | None 
 
         fns.update(verl_recompute=verl_recompute, verl_sample=verl_sample)
     return fns, x
+
+
+def fused_reference(batch: int, device: str):
+    """The recompute's maths as one torch.compile'd kernel (mean written, residual reduced in float64 without
+    being stored): what a fused kernel reaches. A reference for the floor only — the scheduler does not use it,
+    because its bits differ from the eager ops' and a process without a compiler would fall back to those."""
+    _, _, _, x, v, prev, _ = setup(batch, device)
+    a = torch.full((batch, 1, 1, 1), 0.97, device=device)
+    b = torch.full((batch, 1, 1, 1), -0.08, device=device)
+
+    def recompute(x, v, prev, a, b):
+        mean = x * a + v * b
+        residual = (prev - mean).view(x.shape[0], -1)
+        return mean, (residual.double() ** 2).sum(dim=1)
+
+    compiled = torch.compile(recompute, dynamic=False)
+    compiled(x, v, prev, a, b)  # compiles here: raises where no compiler is present
+    return lambda: compiled(x, v, prev, a, b)
 
 
 def _status_kib(field: str) -> int:
@@ -223,6 +243,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--verl-omni", metavar="PATH", help="root of a verl-omni source tree, for (c) and (d)")
     parser.add_argument("--sde-type", default="sde", choices=("sde", "cps", "dance_sde"))
+    parser.add_argument("--fused-reference", action="store_true", help="also time the maths as one compiled kernel")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--measure-memory", metavar="PATH", help=argparse.SUPPRESS)  # the child of peak_extra_latents
     args = parser.parse_args()
@@ -248,6 +269,20 @@ def main() -> None:
         ("(a) recompute / diffusers step", timer("stock_step"), timer("recompute")),
         ("(b) sample / (diffusers step + noise)", timer("stock_step_and_noise"), timer("sample")),
     ]
+    fused_note = "not requested (--fused-reference)"
+    if args.fused_reference:
+        try:
+            fused = fused_reference(args.batch, args.device)
+            comparisons.append(
+                (
+                    "(e) fused reference / diffusers step",
+                    timer("stock_step"),
+                    lambda: time_call(fused, args.calls, sync),
+                )
+            )
+            fused_note = "torch.compile'd"
+        except Exception as error:  # no compiler, no inductor backend for this device, ...
+            fused_note = f"skipped: torch.compile failed ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
     if verl_cls is not None:
         comparisons += [
             ("(c) recompute / verl-omni recompute", timer("verl_recompute"), timer("recompute")),
@@ -261,6 +296,7 @@ def main() -> None:
         "shape": [args.batch, *LATENT],
         "sde_type": args.sde_type,
         "verl_omni": verl_note,
+        "fused_reference": fused_note,
         "ratios": {name: ratio.as_dict() for name, ratio in ratios.items()},
         "peak_extra_latents": {
             name: round(peak_extra_latents(name, args.batch, args.device), 2) for name in ("recompute", "sample")
@@ -278,12 +314,14 @@ def main() -> None:
         f"device {args.device} ({result['cpu_capability']}, {result['threads']} threads), latents "
         f"{tuple(result['shape'])} fp32, {args.sde_type}, {args.pairs} interleaved pairs of {args.calls} calls each"
     )
-    targets = {"(a)": "<= 1.5x", "(b)": "<= 1.3x", "(c)": "<= 0.25x", "(d)": "(no target)"}
+    targets = {"(a)": "<= 1.5x", "(b)": "<= 1.3x", "(c)": "<= 0.25x", "(d)": "(no target)", "(e)": "(the floor)"}
     for name, ratio in ratios.items():
         print(f"{name:<40} {ratio.describe()}   target {targets[name[:3]]}")
         print(f"{'':<40} {1e3 * min(ratio.times_b):.3f} / {1e3 * min(ratio.times_a):.3f} ms (fastest of each)")
     if verl_cls is None:
         print(f"(c), (d) verl-omni: {verl_note}")
+    if not fused_note.startswith("torch"):
+        print(f"(e) fused reference: {fused_note}")
     for name, value in result["peak_extra_latents"].items():
         print(f"peak extra memory, {name:<10}            {value:.2f} latents (target <= 3)")
     print("latent-sized passes per call (op level, from a dispatch trace): read + written (of which fresh outputs)")
