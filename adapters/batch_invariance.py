@@ -17,8 +17,8 @@ every forward as they are. Two routes:
 * **fixed-shape** (`rows_per_forward=P > 1`): every forward holds exactly P rows — a batch is cut into
   chunks of P and the last chunk is padded with copies of its first row, whose outputs are dropped. The
   forward's shape is then fixed, but a row's bits still depend on its *position* among the P rows wherever
-  a kernel treats rows at some offsets differently (MKL's AVX2 SGEMM does on Intel Xeons; its AVX-512 SGEMM
-  does not, docs/performance.md). So the proxy checks it where it runs: the first time it sees an input
+  a kernel treats rows at some offsets differently (MKL's AVX2 path does on the Intel Xeon measured in
+  docs/performance.md; its AVX-512 path does not). So the proxy checks it where it runs: the first time it sees an input
   signature (per-row shapes and dtypes, which inputs are given, per-row list values, torch's thread count,
   grad and autocast mode) it runs two probe forwards — P copies of one row (every output row must be
   bit-identical: no position dependence) and that row last behind P-1 different rows (the call's other
