@@ -516,8 +516,7 @@ def compute_metrics(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     micro_batch_size: int | None = None,
-    rollout_mask: Any = None,
-    trainer_mask: Any = None,
+    masks: tuple[Any, Any] | None = None,
     timesteps: Any = None,
 ) -> ConsistencyMetrics:
     """Compare rollout and trainer log-probs of the same window steps: every registered metric, every view.
@@ -531,8 +530,8 @@ def compute_metrics(
         clip_ratio_low, clip_ratio_high (`float`, *optional*): asymmetric ranges (verl
             ``clip_ratio_low``/``clip_ratio_high``); each defaults to ``clip_ratio``.
         micro_batch_size (`int`, *optional*): the trainer's micro-batch size; ``None`` = one micro-batch.
-        rollout_mask, trainer_mask (`(B, W)` bool, *optional*): which steps each side has (default: all).
-            A sample with a shorter window pads its row and clears the mask there.
+        masks (`(rollout_mask, trainer_mask)`, each `(B, W)` bool or None, *optional*): which steps each side
+            has (default: all). A sample with a shorter window pads its row and clears the mask there.
         timesteps (`(B, W)` float, *optional*): exact timestep value of each step, for ``by_timestep``.
 
     Raises:
@@ -547,6 +546,7 @@ def compute_metrics(
             f"must score the same (samples, window steps); check the SDE window and batch on each side."
         )
     shape = rollout.shape
+    rollout_mask, trainer_mask = (None, None) if masks is None else masks
     r_mask = _as_mask(rollout_mask, shape, "rollout_mask")
     t_mask = _as_mask(trainer_mask, shape, "trainer_mask")
     steps = None if timesteps is None else _log_prob_table(timesteps, "timesteps", expect=shape)
