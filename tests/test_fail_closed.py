@@ -29,6 +29,8 @@ from safetensors.torch import save_file
 
 from rollout_consistency.atomic_write import TEMP_PREFIX, write_all
 from rollout_consistency.cli import main
+from rollout_consistency.gate import BackendEntry, register_backend
+from rollout_consistency.gate.backend_registry import unregister_backend
 from rollout_consistency.gate.bounds import BOUNDS
 from rollout_consistency.training.capture_file import CaptureFormatError
 from rollout_consistency.training.nan_capture import NanCapture, NonFiniteGradientError, load_capture, replay
@@ -372,6 +374,14 @@ USER_CODE_CORPUS = [
         "rollout",
         ROLLOUT_OBJECT.format(body="import sys; sys.exit(0)"),
         "R.rollout(request) on rollout batch 0 raised SystemExit(0)",
+    ),
+    _plugin_case(
+        "plugin-trainer-experts-sys-exit-0",  # experts(batch): a Wan-style trainer's record of its experts
+        "trainer",
+        "import sys\nclass T:\n    def recompute_log_probs(self, batch, *, micro_batch_size):\n"
+        "        return batch.log_probs.clone()\n    def experts(self, batch):\n        sys.exit(0)\n"
+        "def make(config):\n    return T()\n",
+        "experts(batch) raised SystemExit(0)",
     ),
     _plugin_case(
         "plugin-factory-never-returns",
@@ -834,6 +844,17 @@ def test_a_training_script_that_parses_its_arguments_at_import_is_a_usage_error(
     assert main([*CHECK, *TINY, "--trainer-backend", f"{path}:make"]) == 2
     last = capsys.readouterr().err.rstrip().splitlines()[-1]  # argparse printed its own usage lines first
     assert "import of " in last and "raised SystemExit(2)" in last and "if __name__ == '__main__':" in last
+
+
+def test_a_backend_registered_from_user_code_is_fenced_like_a_plugin(work, capsys):
+    path = _user_file("my_engine.py", "import sys\ndef start(config):\n    sys.exit(0)\n")(work)
+    register_backend(BackendEntry(name="my-engine", side="rollout", factory=f"{path}:start", summary="exits"))
+    try:
+        assert main([*CHECK, *TINY, "--rollout-backend", "my-engine"]) == 2
+    finally:
+        unregister_backend("rollout", "my-engine")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "rollout_backend 'my-engine': the factory raised SystemExit(0)" in line
 
 
 def test_user_code_that_ends_a_ray_worker_is_a_usage_error(work, capsys, ray_session):

@@ -104,6 +104,25 @@ def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
             GateSettings(**bad)
 
 
+def test_expected_samples_is_a_setting_the_complete_guard_reads():
+    """Coverage travels in GateSettings: a count or ids, checked when built; fewer rows is a `complete` FAIL naming
+    the samples not gated and why; a guard the caller cannot support is reported as not checked."""
+    rollout, _ = tables()
+    assert gate(rollout, rollout, expected_samples=6).passed
+    counted = gate(rollout, rollout, expected_samples=8, ungated_reason="dropped by the loader")
+    (reason,) = [r for r in counted.reasons if r.startswith("complete:")]
+    assert "2 of the 8 samples the rollout produced were not gated: dropped by the loader" in reason
+    by_ids = gate(rollout, rollout, GateSettings(expected_samples=np.arange(10, 17)), sample_ids=np.arange(10, 16))
+    (reason,) = [r for r in by_ids.reasons if r.startswith("complete:")]
+    assert "1 of the 7 samples" in reason and "(ids [16])" in reason
+    unsupported = gate(rollout, rollout, not_checked={"complete": "my loop cannot say"})
+    assert unsupported.passed and unsupported.not_checked["complete"] == "my loop cannot say"
+    assert "complete" not in {check.name for check in unsupported.verdict.checks}
+    for bad, words in ((-1, ">= 0"), (True, "count or sample ids"), ([0, 1.5], "integers"), (object(), "count")):
+        with pytest.raises(GateInputError, match=words):
+            GateSettings(expected_samples=bad)
+
+
 def test_nan_log_prob_fails_closed():
     rollout, _ = tables()
     trainer = rollout.copy()
@@ -189,6 +208,12 @@ def test_dump_round_trip_and_validation(tmp_path):
         with pytest.raises(DumpFormatError) as error:
             read_dump(file)
         assert words in str(error.value) and "\n" not in str(error.value), name
+    coverage = {"rollout_log_probs": rollout, "trainer_log_probs": rollout}
+    for text in ('{"expected_samples": 3}', "not json", '{"recorded_samples": -1}'):  # not what the recorder writes
+        file = tmp_path / "coverage.safetensors"
+        save_file(coverage, str(file), metadata={**good_meta, "recorder_coverage": text})
+        with pytest.raises(DumpFormatError, match="'recorder_coverage' is not the recorder's coverage"):
+            read_dump(file)
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(DumpFormatError, match="write_dump"):
         read_dump(tmp_path / "junk.safetensors")

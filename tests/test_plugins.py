@@ -175,3 +175,20 @@ def test_a_plugin_file_is_imported_once_with_its_folder_importable(tmp_path):
     )
     assert report.passed, report.reasons
     assert sys.modules["my_loop"].__file__ == spec and len(sys.modules["my_loop"].ROLLOUTS) == 1
+
+
+def test_a_trainer_plugin_that_exposes_no_model_runs_beside_the_built_in_rollout(tmp_path):
+    """`model` is optional: the schedule comes from the checker's own model, not the plug-in's (a plug-in without
+    one stopped the check with "could not run (AttributeError: 'NoneType' object has no attribute 'config')")."""
+    (tmp_path / "scorer.py").write_text(
+        "from rollout_consistency.adapters import recompute_log_probs\n"
+        "from rollout_consistency.adapters.tiny import load_qwen_image\n"
+        "POLICY = load_qwen_image(seed=0)\n"
+        "def make(config):\n"
+        "    return lambda batch, micro_batch_size: recompute_log_probs(POLICY, batch)\n"
+    )
+    for batch_invariant in (False, True):
+        config = CheckConfig(trainer_backend=f"{tmp_path / 'scorer.py'}:make", batch_invariant=batch_invariant, **SMALL)
+        report = run_step1_check(config)
+        assert report.passed, report.reasons
+        assert report.run["weights"]["trainer"] is None  # nothing to fingerprint: said, not guessed
