@@ -399,6 +399,16 @@ USER_CODE_CORPUS = [
         "--user-code-timeout-s",
         "0.5",
     ),
+    _plugin_case(
+        "plugin-rollout-never-returns-and-swallows-exceptions",  # `except Exception` cannot swallow the timeout
+        "rollout",
+        "import time\nclass R:\n    def rollout(self, request):\n        while True:\n            try:\n"
+        "                time.sleep(0.05)\n            except Exception:\n                pass\n"
+        "def make(config):\n    return R()\n",
+        "R.rollout(request) on rollout batch 0 did not return within 0.5 s (user_code_timeout_s)",
+        "--user-code-timeout-s",
+        "0.5",
+    ),
     _sync_case(
         "weight-sync-sys-exit-0",
         "import sys\ndef sync(trainer, rollout):\n    sys.exit(0)\n",
@@ -863,7 +873,9 @@ def test_user_code_that_ends_a_ray_worker_is_a_usage_error(work, capsys, ray_ses
     argv = [*CHECK, *TINY, "--workers", "2"]
     assert main([*argv, "--trainer-backend", f"{path}:make"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the factory raised SystemExit(0)" in err[0], err
+    # The user-code error itself, as in process: not "a Ray worker could not start" with it buried in a traceback.
+    assert len(err) == 1 and err[0].startswith(f"rollout-consistency: error: trainer_backend '{path}:make'"), err
+    assert "the factory raised SystemExit(0)" in err[0], err
 
 
 _SUPERVISOR_CASES = r"""
@@ -999,6 +1011,25 @@ def _unprivileged(argv: list[str]) -> list[str]:
     if shutil.which("setpriv") is None:
         pytest.skip("running as root without setpriv: a mode-000 file stays readable")
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
+
+
+def test_out_of_memory_names_a_fix_that_fits_the_command(capsys):
+    # The issue: `gate` and `doctor` ran out of memory with the check's fix ("lower the image size").
+    from rollout_consistency.cli_guard import guarded
+
+    def out_of_memory(argv: list[str]) -> int:
+        raise MemoryError
+
+    for command, fix in (
+        ("check", "lower the image size"),
+        ("gate", "gate fewer samples"),
+        ("doctor", "the report is too large"),
+        ("lint", "lint fewer or smaller files"),
+    ):
+        assert guarded(out_of_memory, [command, "x"], "prog") == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("prog: error: out of memory;") and fix in line, line
+        assert command == "check" or "image size" not in line, line
 
 
 @pytest.mark.parametrize("command", [["gate", "d.safetensors"], [*CHECK, "--config", "c.yaml"]], ids=["gate", "config"])
