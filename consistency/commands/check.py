@@ -122,7 +122,7 @@ FIELD_HELP: dict[str, str] = {
     "workers": "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
     "ray_address": "join this Ray cluster ('auto', 'ray://host:10001')",
     "ray_timeout_s": "seconds to reach --ray-address before giving up (exit 2)",
-    "user_code_timeout_s": "seconds each call into your code (plug-in import, factory, rollout, compute_log_prob, "
+    "user_code_timeout_s": "seconds each call into your code (plug-in import, factory, rollout, recompute_log_probs, "
     "weight sync) may take before the check stops with exit 2",
     "progress": "progress bar on stderr",
     "weight_sync": "also check step 2: one optimizer update, this sync to the rollout (load_state_dict, peft or 'package.module:function'), check again",

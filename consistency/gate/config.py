@@ -198,7 +198,8 @@ class CheckConfig:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
         the cluster at ray_address before failing (exit 2). user_code_timeout_s: bound on each call into
-        user code — a plug-in's import, factory and calls, a weight-sync function (`rollout_consistency.fence`).
+        user code — a plug-in's or a registered backend's import and factory, its calls, a weight-sync function
+        (`rollout_consistency.fence`).
         progress: show a progress bar.
         weight_sync: also run the step-2 check (`rollout_consistency.gate.sides.weight_sync`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
