@@ -60,7 +60,9 @@ class Outcome:
 def config_of(path: Path, case: dict[str, Any]):
     from rollout_consistency import CheckConfig
 
-    return CheckConfig(rollout_backend=f"{path}:make_rollout", trainer_backend=f"{path}:make_trainer", **case["settings"])
+    return CheckConfig(
+        rollout_backend=f"{path}:make_rollout", trainer_backend=f"{path}:make_trainer", **case["settings"]
+    )
 
 
 def tables(config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
