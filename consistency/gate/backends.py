@@ -296,6 +296,7 @@ def build_backend(config: CheckConfig) -> Backend:
     family = checker_family(config.model_family)
     settings = pipeline_settings(config)
     trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device)
+    schedule_model = trainer_model  # the schedule's shapes: a plug-in side may expose no model
     if engine is not None:
         rollout_model = None
     elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
@@ -316,12 +317,12 @@ def build_backend(config: CheckConfig) -> Backend:
         from rollout_consistency.adapters.batch_invariance import batch_invariant
 
         shared = rollout_model is trainer_model
-        trainer_model = batch_invariant(trainer_model, family)
+        trainer_model = None if trainer_model is None else batch_invariant(trainer_model, family)
         if rollout_model is not None:
             rollout_model = trainer_model if shared else batch_invariant(rollout_model, family)
     options = family.options(settings)
     setup = family.scheduler_setup(
-        _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
+        _scheduler_config(family, config.model_path), config.num_inference_steps, schedule_model, options
     )
     return Backend(
         config=config,

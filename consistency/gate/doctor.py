@@ -141,7 +141,8 @@ def _rank(found: list[Diagnosis]) -> tuple[Diagnosis, ...]:
         else:
             kept = best[d.cause]
             extra = tuple(e for e in d.evidence if e not in kept.evidence)
-            best[d.cause] = dataclasses.replace(kept, evidence=kept.evidence + extra)
+            details = kept.details if kept.details is not None else d.details
+            best[d.cause] = dataclasses.replace(kept, evidence=kept.evidence + extra, details=details)
     return tuple(sorted(best.values(), key=lambda d: -d.confidence))
 
 

@@ -17,6 +17,7 @@ Honest by construction:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,14 +80,14 @@ def from_figures(report: Any, config: Mapping[str, Any], signature: Mapping[str,
         f"clipping: higher side {o.pg_clipfrac_higher:.3g}, lower side {o.pg_clipfrac_lower:.3g} "
         f"(clip_ratio {m.clip_ratio_low:g}/{m.clip_ratio_high:g})"
     )
-    found = _from_signature(signature, size) if signature else []
-    if found:
-        return found
+    decisive, weak = _from_signature(signature, size, config, mean) if signature else ([], [])
+    if decisive:
+        return decisive
     if small:
         return _rounding_level(config, [size, shape], floor is not None)
     recorded = _recorded(report, config, direction, [shape, clip, size, _profile(steps)])
-    if recorded:
-        return recorded
+    if recorded or weak:
+        return recorded + weak
     candidates = _SHIFT_CANDIDATES[direction]
     if _float32_recorded(config):
         candidates = tuple(c for c in candidates if c != "bf16-latents")
@@ -98,7 +99,10 @@ def from_figures(report: Any, config: Mapping[str, Any], signature: Mapping[str,
 
 
 # ----------------------------------------------------------------------------------------------------
-def _from_signature(signature: Mapping[str, Any], size: str) -> list[Diagnosis]:
+def _from_signature(
+    signature: Mapping[str, Any], size: str, config: Mapping[str, Any], mean: float
+) -> tuple[list[Diagnosis], list[Diagnosis]]:
+    """``(decisive, weak)``: causes the tables name on their own, and candidates they narrow down to."""
     kind = signature.get("kind")
     details = {"tables": dict(signature)}
     if kind == "ratio":
@@ -107,31 +111,15 @@ def _from_signature(signature: Mapping[str, Any], size: str) -> list[Diagnosis]:
             f"the trainer's log-probs are {ratio:.6g} × the rollout's at every entry (relative residual "
             f"{signature['residual']:.1g}): a sum against a mean over {round(max(ratio, 1 / ratio))} latent values"
         )
-        return [
-            make(
-                "logprob-reduction",
-                "One side reduces the log-density by a sum over the latent, the other by the mean.",
-                [line, size],
-                "table-ratio",
-                source="tables",
-                details=details,
-            )
-        ]
+        summary = "One side reduces the log-density by a sum over the latent, the other by the mean."
+        return [make("logprob-reduction", summary, [line, size], "table-ratio", source="tables", details=details)], []
     if kind == "uniform-offset":
         line = (
             f"every entry differs by the same {signature['offset']:+.3g} (spread {signature['spread']:.2g}): a "
             f"constant added to one side's log-probs"
         )
-        return [
-            make(
-                "logprob-offset",
-                "One side's log-probs carry a constant the other's do not.",
-                [line, size],
-                "table-offset",
-                source="tables",
-                details=details,
-            )
-        ]
+        summary = "One side's log-probs carry a constant the other's do not."
+        return [make("logprob-offset", summary, [line, size], "table-offset", source="tables", details=details)], []
     if kind == "per-step-offset":
         offsets = signature["step_offsets"]
         line = (
@@ -141,19 +129,21 @@ def _from_signature(signature: Mapping[str, Any], size: str) -> list[Diagnosis]:
         summary = "Everything but a per-step term agrees: the log-prob's normaliser (or std term) differs."
         if signature.get("exact"):
             line += ": a normaliser or std term on one side only"
-            return [
-                make("logprob-convention", summary, [line, size], "table-step-offset", source="tables", details=details)
-            ]
+            found = make("logprob-convention", summary, [line, size], "table-step-offset", source="tables")
+            return [dataclasses.replace(found, details=details)], []
         line += (
             ", more than float rounding: one side's log-density has another variance term (cps scores "
-            "-mean((x' - mean)^2) with none) or none at all"
+            "-mean((x' - mean)^2) with none), or the scored sample moved by the same amount in every sample (a "
+            "rounding of many latent values)"
         )
-        return [
-            make(
-                cause, text, [line, size, LOCALISE_HINT], "table-step-offset", share=2, source="tables", details=details
-            )
-            for cause, text in (("sde-type-mismatch", _SUMMARIES["sde-type-mismatch"]), ("logprob-convention", summary))
+        options = [("sde-type-mismatch", _SUMMARIES["sde-type-mismatch"]), ("logprob-convention", summary)]
+        if mean < 0 and not _float32_recorded(config):
+            options.append(("bf16-latents", _SUMMARIES["bf16-latents"]))
+        evidence = [line, size, LOCALISE_HINT]
+        weak = [
+            make(c, text, evidence, "table-step-offset", share=len(options), source="tables") for c, text in options
         ]
+        return [], [dataclasses.replace(d, details=details) for d in weak]
     if kind == "std-scaling":
         slopes = ", ".join(f"{s:.4g}" for s in signature["slopes"][:6])
         steady = signature["steady"]
@@ -170,19 +160,13 @@ def _from_signature(signature: Mapping[str, Any], size: str) -> list[Diagnosis]:
         first, second = (
             ("noise-level-mismatch", "sde-type-mismatch") if steady else ("sde-type-mismatch", "noise-level-mismatch")
         )
-        return [
-            make(first, _SUMMARIES[first], [line, reading, size], "table-std", source="tables", details=details),
-            make(
-                second,
-                _SUMMARIES[second],
-                [line, reading, size],
-                "table-std",
-                share=2,
-                source="tables",
-                details=details,
-            ),
+        evidence = [line, reading, size]
+        weak = [
+            make(first, _SUMMARIES[first], evidence, "table-std", source="tables"),
+            make(second, _SUMMARIES[second], evidence, "table-std", share=2, source="tables"),
         ]
-    return []
+        return [], [dataclasses.replace(d, details=details) for d in weak]
+    return [], []
 
 
 def _rounding_level(config: Mapping[str, Any], evidence: list[str], measured_floor: bool) -> list[Diagnosis]:

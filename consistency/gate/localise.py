@@ -471,10 +471,11 @@ def localise_check(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None 
     """
     from .replay import replay_batch
 
-    replay = replay_batch(config, batch_spec, tables)
-    if isinstance(replay, str):
-        return replay
-    return localise_replay(replay)
+    try:
+        replay = replay_batch(config, batch_spec, tables)
+        return replay if isinstance(replay, str) else localise_replay(replay)
+    except Exception as error:  # the user's code failed on the replay: the diagnosis must not end the check
+        return f"the replay of the sides' code raised {type(error).__name__}: {str(error)[:200]}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -625,17 +626,22 @@ def _rounded_to(values: Any) -> str | None:
 
 
 def _paired_values(replay: Any, units: Sequence[Any], stage: str) -> tuple[list[Any], list[Any]]:
+    """Each side's values of `stage` over the paired forwards, kept only where the model received them in
+    float32/float64 (a low-precision input is the forward's own cast, which says nothing about the values)."""
     from .call_match import pair_passes
 
     r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
     a, b = [], []
     for unit in units:
         for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
-            x, y = r_calls[r_ref.call].inputs.get(stage), t_calls[t_ref.call].inputs.get(stage)
-            if hasattr(x, "dim") and hasattr(y, "dim"):
-                a.append(x[r_ref.row])
-                b.append(y[t_ref.row])
+            for calls, ref, out in ((r_calls, r_ref, a), (t_calls, t_ref, b)):
+                value = calls[ref.call].inputs.get(stage)
+                if hasattr(value, "dim") and calls[ref.call].input_dtypes.get(stage) in _WIDE:
+                    out.append(value[ref.row])
     return a, b
+
+
+_WIDE = ("float32", "float64")
 
 
 def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
@@ -669,12 +675,11 @@ def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
     for stage in ("inputs.latents", "inputs.timestep"):
         if stage in worst and worst[stage].differs:
             a, b = _paired_values(replay, units, stage)
-            if a:
-                facts["rounded"] = {
-                    "stage": stage,
-                    "rollout": _rounded_to(torch.cat(a)),
-                    "trainer": _rounded_to(torch.cat(b)),
-                }
+            facts["rounded"] = {
+                "stage": stage,
+                "rollout": _rounded_to(torch.cat(a)) if a else None,
+                "trainer": _rounded_to(torch.cat(b)) if b else None,
+            }
             break
     if "inputs.timestep" in worst and worst["inputs.timestep"].differs:
         facts["timestep_neighbour"] = _timestep_neighbour(replay, units, matching.step_values)
@@ -775,8 +780,17 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
         pairs.append({first: a, second: b})
     pairs.sort(key=lambda p: max(math.inf if f is None else f.error for f in p.values()))
     fits: dict[str, Any] = {side: None if fit is None else fit.to_dict() for side, fit in pairs[0].items()}
-    following = [u.x_next for u in data["rollout"] if u.x_next is not None]
-    fits["rollout_next_rounded"] = _rounded_to(torch.cat(following)) if following else None
+    # The samples the rollout stepped on after its first step, where its model received them in float32: all
+    # exactly bf16 values means they were rounded (after the step scored them).
+    calls = replay.rollout.calls
+    stepped = [
+        calls[ref.call].inputs["inputs.latents"][ref.row]
+        for unit in matching.units.values()
+        if unit.step > 0
+        for ref in unit.rollout[:1]
+        if calls[ref.call].input_dtypes.get("inputs.latents") in _WIDE
+    ]
+    fits["rollout_next_rounded"] = _rounded_to(torch.cat(stepped)) if stepped else None
     fits["disagreement"] = disagreement
     return fits
 

@@ -206,26 +206,34 @@ def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, 
         f"trainer's by {trainer['describe']} (max error {trainer['error']:.2g}); the tables differ by up to "
         f"{disagreement:.3g}"
     )
-    r_ok, t_ok = rollout["error"] <= tolerance, trainer["error"] <= tolerance
-    if r_ok and t_ok:
-        differences = _differences(rollout["settings"], trainer["settings"])
-        if differences:
-            cause = differences[0]
-            summary = _SUMMARIES[cause]
-            lines = ["every forward of both sides agrees: the difference is in the step outside the model", fits]
-            return make(cause, summary, [*evidence, *lines], "replay-step", source="localisation", details=details)
-        return unknown(fits)
-    bad = "rollout" if not r_ok else "trainer"
-    if bad == "rollout" and t_ok and (fit.get("rollout_next_rounded") or config.get("rollout_dtype") in _LOW):
-        cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
-        line = (
-            "every forward agrees and the trainer's log-probs are reproduced from the samples the rollout stepped on, "
-            "but the rollout's are not: it scored its draw before the sample was rounded"
-        )
+    errors = {"rollout": rollout["error"], "trainer": trainer["error"]}
+    differences = _differences(rollout["settings"], trainer["settings"])
+    if differences and max(errors.values()) <= tolerance:
+        cause = differences[0]
+        lines = ["every forward of both sides agrees: the difference is in the step outside the model", fits]
         return make(
-            cause, _SUMMARIES[cause], [*evidence, line, fits], "replay-step", source="localisation", details=details
+            cause, _SUMMARIES[cause], [*evidence, *lines], "replay-step", source="localisation", details=details
         )
-    return unknown(f"{fits}; no candidate setting reproduces the {bad}'s log-probs")
+    # One side's table is not reproduced from what it fed and produced, while the other's is: that side scored
+    # something other than what it stepped on.
+    bad = max(errors, key=errors.get)
+    good = "trainer" if bad == "rollout" else "rollout"
+    if errors[bad] > max(100 * errors[good], 1e-5):  # far beyond the float32 noise of a faithful reproduction
+        line = (
+            f"every forward agrees and the {good}'s log-probs are reproduced from the recorded samples, but the "
+            f"{bad}'s are not (max error {errors[bad]:.2g} against {errors[good]:.2g}): the {bad} scored a sample "
+            f"other than the one it stepped on"
+        )
+        if bad == "rollout" and (fit.get("rollout_next_rounded") or config.get("rollout_dtype") in _LOW):
+            cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
+            rounded = fit.get("rollout_next_rounded")
+            if rounded:
+                line += f"; the samples it stepped on are all exactly {rounded} values: rounded after scoring"
+            return make(
+                cause, _SUMMARIES[cause], [*evidence, line, fits], "replay-step", source="localisation", details=details
+            )
+        return unknown(f"{line}; {fits}")
+    return unknown(f"{fits}; no candidate setting explains the difference")
 
 
 _LOW = ("bfloat16", "float16")

@@ -1,0 +1,130 @@
+"""The doctor's replay of the sides the user gave: hooks only, always removed, the user's model state untouched;
+a side without a model falls back to the figures and says so; a trainer plug-in behind the built-in rollout is
+replayed as itself (not the built-in trainer code on its model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rollout_consistency import CheckConfig, run_step1_check
+from rollout_consistency.adapters import recompute_log_probs
+from rollout_consistency.adapters.tiny import load_qwen_image
+from rollout_consistency.gate.plan import make_plan
+from rollout_consistency.gate.replay import preserved_state, record_calls, replay_batch
+
+CORPUS = Path(__file__).resolve().parent / "doctor_corpus"
+SMALL = dict(num_prompts=2, num_images_per_prompt=2, rollout_batch_size=4, num_inference_steps=4, progress=False)
+
+
+def _hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_record_calls_removes_its_hooks_even_when_the_forward_raises():
+    model = load_qwen_image()
+    before = _hooks(model)
+    with pytest.raises(AttributeError), record_calls(model) as calls:
+        model(hidden_states=torch.zeros(1, 4, 16))  # missing arguments: the user's forward fails
+    assert _hooks(model) == before and calls == []
+
+
+class TouchyTrainer:
+    """A trainer plug-in that flips its model to train mode, unfreezes it and draws from every global RNG."""
+
+    def __init__(self, config):
+        self.model = load_qwen_image()
+        self.model.requires_grad_(False)
+        self.model.proj_out.requires_grad_(True)
+
+    def __call__(self, trajectory, *, micro_batch_size):
+        self.model.train()
+        self.model.requires_grad_(True)
+        torch.rand(3), np.random.rand(), random.random()
+        return recompute_log_probs(self.model, trajectory)
+
+
+def make_touchy_trainer(config):
+    return TouchyTrainer(config)
+
+
+def test_the_replay_leaves_the_users_model_and_rng_state_as_it_found_them():
+    config = CheckConfig(trainer_backend=f"{__file__}:make_touchy_trainer", **SMALL)
+    batch = make_plan(config)[0]
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    replay = replay_batch(config, batch)
+    model = replay.trainer_model
+    assert not any(m.training for m in model.modules())  # eval, as built, although the plug-in called .train()
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["proj_out.weight", "proj_out.bias"]
+    assert _hooks(model) == 0 and _hooks(replay.rollout_model) == 0
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert np.array_equal(np.random.get_state()[1], states[1]) and random.getstate() == states[2]
+    assert replay.trainer.calls and replay.rollout.calls  # it did watch both sides
+
+
+def test_preserved_state_restores_on_an_exception():
+    model = load_qwen_image()
+    rng = torch.get_rng_state()
+    with pytest.raises(RuntimeError), preserved_state([model]):
+        model.train()
+        torch.rand(5)
+        raise RuntimeError("the user's code failed")
+    assert not model.training and torch.equal(torch.get_rng_state(), rng)
+
+
+class NoiseLevelTrainer:
+    """A trainer plug-in behind the built-in rollout that re-scores with noise_level 0.8 (the rollout's is 0.7)."""
+
+    def __init__(self, config):
+        self.model = load_qwen_image()
+
+    def __call__(self, trajectory, *, micro_batch_size):
+        return recompute_log_probs(self.model, dataclasses.replace(trajectory, noise_level=0.8))
+
+
+def make_noise_level_trainer(config):
+    return NoiseLevelTrainer(config)
+
+
+class Unwatched(NoiseLevelTrainer):
+    def __init__(self, config):
+        self.hidden = load_qwen_image()  # scores with a model it does not expose as `model`
+
+    def __call__(self, trajectory, *, micro_batch_size):
+        return recompute_log_probs(self.hidden, dataclasses.replace(trajectory, noise_level=0.8))
+
+
+def make_unwatched_trainer(config):
+    return Unwatched(config)
+
+
+def test_a_trainer_plugin_behind_the_built_in_rollout_is_replayed_as_itself():
+    # The replay once ran the built-in trainer code on the plug-in's model here and found no stage differing.
+    report = run_step1_check(CheckConfig(trainer_backend=f"{__file__}:make_noise_level_trainer", **SMALL))
+    top = report.diagnosis[0]
+    assert not report.passed and top["cause"] == "noise-level-mismatch", top
+    assert top["source"] == "localisation"
+    fit = top["details"]["facts"]["step_fit"]
+    assert fit["rollout"]["settings"]["noise_level"] == pytest.approx(0.7, rel=1e-4)
+    assert fit["trainer"]["settings"]["noise_level"] == pytest.approx(0.8, rel=1e-4)
+
+
+def test_a_side_without_a_model_falls_back_to_the_figures_and_says_so():
+    report = run_step1_check(CheckConfig(trainer_backend=f"{__file__}:make_unwatched_trainer", **SMALL))
+    assert not report.passed and report.diagnosis
+    assert all(d["source"] != "localisation" for d in report.diagnosis)
+    evidence = " ".join(e for d in report.diagnosis for e in d["evidence"])
+    assert "not localised: the trainer plug-in exposes no `model`" in evidence
+
+
+def test_a_replay_that_raises_leaves_a_figures_diagnosis():
+    from rollout_consistency.gate.localise import localise_check
+
+    config = CheckConfig(trainer_backend=f"{CORPUS / 'verl_omni_noise_level.py'}:make_trainer", **SMALL)
+    found = localise_check(config.replace(num_inference_steps=5), make_plan(config)[0])
+    assert isinstance(found, str) and found.startswith("the replay of the sides' code raised"), found
