@@ -7,8 +7,8 @@ when it can replay both sides, and never call a difference noise when the report
 from __future__ import annotations
 
 import pytest
-
 from doctor_corpus.run import Outcome, case_files, load_case, run_case
+
 from rollout_consistency.gate.causes import NOT_A_BUG
 
 CASES = case_files()
