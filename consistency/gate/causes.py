@@ -27,21 +27,23 @@ from typing import Any
 #: Causes that are no bug: rounding of two kernels or two batch compositions.
 NOT_A_BUG = frozenset({"attention-kernel", "batch-composition"})
 
-#: Evidence kind → the share of measured cases it named rightly (scripts/measure_doctor.py; docs/doctor.md).
+#: Evidence kind → the share of measured cases in which it named the right cause first (or, for shared
+#: candidates, held it), as (right + 1) / (cases + 2): measured by scripts/measure_doctor.py on the doctor's
+#: corpus and the --inject pitfalls (docs/doctor.md has the counts); a kind with no measured case stays at 1/2.
 CONFIDENCE: Mapping[str, float] = {
-    "guard": 0.95,  # a failed guard names its cause (windows, NaN, missing steps, dead workers)
-    "replay-stage": 0.95,  # the first stage where both sides' own forwards part, with what differs there
-    "replay-step": 0.9,  # every forward agrees; one step setting reproduces each side's table
-    "replay-unexplained": 0.5,  # forwards agree, no candidate setting reproduces one side's table
-    "table-ratio": 0.9,  # trainer = c · rollout
-    "table-offset": 0.9,  # one constant everywhere
-    "table-step-offset": 0.8,  # one constant per timestep
-    "table-std": 0.7,  # Δ moves with the log-prob within a timestep (shared by noise level and SDE type)
-    "recorded-setting": 0.7,  # the figures' signature and a setting the report records
-    "recorded-rounding": 0.7,  # rounding-sized, and the report records different kernels or batches
-    "candidates": 0.6,  # a shift of the transition mean: shared by the candidates listed
-    "unknown": 0.3,  # nothing separates the causes
-    "near-limit": 0.3,
+    "guard": 0.8,  # a failed guard names its cause (windows, NaN, missing steps, dead workers, weights): 3/3
+    "replay-stage": 0.92,  # the first stage where both sides' own forwards part, and what differs there: 10/10
+    "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
+    "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
+    "table-ratio": 0.67,  # trainer = c · rollout: 1/1
+    "table-offset": 0.67,  # one constant everywhere: 1/1
+    "table-step-offset": 0.8,  # one constant per timestep: 3/3
+    "table-std": 0.5,  # Δ moves with the log-prob within a timestep: not measured
+    "recorded-setting": 0.8,  # a signature and a setting the report records: 3/3
+    "recorded-rounding": 0.5,  # rounding-sized, the report records different kernels or batches: not measured
+    "candidates": 0.86,  # a shift of the transition mean, shared by the candidates listed: 11/12 lists hold it
+    "unknown": 0.33,  # nothing separates the causes: 0/1
+    "near-limit": 0.3,  # a PASS near its limit (no cause claimed)
 }
 
 FIXES: dict[str, str] = {
@@ -151,6 +153,7 @@ class Diagnosis:
         confidence: 0..1, the ranking key (module docstring: what it means). source: ``"guard"``,
             ``"localisation"``, ``"tables"`` or ``"signature"``.
         details: optional machine-readable extras (the localisation's stage table, the tables' signature).
+        kind: the kind of evidence the confidence is measured for (a key of `CONFIDENCE`).
     """
 
     cause: str
@@ -160,6 +163,7 @@ class Diagnosis:
     confidence: float
     source: str = "signature"
     details: Mapping[str, Any] | None = None
+    kind: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -170,6 +174,8 @@ class Diagnosis:
             "confidence": round(self.confidence, 3),
             "source": self.source,
         }
+        if self.kind:
+            out["kind"] = self.kind
         if self.details is not None:
             out["details"] = dict(self.details)
         return out
@@ -184,6 +190,7 @@ class Diagnosis:
             confidence=float(data.get("confidence", 0.5)),
             source=str(data.get("source", "signature")),
             details=data.get("details"),
+            kind=str(data.get("kind", "")),
         )
 
     def headline(self) -> str:
@@ -203,4 +210,5 @@ def make(
 ) -> Diagnosis:
     """A `Diagnosis` whose confidence is evidence `kind`'s, shared by `share` equally likely candidates."""
     evidence = tuple(e for e in evidence if e)
-    return Diagnosis(cause, summary, evidence, FIXES[cause], CONFIDENCE[kind] / max(1, share), source, details)
+    confidence = CONFIDENCE[kind] / max(1, share)
+    return Diagnosis(cause, summary, evidence, FIXES[cause], confidence, source, details, kind)

@@ -30,9 +30,25 @@ _LOW_PRECISION = ("bfloat16", "float16")
 
 #: Causes that shift the transition's mean, by the direction of Δlogp they give (the figures cannot tell them apart).
 _SHIFT_CANDIDATES = {
-    "lower": ("bf16-latents", "guidance-mismatch", "model-input", "step-index", "different-weights"),
-    "both": ("guidance-mismatch", "model-input", "text-conditioning", "different-weights", "misaligned-batch"),
-    "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input"),
+    "lower": (
+        "bf16-latents",
+        "guidance-mismatch",
+        "model-input",
+        "step-index",
+        "different-weights",
+        "forward-precision",
+        "noise-level-mismatch",
+    ),
+    "both": (
+        "guidance-mismatch",
+        "model-input",
+        "text-conditioning",
+        "different-weights",
+        "misaligned-batch",
+        "forward-precision",
+        "noise-level-mismatch",
+    ),
+    "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input", "forward-precision"),
 }
 _SUMMARIES = {
     "bf16-latents": "Stored latents rounded to low precision after the log-prob was computed: the trainer scores "
@@ -46,6 +62,7 @@ _SUMMARIES = {
     "misaligned-batch": "The trainer pairs latents with another sample's text conditioning.",
     "noise-level-mismatch": "The two sides step with different noise levels.",
     "sde-type-mismatch": "The two sides step with different SDE types.",
+    "forward-precision": "The two sides' forwards run in different precisions (dtype or autocast).",
     "mask-sum-rope": "The text RoPE length is taken from mask.sum() (valid tokens) while the embeddings are padded "
     "wider: the two sides rotate text tokens differently.",
 }
@@ -133,10 +150,14 @@ def _from_signature(
             return [dataclasses.replace(found, details=details)], []
         line += (
             ", more than float rounding: one side's log-density has another variance term (cps scores "
-            "-mean((x' - mean)^2) with none), or the scored sample moved by the same amount in every sample (a "
-            "rounding of many latent values)"
+            "-mean((x' - mean)^2) with none), one side takes the step at another step's sigma, or the scored "
+            "sample moved by the same amount in every sample (a rounding of many latent values)"
         )
-        options = [("sde-type-mismatch", _SUMMARIES["sde-type-mismatch"]), ("logprob-convention", summary)]
+        options = [
+            ("sde-type-mismatch", _SUMMARIES["sde-type-mismatch"]),
+            ("logprob-convention", summary),
+            ("step-index", _SUMMARIES["step-index"]),
+        ]
         if mean < 0 and not _float32_recorded(config):
             options.append(("bf16-latents", _SUMMARIES["bf16-latents"]))
         evidence = [line, size, LOCALISE_HINT]
