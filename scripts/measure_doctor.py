@@ -68,12 +68,17 @@ def corpus(calibration):
             totals[f"{label}.among"] += top is None and outcome.expected in tied(causes)
             totals[f"{label}.empty"] += not causes
             if label == "figures":
-                totals["figures.noise"] += bool(NOT_A_BUG & {c for c, _ in causes}) and outcome.expected not in NOT_A_BUG
+                totals["figures.noise"] += (
+                    bool(NOT_A_BUG & {c for c, _ in causes}) and outcome.expected not in NOT_A_BUG
+                )
             report = outcome.localised_report if label == "localised" else outcome.figures_report
             if causes:
                 calibration[_kind(report.diagnosis[0], causes)].append(outcome.expected in tied(causes))
         rows.append(row)
-        print(f"  {outcome.name}: {outcome.status}, localised {row['localised']}, figures {row['figures']}", file=sys.stderr)
+        print(
+            f"  {outcome.name}: {outcome.status}, localised {row['localised']}, figures {row['figures']}",
+            file=sys.stderr,
+        )
     return rows, totals
 
 
@@ -125,7 +130,9 @@ def main(argv=None) -> int:
         )
     print()
     declared = _declared()
-    print("| evidence kind of the first cause | cases | right (or among the tied) | (right + 1) / (cases + 2) | declared |")
+    print(
+        "| evidence kind of the first cause | cases | right (or among the tied) | (right + 1) / (cases + 2) | declared |"
+    )
     print("|---|---|---|---|---|")
     for kind, hits in sorted(calibration.items(), key=lambda item: -len(item[1])):
         estimate = (sum(hits) + 1) / (len(hits) + 2)
