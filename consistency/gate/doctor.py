@@ -330,7 +330,7 @@ def read_report(path: str) -> tuple[Any, list[Diagnosis]]:
     except FileNotFoundError as error:
         raise DoctorInputError(f"{path}: no such file; {write_one}") from error
     except IsADirectoryError as error:
-        raise DoctorInputError(f"{path} is a directory; pass the report file itself") from error
+        raise DoctorInputError(f"cannot read {path}: it is a directory; pass the report file itself") from error
     except OSError as error:
         raise DoctorInputError(f"cannot read {path}: {error.strerror or error}") from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
