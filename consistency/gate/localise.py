@@ -778,6 +778,8 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
             data[second], baseline if a is None else a.settings, context.sigmas, min_offset=significant
         )
         pairs.append({first: a, second: b})
+        if a is not None and b is not None and max(a.error, b.error) <= 0.01 * disagreement:
+            break  # both tables reproduced: the other order cannot do better
     pairs.sort(key=lambda p: max(math.inf if f is None else f.error for f in p.values()))
     fits: dict[str, Any] = {side: None if fit is None else fit.to_dict() for side, fit in pairs[0].items()}
     # The samples the rollout stepped on after its first step, where its model received them in float32: all

@@ -233,24 +233,30 @@ def fit_side(
         return None
     batch = _Units(chosen, sigmas)
     base = dataclasses.replace(baseline, guidance=baseline.guidance if batch.two_pass else None)
-    starts = [base] if not batch.two_pass else [dataclasses.replace(base, cfg_rescale=r) for r in (False, True)]
+    # Conventions (which forward is the negative one, a rescaled combination) are tried, the baseline's first,
+    # only until one reproduces the table.
+    starts = [base]
+    if batch.two_pass:
+        starts.append(dataclasses.replace(base, cfg_rescale=not base.cfg_rescale))
+    orders = (0, 1) if batch.two_pass else (0,)
     good_enough = 1e-6 * (1 + float(np.abs(batch.table).max()))
     best: tuple[float, StepSettings, int] = (math.inf, base, 0)
     baseline_error = math.inf
-    for start in starts:
-        for order in (0, 1) if batch.two_pass else (0,):
-            current, error = start, batch.error(start, order)
-            baseline_error = min(baseline_error, error)
-            for _ in range(MAX_CHANGES):
-                if error <= good_enough:
-                    break
-                trials = [(batch.error(c, order), c) for c in _candidates(batch, current, order)]
-                trial_error, trial = min(trials, key=lambda item: item[0])
-                if not trial_error < 0.5 * error:
-                    break
-                current, error = trial, trial_error
-            if error < best[0] * (1 - 1e-9):
-                best = (error, current, order)
+    for start, order in ((start, order) for start in starts for order in orders):
+        if best[0] <= good_enough:
+            break
+        current, error = start, batch.error(start, order)
+        baseline_error = min(baseline_error, error)
+        for _ in range(MAX_CHANGES):
+            if error <= good_enough:
+                break
+            trials = [(batch.error(c, order), c) for c in _candidates(batch, current, order)]
+            trial_error, trial = min(trials, key=lambda item: item[0])
+            if not trial_error < 0.5 * error:
+                break
+            current, error = trial, trial_error
+        if error < best[0] * (1 - 1e-9):
+            best = (error, current, order)
     error, settings, order = best
     if not math.isfinite(error):
         return SideFit(settings, error, baseline_error, len(chosen))
