@@ -625,27 +625,39 @@ def _rounded_to(values: Any) -> str | None:
     return None
 
 
-def _paired_values(replay: Any, units: Sequence[Any], stage: str) -> tuple[list[Any], list[Any]]:
-    """Each side's values of `stage` over the paired forwards, kept only where the model received them in
-    float32/float64 (a low-precision input is the forward's own cast, which says nothing about the values)."""
+def _paired_values(replay: Any, units: Sequence[Any], stage: str) -> tuple[Any, Any]:
+    """Both sides' values of `stage` over the paired forwards, row for row (float64), or ``(None, None)``."""
+    import torch
+
     from .call_match import pair_passes
 
     r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
     a, b = [], []
     for unit in units:
         for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
-            for calls, ref, out in ((r_calls, r_ref, a), (t_calls, t_ref, b)):
-                value = calls[ref.call].inputs.get(stage)
-                if hasattr(value, "dim") and calls[ref.call].input_dtypes.get(stage) in _WIDE:
-                    out.append(value[ref.row])
-    return a, b
+            x, y = r_calls[r_ref.call].inputs.get(stage), t_calls[t_ref.call].inputs.get(stage)
+            if hasattr(x, "dim") and hasattr(y, "dim") and x.shape[1] == y.shape[1]:
+                a.append(x[r_ref.row])
+                b.append(y[t_ref.row])
+    return (torch.cat(a), torch.cat(b)) if a else (None, None)
+
+
+def _rounded_copy(mine: Any, theirs: Any) -> str | None:
+    """``"bfloat16"`` / ``"float16"`` when `mine` is exactly `theirs` rounded to that dtype (and `theirs` is not
+    already in it): one side feeds a low-precision copy of what the other feeds."""
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float16):
+        rounded = theirs.to(dtype).to(torch.float64)
+        if bool((mine == rounded).all()) and not bool((theirs == rounded).all()):
+            return str(dtype).replace("torch.", "")
+    return None
 
 
 _WIDE = ("float32", "float64")
 
 
 def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
-    import torch
 
     r, t, context = replay.rollout, replay.trainer, replay.context
     facts: dict[str, Any] = {
@@ -675,11 +687,8 @@ def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
     for stage in ("inputs.latents", "inputs.timestep"):
         if stage in worst and worst[stage].differs:
             a, b = _paired_values(replay, units, stage)
-            facts["rounded"] = {
-                "stage": stage,
-                "rollout": _rounded_to(torch.cat(a)) if a else None,
-                "trainer": _rounded_to(torch.cat(b)) if b else None,
-            }
+            if a is not None:
+                facts["rounded"] = {"stage": stage, "rollout": _rounded_copy(a, b), "trainer": _rounded_copy(b, a)}
             break
     if "inputs.timestep" in worst and worst["inputs.timestep"].differs:
         facts["timestep_neighbour"] = _timestep_neighbour(replay, units, matching.step_values)

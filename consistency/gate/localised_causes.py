@@ -93,6 +93,9 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
     elif stage == "pairing":
         cause = "model-input"
         extra.append("the trainer scores latents the rollout never stepped from (another layout, scale or stored copy)")
+    elif stage == "inputs.latents" and "dtype" in settings:
+        cause, line = _forward_cause(settings, first)
+        extra.append(line.replace("every input agrees; ", "the latents differ by the forward's own cast; "))
     elif stage == "inputs.latents":
         cause, line = _rounded_cause(facts, config, "latents")
         extra.append(line)
@@ -140,8 +143,8 @@ def _rounded_cause(facts: Mapping[str, Any], config: Mapping[str, Any], what: st
         side = sides[0]
         cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
         return cause, (
-            f"the {side}'s {what} are all exactly {low[side]} values, the other side's are not: one side steps "
-            f"from (or stores) a {low[side]} copy of the float32 {what}"
+            f"the {side}'s {what} are exactly the other side's rounded to {low[side]}: the {side} steps from (or "
+            f"stores) a {low[side]} copy of the float32 {what}"
         )
     return "model-input", f"the {what} the two sides feed differ beyond any one rounding"
 
@@ -160,8 +163,8 @@ def _timestep_cause(facts: Mapping[str, Any]) -> tuple[str, str]:
     sides = [side for side in ("rollout", "trainer") if rounded.get(side)]
     if len(sides) == 1:
         return "model-input", (
-            f"the {sides[0]}'s timesteps are all exactly {rounded[sides[0]]} values, the other side's are not: "
-            f"the {sides[0]} rounds the timestep it feeds the transformer"
+            f"the {sides[0]}'s timesteps are exactly the other side's rounded to {rounded[sides[0]]}: the "
+            f"{sides[0]} rounds the timestep it feeds the transformer"
         )
     return "model-input", "the timesteps differ, and not by one step of the schedule"
 
