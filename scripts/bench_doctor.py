@@ -56,7 +56,9 @@ def main(argv=None) -> int:
         for case in CASES:
             for label, plan in PLANS.items():
                 results.setdefault((case, label), []).append(run_once(case, plan))
-    print("| case | plan | check (s, median) | doctor (s, median) | replay (s, median) | doctor / check: median [min, max] |")
+    print(
+        "| case | plan | check (s, median) | doctor (s, median) | replay (s, median) | doctor / check: median [min, max] |"
+    )
     print("|---|---|---|---|---|---|")
     for (case, label), runs in results.items():
         ratios = [doctor / check for check, doctor, _ in runs]
