@@ -53,6 +53,16 @@ def _passing(verdict):
     return dataclasses.replace(verdict, checks=tuple(dataclasses.replace(c, passed=True) for c in verdict.checks))
 
 
+def test_a_rollout_engine_failure_is_diagnosed():
+    """A batch whose engine failed (no entries at all) still gets a cause, not an empty diagnosis."""
+    from rollout_consistency.gate.verdict import Problem, decide
+
+    report = load("per-request-window")
+    failed = decide(None, report.tolerance, [Problem("rollout", "batch 0: the vLLM-omni engine failed: CUDA OOM")])
+    causes = diagnose(dataclasses.replace(report, verdict=failed, metrics=None))
+    assert causes[0].cause == "worker-failure" and "CUDA OOM" in causes[0].evidence[0], causes
+
+
 def test_diagnosis_reaches_json_table_and_the_first_line_of_junit(tmp_path):
     report = attach_diagnosis(load("bf16-latents"))
     data = json.loads(report.to_json())

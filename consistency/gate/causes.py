@@ -31,8 +31,8 @@ NOT_A_BUG = frozenset({"attention-kernel", "batch-composition"})
 #: candidates, held it), as (right + 1) / (cases + 2): measured by scripts/measure_doctor.py on the doctor's
 #: corpus and the --inject pitfalls (docs/doctor.md has the counts); a kind with no measured case stays at 1/2.
 CONFIDENCE: Mapping[str, float] = {
-    "guard": 0.8,  # a failed guard names its cause (windows, NaN, missing steps, dead workers, weights): 3/3
-    "replay-stage": 0.92,  # the first stage where both sides' own forwards part, and what differs there: 10/10
+    "guard": 0.75,  # a failed guard names its cause (windows, NaN, missing steps, dead workers, weights): 2/2
+    "replay-stage": 0.92,  # the first stage where both sides' own forwards part, and what differs there: 11/11
     "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
     "table-ratio": 0.67,  # trainer = c · rollout: 1/1
@@ -130,7 +130,10 @@ FIXES: dict[str, str] = {
         "score the same (samples, window steps) on both sides: the trainer must re-score every stored window "
         "step of every sample, with the stored windows"
     ),
-    "worker-failure": "see the worker's error in the reason; re-run with --workers 1 to reproduce it in-process",
+    "worker-failure": (
+        "see the worker's (or the rollout engine's) error in the reason; re-run with --workers 1 to reproduce it "
+        "in-process"
+    ),
     "calibration": "fix the calibration setup (calibration_attention) or use --profile kernel",
     "near-limit": "no action needed yet; watch this figure: a small change in the setup will push it over",
 }

@@ -206,6 +206,16 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 source="guard",
             )
         )
+    elif rollout is not None:
+        out.append(
+            make(
+                "worker-failure",
+                "The rollout engine failed on a batch: those samples were never compared.",
+                [f"rollout failed: {rollout.message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
     if "finite" in failed and _nonfinite_log_probs(report):
         out.append(
             make("nonfinite", "A log-prob is NaN or Inf.", [failed["finite"].message[:300]], "guard", source="guard")
