@@ -73,6 +73,8 @@ def diagnose(
         found.append(from_localisation(localisation, config))
     signature = _signature(tables)
     figures = from_figures(report, config, signature)
+    if localisation is not None:  # the replay ran: the figures' pointer to it is moot
+        figures = [dataclasses.replace(d, evidence=tuple(e for e in d.evidence if e != LOCALISE_HINT)) for d in figures]
     if not_localised and figures:
         figures = [dataclasses.replace(d, evidence=(*d.evidence, f"not localised: {not_localised}")) for d in figures]
     found += figures
