@@ -128,3 +128,30 @@ def test_a_replay_that_raises_leaves_a_figures_diagnosis():
     config = CheckConfig(trainer_backend=f"{CORPUS / 'verl_omni_noise_level.py'}:make_trainer", **SMALL)
     found = localise_check(config.replace(num_inference_steps=5), make_plan(config)[0])
     assert isinstance(found, str) and found.startswith("the replay of the sides' code raised"), found
+
+
+def test_cfg_passes_are_paired_by_their_text_not_their_order():
+    """The rollout runs CFG as one [negative; positive] forward, the trainer as two forwards, positive first: each
+    trainer forward is compared with the rollout's pass of the same text."""
+    from rollout_consistency.gate.call_match import match_calls, pair_passes
+    from rollout_consistency.gate.replay import ModelCall
+
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, 8, generator=generator, dtype=torch.float64)
+    negative, positive = torch.zeros(2, 4, dtype=torch.float64), torch.randn(2, 4, generator=generator).double()
+    step = torch.full((4, 1), 500.0, dtype=torch.float64)
+
+    def call(index, rows, text):
+        inputs = {"inputs.latents": latents.repeat(rows // 2, 1), "inputs.timestep": step[:rows]}
+        return ModelCall(index, rows, inputs={**inputs, "inputs.conditioning": text})
+
+    rollout = [call(0, 4, torch.cat([negative, positive]))]
+    trainer = [call(0, 2, positive), call(1, 2, negative)]
+    matching = match_calls(rollout, trainer, n=2)
+    assert sorted(matching.units) == [(0, 0), (1, 0)] and not matching.unmatched
+    for unit in matching.units.values():
+        pairs, left, extra = pair_passes(unit, rollout, trainer)
+        assert len(pairs) == 2 and not left and not extra
+        for r, t in pairs:
+            mine = rollout[r.call].inputs["inputs.conditioning"][r.row]
+            assert torch.equal(mine, trainer[t.call].inputs["inputs.conditioning"][t.row])
