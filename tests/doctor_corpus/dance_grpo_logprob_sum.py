@@ -2,18 +2,16 @@
 
 import math
 
-from doctor_corpus.loops import DanceGRPOSampler, DanceGRPOTrainer, flux_step, settings
+from doctor_corpus.loops import DanceGRPOSampler, DanceGRPOTrainer, settings
 
 CASE = dict(expected="logprob-reduction", side="trainer", settings=settings("dance_grpo"))
 
 
 class Trainer(DanceGRPOTrainer):
     def grpo_one_step(self, latents, pre_latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, i):
-        pred = self.transformer_forward(
-            latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, self.args.guidance
+        prev_sample_mean, std_dev_t = self.transition(
+            latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, i
         )
-        prev_sample_mean, _ = flux_step(pred, latents.float(), self.args.eta, self.sigma_schedule, i, None, False, True)
-        std_dev_t = self.args.eta * math.sqrt(float(self.sigma_schedule[i] - self.sigma_schedule[i + 1]))
         log_prob = (
             -((pre_latents.float() - prev_sample_mean) ** 2) / (2 * std_dev_t**2)
             - math.log(std_dev_t)

@@ -32,6 +32,7 @@ from rollout_consistency import CheckConfig
 from rollout_consistency.adapters import get_family
 from rollout_consistency.adapters.packing import pack_latents
 from rollout_consistency.adapters.tiny import load_flux, load_qwen_image, load_sd3, tiny_sd3_prompt_encoder
+from rollout_consistency.gate.backends import pipeline_settings
 from rollout_consistency.gate.plugins import PluginRollout, RolloutRequest
 
 
@@ -47,22 +48,8 @@ def randn_rows(shape, generators: list[torch.Generator]) -> torch.Tensor:
 def plan_scheduler(family_name: str, config: CheckConfig, transformer) -> Any:
     """The schedule the checker's plan uses for this family (a user gating their loop takes the same one)."""
     family = get_family(family_name)
-    options = family.options(_settings(config))
+    options = family.options(pipeline_settings(config))
     return family.scheduler_setup(dict(family.scheduler_config), config.num_inference_steps, transformer, options)
-
-
-def _settings(config: CheckConfig):
-    from rollout_consistency.adapters import PipelineSettings
-
-    return PipelineSettings(
-        height=config.height,
-        width=config.width,
-        guidance_scale=config.guidance_scale,
-        true_cfg_scale=config.true_cfg_scale,
-        mask_text_padding=config.mask_text_padding,
-        max_sequence_length=config.max_sequence_length,
-        pad_prompts_to_max_length=config.pad_prompts_to_max_length,
-    )
 
 
 # ====================================================================================================
@@ -410,12 +397,16 @@ class DiffusionActor:
     def forward(self, model_inputs):
         return self.module(**model_inputs)[0]
 
-    def forward_and_sample_previous_step(self, model_inputs, negative_model_inputs, scheduler_inputs, step):
-        latents, timesteps = scheduler_inputs["all_latents"], scheduler_inputs["all_timesteps"]
+    def predict_noise(self, model_inputs, negative_model_inputs):
         noise_pred = self.forward(model_inputs)
         true_cfg_scale = self.model_config.pipeline.true_cfg_scale
         if true_cfg_scale > 1.0:
             noise_pred = apply_true_cfg(noise_pred, self.forward(negative_model_inputs), true_cfg_scale)
+        return noise_pred
+
+    def forward_and_sample_previous_step(self, model_inputs, negative_model_inputs, scheduler_inputs, step):
+        latents, timesteps = scheduler_inputs["all_latents"], scheduler_inputs["all_timesteps"]
+        noise_pred = self.predict_noise(model_inputs, negative_model_inputs)
         out = self.scheduler.sample_previous_step(
             noise_pred.float(),
             timesteps[:, step],
@@ -576,6 +567,14 @@ class DanceGRPOTrainer(DanceGRPOFlux):
     def __init__(self, config: CheckConfig) -> None:
         super().__init__(config)
         self.perm_generator = torch.Generator().manual_seed(config.seed)
+
+    def transition(self, latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, i):
+        """``flux_step``'s ``(prev_sample_mean, std_dev_t)`` of step `i` (for a trainer writing its own log-density)."""
+        pred = self.transformer_forward(
+            latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, self.args.guidance
+        )
+        prev_sample_mean, _ = flux_step(pred, latents.float(), self.args.eta, self.sigma_schedule, i, None, False, True)
+        return prev_sample_mean, self.args.eta * math.sqrt(float(self.sigma_schedule[i] - self.sigma_schedule[i + 1]))
 
     def grpo_one_step(self, latents, pre_latents, encoder_hidden_states, pooled_prompt_embeds, image_ids, timesteps, i):
         pred = self.transformer_forward(
