@@ -62,6 +62,22 @@ def test_the_doctor_names_the_bug_in_a_users_loop(path):
     assert not NOT_A_BUG & {cause for cause, _ in case.figures}, case.figures
 
 
+def test_gate_names_a_noise_level_mismatch_from_its_tables_not_bf16_latents():
+    """A user with two tables (trainer noise_level 0.8, rollout 0.7, 8 samples per timestep): Δlogp moves with the
+    rollout's own log-prob within each timestep, the signature of another transition std, not of a rounded sample."""
+    from doctor_corpus.run import config_of, tables
+
+    from rollout_consistency.gate import gate
+
+    path = next(p for p in CASES if p.stem == "verl_omni_noise_level")
+    config = config_of(path, load_case(path)).replace(num_prompts=4, sde_window_kind="fixed")
+    rollout, trainer, timesteps = tables(config)
+    causes = gate(rollout, trainer, timesteps=timesteps).diagnosis
+    assert causes[0]["cause"] == "noise-level-mismatch" and causes[0]["source"] == "tables", causes[:2]
+    assert causes[0]["details"]["tables"]["steady"]  # the same std ratio at every timestep
+    assert "bf16-latents" not in [d["cause"] for d in causes]
+
+
 def test_declared_confidences_are_what_the_corpus_measures():
     """A confidence is the share of cases its kind of evidence named rightly, (right + 1) / (cases + 2); where a
     kind ranked first here at least 4 times, the declared value must be within 0.15 of the measured one."""

@@ -38,6 +38,7 @@ _SHIFT_CANDIDATES = {
         "different-weights",
         "forward-precision",
         "noise-level-mismatch",
+        "sde-type-mismatch",
     ),
     "both": (
         "guidance-mismatch",
@@ -47,6 +48,7 @@ _SHIFT_CANDIDATES = {
         "misaligned-batch",
         "forward-precision",
         "noise-level-mismatch",
+        "sde-type-mismatch",
     ),
     "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input", "forward-precision"),
 }

@@ -5,7 +5,7 @@ With ``Δ = trainer − rollout`` per entry, grouped by timestep (or window posi
 
 * **ratio**: ``trainer ≈ c · rollout`` with one constant ``c`` far from 1 (a sum against a mean over the latent
   gives ``c`` = the number of latent elements, or its inverse);
-* **uniform offset**: every ``Δ`` is the same number (a constant added on one side);
+* **uniform offset**: every ``Δ`` is the same number up to float32 rounding (a constant added on one side);
 * **per-step offset**: ``Δ`` is one number per timestep, the same for every sample, and differs between timesteps:
   exactly (up to float rounding) for a normaliser ``−log std − ½ log 2π`` on one side only, up to the spread of
   the residual's mean square for another variance formula (``cps`` scores ``−mean((x' − mean)²)`` with none);
@@ -27,8 +27,13 @@ from typing import Any
 
 import numpy as np
 
-STD_CORRELATION = 0.95
-_GROUP_MIN = 3  # entries per timestep needed for a within-step correlation
+#: Within every timestep (of at least `_GROUP_MIN` entries), |corr(rollout log-prob, Δ)| at least this: a mean
+#: shift's Δ does not move with the rollout's own log-prob (corr ~ 0); a std change does (its mean moves too, so
+#: not all the way to 1). Chance reaches it in one group of 5 with p ~ 0.1, in two with p ~ 0.01.
+STD_CORRELATION = 0.8
+_GROUP_MIN = 5
+#: A constant added to one side's log-probs leaves only float32 rounding around it (a few ULP of a log-prob).
+_ROUNDING = 1e-6
 
 
 def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, Any]:
@@ -65,7 +70,8 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
         return {**out, "kind": "per-step-offset", "step_offsets": step_means, "within_spread": within, "exact": exact}
 
     spread = float(d.std())
-    if abs(out["mean"]) > 4 * spread and (np.all(d > 0) or np.all(d < 0)):
+    rounding = _ROUNDING * (1 + float(np.abs(r[finite]).max()))
+    if abs(out["mean"]) > 4 * spread and spread <= rounding and (np.all(d > 0) or np.all(d < 0)):
         return {**out, "kind": "uniform-offset", "offset": out["mean"], "spread": spread}
 
     slopes, correlations = [], []
