@@ -104,7 +104,7 @@ def from_figures(report: Any, config: Mapping[str, Any], signature: Mapping[str,
         return decisive
     if small:
         return _rounding_level(config, [size, shape], floor is not None)
-    recorded = _recorded(report, config, direction, [shape, clip, size, _profile(steps)])
+    recorded = _recorded(config, direction, [shape, clip, size, _profile(steps)])
     if recorded or weak:
         return recorded + weak
     candidates = _SHIFT_CANDIDATES[direction]
@@ -251,7 +251,7 @@ def _rounding_level(config: Mapping[str, Any], evidence: list[str], measured_flo
     ]
 
 
-def _recorded(report: Any, config: Mapping[str, Any], direction: str, evidence: Sequence[str]) -> list[Diagnosis]:
+def _recorded(config: Mapping[str, Any], direction: str, evidence: Sequence[str]) -> list[Diagnosis]:
     """Signature + a setting the report records: a one-sided loss with low-precision sides recorded, or (Qwen-Image
     only) a two-sided spread with padded, unmasked text recorded."""
     low = [side for side in ("rollout", "trainer") if config.get(f"{side}_dtype") in _LOW_PRECISION]

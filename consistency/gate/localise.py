@@ -425,7 +425,8 @@ def _weights_diff(a: Any, b: Any) -> StageDiff | None:
             return None  # a dtype difference is a setting, listed there
         if tensor.shape != other.shape:
             return StageDiff("weights", math.inf, math.inf, detail=f"{name}: shapes differ")
-        diff = float((tensor.detach().double().cpu() - other.detach().double().cpu()).abs().max())
+        # On the parameters' device, one tensor at a time: a large model is not copied to the host.
+        diff = float((tensor.detach().float() - other.detach().float().to(tensor.device)).abs().max())
         if diff > worst:
             worst, largest = diff, name
     if not worst:
@@ -539,7 +540,9 @@ def localise_replay(replay: Any) -> Localisation:
                     worst[diff.stage] = located
     stages += [worst[name] for name in sorted(worst, key=_replay_stage_rank)]
     facts = _facts(replay, matching, units, worst, passes, compared)
-    loc = Localisation(
+    if units and not any(stage.differs for stage in stages):
+        facts["step_fit"] = _step_fit(replay, matching, units)
+    return Localisation(
         stages=tuple(stages),
         settings=_replay_settings(replay, facts),
         replay_max_abs=facts["replay"]["rollout_max_abs"],
@@ -547,9 +550,6 @@ def localise_replay(replay: Any) -> Localisation:
         samples=tuple(context.samples),
         facts=facts,
     )
-    if loc.first is None and units:
-        facts["step_fit"] = _step_fit(replay, matching, units)
-    return loc
 
 
 def _listing(values: Sequence[int]) -> str:

@@ -92,8 +92,8 @@ class ReplayContext:
     Attributes:
         samples: the global sample indices of the batch's rows. window_starts: each row's first SDE step.
         window_size: SDE steps per sample. sigmas: the schedule's ``N + 1`` sigmas (float64, trailing 0).
-        timesteps: the schedule's ``N`` timesteps. noise_level, sde_type, include_normalizer: the config's
-        step settings. cfg_scale: the classifier-free guidance scale (1: off). family: the model family.
+        noise_level, sde_type: the config's step settings. cfg_scale: the classifier-free guidance scale
+        (1: off).
         attention: ``(rollout, trainer)`` attention kernels. rollout_table, trainer_table: the check's own
         tables for these rows (the replay must reproduce them).
     """
@@ -102,12 +102,9 @@ class ReplayContext:
     window_starts: tuple[int, ...]
     window_size: int
     sigmas: tuple[float, ...]
-    timesteps: tuple[float, ...]
     noise_level: float
     sde_type: str
-    include_normalizer: bool
     cfg_scale: float
-    family: str
     attention: tuple[str, str]
     rollout_table: np.ndarray | None = None
     trainer_table: np.ndarray | None = None
@@ -320,27 +317,20 @@ def _table(value: Any) -> np.ndarray:
 
 
 def _context(config: Any, backend: Any, batch_spec: Any, tables: tuple[Any, Any] | None) -> ReplayContext:
+    from .backends import pipeline_settings
+
     scheduler = backend.scheduler_setup.scheduler()
-    settings = _pipeline_settings(config)
+    settings = pipeline_settings(config)
     cfg = float(backend.family.cfg_scale(settings)) if backend.family.cfg_scale else 1.0
     return ReplayContext(
         samples=tuple(batch_spec.sample_indices),
         window_starts=tuple(s.window_start for s in batch_spec.samples),
         window_size=config.sde_window_size,
         sigmas=tuple(float(s) for s in scheduler.sigmas.double().tolist()),
-        timesteps=tuple(float(t) for t in scheduler.timesteps.double().tolist()),
         noise_level=float(config.noise_level),
         sde_type=config.sde_type,
-        include_normalizer=True,
         cfg_scale=cfg,
-        family=config.model_family,
         attention=(config.rollout_attention, config.trainer_attention),
         rollout_table=None if tables is None else np.asarray(tables[0], dtype=np.float64),
         trainer_table=None if tables is None else np.asarray(tables[1], dtype=np.float64),
     )
-
-
-def _pipeline_settings(config: Any) -> Any:
-    from .backends import pipeline_settings
-
-    return pipeline_settings(config)
