@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Model families: one frozen [`ModelFamily`] per family, and the registry that finds it by name.
 
-A model family (Qwen-Image, SD3, FLUX, or yours) is a frozen bundle of plain functions, chiefly its
+A model family (Qwen-Image, SD3, FLUX, Wan, or yours) is a frozen bundle of plain functions, chiefly its
 *velocity function*
 
     velocity(transformer, latents, timesteps, conditioning, guidance_scale, *, options)
@@ -15,7 +15,7 @@ the trainer (`rollout_consistency.adapters.trainer`), the step-wise engine and t
 fields of a `ModelFamily`, never a family's name.
 
 Adding a family is one module that builds a `ModelFamily` and calls [`register_family`] (see
-docs/design.md). The three built-in families are imported on first use by name, so `import
+docs/design.md). The built-in families are imported on first use by name, so `import
 rollout_consistency.adapters` stays light and a family with a missing optional dependency does not break
 the others.
 """
@@ -26,7 +26,7 @@ import importlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -49,6 +49,7 @@ __all__ = [
     "get_family",
     "load_pretrained_transformer",
     "load_scheduler_config",
+    "merged_options",
     "model_device",
     "model_dtype",
     "register_family",
@@ -81,7 +82,7 @@ class ModelFamily:
     """The per-family functions the shared loops and the checker need. All are plain functions of their arguments.
 
     Used by the rollout, the trainer and the step-wise engine:
-        name: the family id stored in trajectories (`"qwen-image"`, `"sd3"`, `"flux"`).
+        name: the family id stored in trajectories (`"qwen-image"`, `"sd3"`, `"flux"`, `"wan"`).
         velocity: see [`VelocityFn`] and the module docstring.
         latent_shape: `(transformer, options) -> tuple` — per-sample latent shape the velocity takes.
         initial_latents: `(transformer, generators, options) -> Tensor (B, *latent_shape) float32` — draws
@@ -96,6 +97,9 @@ class ModelFamily:
             the widest when `None`). Used by the step-wise path and `stack_trajectories`.
         row_inputs: the transformer's keyword inputs that are batch-first tensors or per-sample lists, which
             batch-invariant mode splits by row (`rollout_consistency.adapters.batch_invariance`).
+        default_options: the family options besides `height` and `width` (which every family needs) with
+            their defaults, e.g. `{"vae_scale_factor": 8}`: [`merged_options`] fills them in and refuses
+            other names (a family's pipeline-style `rollout` stores them all).
 
     Used by the checker to build a run from [`PipelineSettings`] (a family without them can still roll out
     and recompute; the checker then says which field is missing):
@@ -108,6 +112,13 @@ class ModelFamily:
         load_transformer: `(path, *, dtype, device) -> nn.Module` — a real checkpoint's transformer in eval mode.
         load_prompt_encoder: `(path, device, PipelineSettings) -> PromptEncoder` — a real checkpoint's text
             encoders (through its diffusers pipeline).
+        model_kwargs: `(PipelineSettings) -> dict` — extra keyword arguments for `load_transformer` and the tiny
+            model's loader (Wan: `boundary_ratio`, which makes the model two experts); `None`: none.
+
+    Families whose model is a mixture of experts by timestep (Wan 2.2) also set:
+        experts: `(transformer, timesteps (B,) float32, options) -> tuple[str, ...] | None` — the expert that
+            takes each row's step on this model (`None` for a single-expert model). The rollout records it per
+            window step (`Trajectory.experts`), the trainer reports its own, and the checker compares them.
     """
 
     name: str
@@ -118,6 +129,7 @@ class ModelFamily:
     check_conditioning: Callable[[nn.Module, Mapping[str, torch.Tensor], int, float, Mapping[str, Any]], None]
     collate_conditioning: Callable[[Sequence[Mapping[str, torch.Tensor]], int | None], dict[str, torch.Tensor]]
     row_inputs: frozenset[str] = frozenset()
+    default_options: Mapping[str, Any] = field(default_factory=dict)
     scheduler_config: Mapping[str, Any] | None = None
     options: Callable[[PipelineSettings], dict[str, Any]] | None = None
     guidance: Callable[[PipelineSettings], float] | None = None
@@ -125,6 +137,8 @@ class ModelFamily:
     negative_prompt: str = ""
     load_transformer: Callable[..., nn.Module] | None = None
     load_prompt_encoder: Callable[[str | os.PathLike, Any, PipelineSettings], PromptEncoder] | None = None
+    model_kwargs: Callable[[PipelineSettings], dict[str, Any]] | None = None
+    experts: Callable[[nn.Module, torch.Tensor, Mapping[str, Any]], tuple[str, ...] | None] | None = None
 
 
 # The built-in families, imported on first use (each module registers its `FAMILY` when imported).
@@ -132,6 +146,7 @@ _BUILTIN_MODULES = {
     "qwen-image": "rollout_consistency.adapters.qwen_image",
     "sd3": "rollout_consistency.adapters.sd3",
     "flux": "rollout_consistency.adapters.flux",
+    "wan": "rollout_consistency.adapters.wan",
 }
 # name -> family: the process's registry (built-ins on first use, user families when they register).
 _REGISTRY: dict[str, ModelFamily] = {}
@@ -169,6 +184,32 @@ def get_family(name: str) -> ModelFamily:
 def family_names() -> tuple[str, ...]:
     """Names of the built-in and registered families, sorted."""
     return tuple(sorted(set(_BUILTIN_MODULES) | set(_REGISTRY)))
+
+
+def merged_options(family: ModelFamily, options: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
+    """`options` over the family's `default_options`, `height` and `width` first (ValueError if either is missing).
+
+    With `strict`, every value is cast to its default's type (`int`, `bool`, `float`) and a name the family
+    does not know is a ValueError naming the known ones (a caller's keywords); otherwise other names pass
+    through (a stored trajectory's options are read as they are).
+    """
+    for key in ("height", "width"):
+        if key not in options:
+            raise ValueError(f"{family.name} options need {key!r} (image size in pixels).")
+    defaults = dict(family.default_options)
+    if not strict:
+        return {**defaults, **dict(options)}
+    unknown = sorted(set(options) - {"height", "width", *defaults})
+    if unknown:
+        raise ValueError(
+            f"{family.name} has no option {', '.join(map(repr, unknown))}; its options are height, width"
+            f"{''.join(f', {name}' for name in defaults)}."
+        )
+    merged = {"height": int(options["height"]), "width": int(options["width"])}
+    for name, value in defaults.items():  # a None default (an optional setting) keeps what was given
+        given = options.get(name, value)
+        merged[name] = given if value is None or given is None else type(value)(given)
+    return merged
 
 
 def load_pretrained_transformer(

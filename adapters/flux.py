@@ -47,12 +47,13 @@ from .families import (
     check_pooled_text,
     concat_fixed_width_conditioning,
     load_pretrained_transformer,
+    merged_options,
     model_dtype,
     register_family,
 )
 from .packing import pack_latents, packed_latent_grid, unpack_latents
-from .rollout import rollout as request_level_rollout
-from .settings import BatchRequests, PipelineSettings, SamplingSettings
+from .rollout import family_rollout
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -89,11 +90,7 @@ FLUX_SCHEDULER_CONFIG: Mapping[str, Any] = {
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
-    merged = {**_DEFAULT_OPTIONS, **dict(options)}
-    for key in ("height", "width"):
-        if key not in merged:
-            raise ValueError(f"FLUX options need {key!r} (image size in pixels).")
-    return merged
+    return merged_options(FAMILY, options)
 
 
 def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
@@ -313,67 +310,27 @@ FAMILY = register_family(
         negative_prompt="",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        default_options=_DEFAULT_OPTIONS,
         # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"}),
     )
 )
 
 
-def rollout(
-    transformer: nn.Module,
-    conditioning: Mapping[str, torch.Tensor],
-    *,
-    height: int,
-    width: int,
-    num_inference_steps: int,
-    requests: BatchRequests,
-    sampling: SamplingSettings,
-    true_cfg_scale: float = 1.0,
-    scheduler_config: Mapping[str, Any] | None = None,
-    vae_scale_factor: int = 8,
-    denoise_to_end: bool = True,
-    scheduler: Any = None,
-) -> Trajectory:
-    """FLUX rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
+def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
+    """FLUX rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
 
-    `sampling.guidance_scale` is the embedded guidance (`FluxPipeline` uses 3.5; [`SamplingSettings`] defaults
-    to 1.0, so pass it); `true_cfg_scale > 1` turns on true CFG and needs the negative conditioning.
-    `scheduler_config` defaults to FLUX.1's released config ([`FLUX_SCHEDULER_CONFIG`]); the schedule is the
-    pipeline's (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
+    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: FLUX.1's released
+    config, [`FLUX_SCHEDULER_CONFIG`]; the schedule is the pipeline's: `linspace(1, 1/N, N)` sigmas, `mu` from
+    the image sequence length), `scheduler`, and the family options `height`, `width`, `vae_scale_factor=8`,
+    `true_cfg_scale=1.0`. `sampling.guidance_scale` is the embedded guidance (`FluxPipeline` uses 3.5;
+    `SamplingSettings` defaults to 1.0, so pass it); `true_cfg_scale > 1` turns on true CFG and needs the
+    negative conditioning.
     """
-    options = {
-        "height": int(height),
-        "width": int(width),
-        "vae_scale_factor": int(vae_scale_factor),
-        "true_cfg_scale": float(true_cfg_scale),
-    }
-    config = FLUX_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
-    setup = _scheduler_setup(config, num_inference_steps, transformer, options)
-    return request_level_rollout(
-        FAMILY,
-        transformer,
-        conditioning,
-        scheduler_setup=setup,
-        requests=requests,
-        sampling=sampling,
-        options=options,
-        denoise_to_end=denoise_to_end,
-        scheduler=scheduler,
-    )
+    return family_rollout(FAMILY, transformer, conditioning, **settings)
 
 
-def recompute_log_probs(
-    transformer: nn.Module,
-    trajectory: Trajectory,
-    *,
-    steps: Sequence[int] | None = None,
-    autocast_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """FLUX training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
-
-    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_flux(dtype=...)`), or
-    keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
-    """
-    return trainer.recompute_log_probs(
-        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
-    )
+def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
+    """FLUX training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
+    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
+    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)

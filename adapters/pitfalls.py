@@ -17,6 +17,8 @@ switch for it: [`apply_injection`] applies one by name, and the checker applies 
 |                        | (transformer)                   | tokens)                                               |                                         |
 | `per-request-window`   | [`stock_per_request_window`]    | SDE window drawn per request from an unseeded RNG     | `draw_sde_window` per prompt group,     |
 |                        | (windows)                       |                                                       | seeded explicitly                       |
+| `expert-switch`        | [`StockLateExpertSwitch`]       | Wan 2.2: the switch to `transformer_2` taken one step | both sides ask the model which expert   |
+|                        | (transformer)                   | late (a step index off by one against the boundary)   | a timestep takes (`t >= boundary`)      |
 
 When each one shows (so a check that injects it sees a signature):
 
@@ -33,6 +35,9 @@ When each one shows (so a check that injects it sees a signature):
 * `per-request-window`: rollouts of one prompt group get different windows; the step-1 ratio stays 1
   (the trainer re-scores the stored steps), so the signature is structural: `Trajectory.windows` disagree
   within a prompt group.
+* `expert-switch`: a model with two experts by timestep (Wan 2.2, `rollout_consistency.adapters.wan.WanExperts`)
+  and an SDE window holding the first low-noise step. Signature: the log-ratio is non-zero at exactly that step
+  and the recorded experts (`Trajectory.experts` against the trainer's) differ there.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ __all__ = [
     "INJECTION_NAMES",
     "Injected",
     "MixedDtypeBatchError",
+    "StockLateExpertSwitch",
     "StockMaskSumRope",
     "StockModelDtypeLatents",
     "StockRoundedLatents",
@@ -62,7 +68,7 @@ __all__ = [
     "stock_round_to_model_dtype",
 ]
 
-INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window")
+INJECTION_NAMES = ("bf16-latents", "stepwise-bf16", "mask-sum-rope", "per-request-window", "expert-switch")
 
 
 class MixedDtypeBatchError(ValueError):
@@ -75,7 +81,6 @@ def stock_round_to_model_dtype(prev_sample: torch.Tensor, model_dtype: torch.dty
     Returns the sample rounded to `model_dtype`, held in a float32 tensor: the value the stock rollout stored
     and fed to the next step, while its log-prob had been computed from the unrounded float32 sample.
     """
-    # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject bf16-latents)
     return prev_sample.to(model_dtype).to(torch.float32)
 
 
@@ -132,7 +137,6 @@ class StockModelDtypeLatents(StockRoundedLatents):
     injection_name = "stepwise-bf16"
 
     def _cast(self, prev_sample: torch.Tensor) -> torch.Tensor:
-        # rollout-consistency: ignore[low-precision-latents] the stock bug, reproduced on purpose (--inject stepwise-bf16)
         return prev_sample.to(self.dtype)
 
 
@@ -181,6 +185,54 @@ class StockMaskSumRope(nn.Module):
         )
 
 
+class StockLateExpertSwitch(nn.Module):
+    """REPRODUCTION (`expert-switch`): Wan 2.2's two experts switching to `transformer_2` one step late.
+
+    The stock code counts the high-noise steps, `n_high = (timesteps >= boundary).sum()`, then takes
+    `transformer` for step indices `i <= n_high` (`<=` for `<`): the first step below the boundary still runs the
+    high-noise expert. This wrapper answers `expert_names` that way (from the step's index in `schedule`) and
+    passes its answer to the wrapped model's forward as `experts=`; config, parameters and dtype are the
+    wrapped model's ([`WanExperts`](rollout_consistency.adapters.wan.WanExperts) or its batch-invariant proxy).
+
+    Raises:
+        ValueError: the wrapped transformer has no two experts (no `expert_names`).
+    """
+
+    injection_name = "expert-switch"
+
+    def __init__(self, transformer: nn.Module, schedule: torch.Tensor):
+        if getattr(transformer, "expert_names", None) is None:
+            raise ValueError(
+                "The expert-switch reproduction needs a model with two experts by timestep (Wan 2.2: "
+                "rollout_consistency.adapters.wan.WanExperts, e.g. load_wan(boundary_ratio=0.875))."
+            )
+        super().__init__()
+        self.inner = transformer
+        self.schedule = schedule.to(torch.float32).cpu()
+
+    @property
+    def config(self) -> Any:
+        return self.inner.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return model_dtype(self.inner)
+
+    def expert_names(self, timesteps: torch.Tensor) -> tuple[str, ...]:
+        right = self.inner.expert_names(self.schedule)  # the right expert of every step of the schedule
+        high_steps = sum(name == right[0] for name in right)  # n_high (the schedule starts high)
+        names = []
+        for t in timesteps.reshape(len(timesteps), -1)[:, 0].cpu():
+            (index,) = (self.schedule == t).nonzero()[0].tolist()
+            names.append(right[0] if index <= high_steps else right[index])  # `<=`: one step late
+        return tuple(names)
+
+    def forward(self, *args: Any, timestep: torch.Tensor, experts: Any = None, **kwargs: Any) -> Any:
+        # The velocity passes this wrapper's own answer; a direct call gets it here.
+        names = list(experts) if experts is not None else list(self.expert_names(timestep))
+        return self.inner(*args, timestep=timestep, experts=names, **kwargs)
+
+
 @dataclass(frozen=True)
 class Injected:
     """What a rollout runs with after [`apply_injection`]: its scheduler, transformer and per-sample windows."""
@@ -202,7 +254,8 @@ def apply_injection(
 
     Args:
         name: one of [`INJECTION_NAMES`].
-        scheduler: the scheduler the rollout steps with (e.g. `SchedulerSetup.scheduler()`).
+        scheduler: the scheduler the rollout steps with (e.g. `SchedulerSetup.scheduler()`; its `timesteps` are
+            the schedule `expert-switch` counts steps in).
         transformer: the rollout's transformer (its dtype is the one latents are rounded to).
         windows: one window per sample; `request_ids`: one id per sample (`per-request-window` mixes it in).
 
@@ -216,6 +269,8 @@ def apply_injection(
         scheduler = StockModelDtypeLatents(scheduler, model_dtype(transformer))
     elif name == "mask-sum-rope":
         transformer = StockMaskSumRope(transformer)
+    elif name == "expert-switch":
+        transformer = StockLateExpertSwitch(transformer, scheduler.timesteps)
     elif name == "per-request-window":
         windows = tuple(
             stock_per_request_window(rid, num_steps=w.num_steps, window_size=w.size)

@@ -38,17 +38,18 @@ from .families import (
     check_float32_inputs,
     common_conditioning_keys,
     load_pretrained_transformer,
+    merged_options,
     model_dtype,
     register_family,
 )
 from .packing import pack_latents, packed_latent_grid
-from .rollout import rollout as request_level_rollout
+from .rollout import family_rollout
 from .rope import (
     QwenImageTransformerTxtSeqLens,
     padded_txt_seq_lens,
     takes_txt_seq_lens,
 )
-from .settings import BatchRequests, PipelineSettings, SamplingSettings
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -87,11 +88,7 @@ QWEN_IMAGE_SCHEDULER_CONFIG: Mapping[str, Any] = {
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
-    merged = {**_DEFAULT_OPTIONS, **dict(options)}
-    for key in ("height", "width"):
-        if key not in merged:
-            raise ValueError(f"Qwen-Image options need {key!r} (image size in pixels).")
-    return merged
+    return merged_options(FAMILY, options)
 
 
 def latent_grid(options: Mapping[str, Any]) -> tuple[int, int]:
@@ -339,6 +336,7 @@ FAMILY = register_family(
         negative_prompt=" ",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        default_options=_DEFAULT_OPTIONS,
         # Batch-first tensors and per-sample lists (img_shapes, txt_seq_lens): split by row in batch-invariant mode.
         row_inputs=frozenset(
             {
@@ -354,58 +352,20 @@ FAMILY = register_family(
 )
 
 
-def rollout(
-    transformer: nn.Module,
-    conditioning: Mapping[str, torch.Tensor],
-    *,
-    height: int,
-    width: int,
-    num_inference_steps: int,
-    requests: BatchRequests,
-    sampling: SamplingSettings,
-    scheduler_config: Mapping[str, Any] | None = None,
-    vae_scale_factor: int = 8,
-    mask_text_padding: bool = True,
-    denoise_to_end: bool = True,
-    scheduler: Any = None,
-) -> Trajectory:
-    """Qwen-Image rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
+def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
+    """Qwen-Image rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for
+    this family.
 
-    `scheduler_config` defaults to Qwen-Image's released config; the schedule is the pipeline's
-    (`linspace(1, 1/N, N)` sigmas, `mu` from the image sequence length).
+    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: Qwen-Image's released
+    config, [`QWEN_IMAGE_SCHEDULER_CONFIG`]; the schedule is the pipeline's: `linspace(1, 1/N, N)` sigmas, `mu`
+    from the image sequence length), `scheduler`, and the family options `height`, `width`,
+    `vae_scale_factor=8`, `mask_text_padding=True`. `sampling.guidance_scale` is the true-CFG scale (CFG when
+    > 1, which needs the negative conditioning).
     """
-    options = {
-        "height": int(height),
-        "width": int(width),
-        "vae_scale_factor": int(vae_scale_factor),
-        "mask_text_padding": bool(mask_text_padding),
-    }
-    setup = _scheduler_setup(scheduler_config or QWEN_IMAGE_SCHEDULER_CONFIG, num_inference_steps, transformer, options)
-    return request_level_rollout(
-        FAMILY,
-        transformer,
-        conditioning,
-        scheduler_setup=setup,
-        requests=requests,
-        sampling=sampling,
-        options=options,
-        denoise_to_end=denoise_to_end,
-        scheduler=scheduler,
-    )
+    return family_rollout(FAMILY, transformer, conditioning, **settings)
 
 
-def recompute_log_probs(
-    transformer: nn.Module,
-    trajectory: Trajectory,
-    *,
-    steps: Sequence[int] | None = None,
-    autocast_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Qwen-Image training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
-
-    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_qwen_image(dtype=...)`),
-    or keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
-    """
-    return trainer.recompute_log_probs(
-        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
-    )
+def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
+    """Qwen-Image training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
+    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
+    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)

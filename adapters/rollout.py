@@ -29,11 +29,11 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
-from .families import ModelFamily, model_device
+from .families import ModelFamily, merged_options, model_device
 from .settings import BatchRequests, SamplingSettings
 from .trajectory import Trajectory
 
-__all__ = ["make_generators", "resolve_windows", "rollout"]
+__all__ = ["family_rollout", "make_generators", "recorded_experts", "resolve_windows", "rollout"]
 
 
 def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -46,24 +46,17 @@ def make_generators(seeds: Sequence[int]) -> list[torch.Generator]:
     return generators
 
 
-def resolve_windows(
-    window: SDEWindow | Sequence[SDEWindow] | None, batch_size: int, num_steps: int
-) -> tuple[SDEWindow, ...]:
-    """One window per sample: a single `SDEWindow` is shared; a sequence must hold `batch_size` windows of one
-    size. Raises ValueError for a window that does not belong to a `num_steps`-step schedule, or for `None`."""
+def resolve_windows(requests: BatchRequests, num_steps: int) -> tuple[SDEWindow, ...]:
+    """One window per sample of `requests` (a single `SDEWindow` is shared). Raises ValueError for `None`, a
+    window that does not belong to a `num_steps`-step schedule, or windows of different sizes."""
+    window = requests.windows
     if window is None:
         raise ValueError(
             "BatchRequests.windows is None: this rollout needs explicit windows (one SDEWindow, or one per sample; "
             "draw them with rollout_consistency.schedulers.draw_sde_window)."
         )
-    windows = (window,) * batch_size if isinstance(window, SDEWindow) else tuple(window)
-    if len(windows) != batch_size:
-        raise ValueError(f"{len(windows)} windows for {batch_size} samples: pass one window, or one per sample.")
+    windows = (window,) * len(requests.seeds) if isinstance(window, SDEWindow) else window
     for w in windows:
-        if not isinstance(w, SDEWindow):
-            raise TypeError(
-                f"Expected SDEWindow, got {w!r}; build one with rollout_consistency.schedulers.draw_sde_window(...)."
-            )
         if w.num_steps != num_steps:
             raise ValueError(
                 f"SDE window {w} is for a {w.num_steps}-step schedule but the rollout runs {num_steps} steps: the "
@@ -72,20 +65,6 @@ def resolve_windows(
     if len({w.size for w in windows}) != 1:
         raise ValueError(f"All samples need the same window size, got {sorted({w.size for w in windows})}.")
     return windows
-
-
-def _check_rollout_args(seeds, prompt_groups, noise_level, global_step) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    seeds = tuple(seeds)
-    if not seeds:
-        raise ValueError("A rollout needs at least one sample (one seed per sample).")
-    prompt_groups = tuple(range(len(seeds))) if prompt_groups is None else tuple(prompt_groups)
-    if len(prompt_groups) != len(seeds):
-        raise ValueError(f"{len(prompt_groups)} prompt groups for {len(seeds)} seeds: pass one per sample.")
-    if not (isinstance(noise_level, (int, float)) and noise_level > 0):
-        raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
-    if not isinstance(global_step, int) or global_step < 0:
-        raise ValueError(f"global_step must be an int >= 0, got {global_step!r}.")
-    return seeds, prompt_groups
 
 
 def rollout(
@@ -97,7 +76,6 @@ def rollout(
     requests: BatchRequests,
     sampling: SamplingSettings,
     options: Mapping[str, Any] | None = None,
-    denoise_to_end: bool = True,
     scheduler: Any = None,
 ) -> Trajectory:
     """Request-level rollout of a batch: denoise with SDE steps inside each sample's window, ODE outside.
@@ -110,12 +88,12 @@ def rollout(
         scheduler_setup: the schedule (see [`SchedulerSetup`]).
         requests ([`BatchRequests`]): the samples: per-sample seeds (initial and SDE noise; see the module
             docstring), one `SDEWindow` for all samples or one per sample (samples of a prompt group must share
-            it), prompt-group ids (default: each sample its own group) and the training step (stored).
+            it), prompt-group ids (default: each sample its own group), the training step (stored), and
+            `denoise_to_end` (also run the steps after the last window and store `final_latents`, for the
+            reward; `False` stops after the last window step).
         sampling ([`SamplingSettings`]): noise level, SDE type and normaliser (passed to the scheduler) and the
             guidance scale (CFG runs when > 1 and then needs negative conditioning).
         options: the family's forward settings (stored as `Trajectory.family_options`).
-        denoise_to_end: also run the steps after the last window and store `final_latents` (for the reward);
-            `False` stops after the last window step.
         scheduler: the scheduler to step with (default: `scheduler_setup.scheduler()`, cached on the setup) — a
             subclass of your own, or a stock-pitfall wrapper from `rollout_consistency.adapters.pitfalls`. Only its
             stateless `sample_previous_step` is called.
@@ -126,11 +104,11 @@ def rollout(
     options = dict(options or {})
     noise_level, sde_type = sampling.noise_level, sampling.sde_type
     guidance_scale, include_normalizer = sampling.guidance_scale, sampling.include_normalizer
-    global_step = requests.global_step
-    seeds, prompt_groups = _check_rollout_args(requests.seeds, requests.prompt_groups, noise_level, global_step)
+    global_step, denoise_to_end = requests.global_step, requests.denoise_to_end
+    seeds, prompt_groups = requests.seeds, requests.groups
     batch = len(seeds)
     num_steps = scheduler_setup.num_inference_steps
-    windows = resolve_windows(requests.windows, batch, num_steps)
+    windows = resolve_windows(requests, num_steps)
     family.check_conditioning(transformer, conditioning, batch, guidance_scale, options)
 
     device = model_device(transformer)
@@ -147,19 +125,18 @@ def rollout(
     stored = torch.empty((batch, window_size + 1, *expected_shape[1:]), dtype=torch.float32, device=device)
     log_probs = torch.empty((batch, window_size), dtype=torch.float32, device=device)
     timesteps = torch.empty((batch, window_size), dtype=torch.float32)
+    # Which expert took each window step (models with experts by timestep only; None entries otherwise).
+    experts: list[list[str | None]] = [[None] * window_size for _ in range(batch)]
     last_step = num_steps if denoise_to_end else max(w.stop for w in windows)
 
     with torch.no_grad():
         for step in range(last_step):
             t = schedule[step]
+            step_timesteps = t.expand(batch).to(device)
             velocity = family.velocity(
-                transformer,
-                latents,
-                t.expand(batch).to(device),
-                conditioning,
-                guidance_scale,
-                options=options,
+                transformer, latents, step_timesteps, conditioning, guidance_scale, options=options
             )
+            names = None if family.experts is None else family.experts(transformer, step_timesteps, options)
             sde_rows = [b for b in range(batch) if step in windows[b]]
             ode_rows = [b for b in range(batch) if step not in windows[b]]
             # Rows are stepped in (at most) two groups, SDE and ODE; the step's maths is per element and its
@@ -186,6 +163,9 @@ def rollout(
                     stored[rows, positions] = sample
                     log_probs[rows, positions] = out.log_prob
                     timesteps[rows, positions] = t
+                    if names is not None:
+                        for b, k in zip(rows, positions, strict=True):
+                            experts[b][k] = names[b]
                     last = [i for i, k in enumerate(positions) if k == window_size - 1]
                     if last:
                         stored[[rows[i] for i in last], window_size] = prev[last]
@@ -217,4 +197,57 @@ def rollout(
         include_normalizer=include_normalizer,
         final_latents=latents if denoise_to_end else None,
         provenance=provenance,
+        experts=recorded_experts(experts),
     ).validate()
+
+
+def recorded_experts(table: Sequence[Sequence[str | None]]) -> tuple[tuple[str, ...], ...] | None:
+    """A rollout's per-sample, per-window-step expert names as `Trajectory.experts` stores them: None when no
+    step recorded one (a single-expert model); ValueError when only some did (a model that changed mid-run)."""
+    recorded = [name is not None for row in table for name in row]
+    if not any(recorded):
+        return None
+    if not all(recorded):
+        raise ValueError("Some window steps recorded an expert and others none: the model changed during the rollout.")
+    return tuple(tuple(row) for row in table)
+
+
+def family_rollout(
+    family: ModelFamily,
+    transformer: nn.Module,
+    conditioning: Mapping[str, torch.Tensor],
+    *,
+    num_inference_steps: int,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
+    scheduler_config: Mapping[str, Any] | None = None,
+    scheduler: Any = None,
+    **options: Any,
+) -> Trajectory:
+    """[`rollout`] as a family's diffusers pipeline is called: image size and family options as keywords, the
+    schedule the pipeline would use. Each family's `rollout` (`qwen_image.rollout`, `sd3.rollout`,
+    `flux.rollout`) is this function for its family.
+
+    Args:
+        num_inference_steps: denoising steps.
+        requests, sampling, scheduler: as for [`rollout`].
+        scheduler_config: the scheduler config (default: the family's released one, `family.scheduler_config`);
+            the schedule is `family.scheduler_setup` of it, as the family's pipeline builds it.
+        **options: the family options: `height`, `width` (pixels) and the family's `default_options` (e.g.
+            `vae_scale_factor=8`), all stored as `Trajectory.family_options`; another name is a ValueError.
+    """
+    options = merged_options(family, options, strict=True)
+    config = family.scheduler_config if scheduler_config is None else scheduler_config
+    if config is None:
+        raise ValueError(f"{family.name} registers no released scheduler_config; pass scheduler_config=.")
+    setup = family.scheduler_setup(config, num_inference_steps, transformer, options)
+    return rollout(
+        family,
+        transformer,
+        conditioning,
+        scheduler_setup=setup,
+        requests=requests,
+        sampling=sampling,
+        options=options,
+        scheduler=scheduler,
+    )

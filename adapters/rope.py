@@ -60,7 +60,6 @@ def stock_mask_sum_txt_seq_lens(prompt_embeds_mask: torch.Tensor) -> list[int]:
     """
     if prompt_embeds_mask.dim() != 2:
         raise ValueError(f"prompt_embeds_mask must be (B, L), got {tuple(prompt_embeds_mask.shape)}.")
-    # rollout-consistency: ignore[mask-sum-rope] deliberate reproduction of the stock rule (--inject mask-sum-rope)
     return [int(n) for n in prompt_embeds_mask.to(torch.int64).sum(dim=1).tolist()]
 
 

@@ -43,11 +43,12 @@ from .families import (
     check_pooled_text,
     concat_fixed_width_conditioning,
     load_pretrained_transformer,
+    merged_options,
     model_dtype,
     register_family,
 )
-from .rollout import rollout as request_level_rollout
-from .settings import BatchRequests, PipelineSettings, SamplingSettings
+from .rollout import family_rollout
+from .settings import PipelineSettings
 from .trajectory import Trajectory
 
 __all__ = [
@@ -73,11 +74,7 @@ SD3_SCHEDULER_CONFIG: Mapping[str, Any] = {"num_train_timesteps": 1000, "shift":
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
-    merged = {**_DEFAULT_OPTIONS, **dict(options)}
-    for key in ("height", "width"):
-        if key not in merged:
-            raise ValueError(f"SD3 options need {key!r} (image size in pixels).")
-    return merged
+    return merged_options(FAMILY, options)
 
 
 def latent_grid(transformer: nn.Module, options: Mapping[str, Any]) -> tuple[int, int]:
@@ -284,59 +281,24 @@ FAMILY = register_family(
         negative_prompt="",
         load_transformer=_load_transformer,
         load_prompt_encoder=_load_prompt_encoder,
+        default_options=_DEFAULT_OPTIONS,
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),
     )
 )
 
 
-def rollout(
-    transformer: nn.Module,
-    conditioning: Mapping[str, torch.Tensor],
-    *,
-    height: int,
-    width: int,
-    num_inference_steps: int,
-    requests: BatchRequests,
-    sampling: SamplingSettings,
-    scheduler_config: Mapping[str, Any] | None = None,
-    vae_scale_factor: int = 8,
-    denoise_to_end: bool = True,
-    scheduler: Any = None,
-) -> Trajectory:
-    """SD3 rollout adapter (request-level). See `rollout_consistency.adapters.rollout.rollout` for the arguments.
+def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
+    """SD3 rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
 
-    `sampling.guidance_scale` is the CFG scale (CFG when > 1, which needs the negative conditioning).
-    `scheduler_config` defaults to SD3's released config ([`SD3_SCHEDULER_CONFIG`]); the schedule is the
-    pipeline's (see `_scheduler_setup`).
+    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: SD3's released config,
+    [`SD3_SCHEDULER_CONFIG`]; the schedule is the pipeline's, see `_scheduler_setup`), `scheduler`, and the
+    family options `height`, `width`, `vae_scale_factor=8`. `sampling.guidance_scale` is the CFG scale (CFG
+    when > 1, which needs the negative conditioning).
     """
-    options = {"height": int(height), "width": int(width), "vae_scale_factor": int(vae_scale_factor)}
-    config = SD3_SCHEDULER_CONFIG if scheduler_config is None else scheduler_config
-    setup = _scheduler_setup(config, num_inference_steps, transformer, options)
-    return request_level_rollout(
-        FAMILY,
-        transformer,
-        conditioning,
-        scheduler_setup=setup,
-        requests=requests,
-        sampling=sampling,
-        options=options,
-        denoise_to_end=denoise_to_end,
-        scheduler=scheduler,
-    )
+    return family_rollout(FAMILY, transformer, conditioning, **settings)
 
 
-def recompute_log_probs(
-    transformer: nn.Module,
-    trajectory: Trajectory,
-    *,
-    steps: Sequence[int] | None = None,
-    autocast_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """SD3 training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
-
-    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_sd3(dtype=...)`), or
-    keep float32 master weights and pass `autocast_dtype=torch.bfloat16`.
-    """
-    return trainer.recompute_log_probs(
-        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
-    )
+def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
+    """SD3 training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
+    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
+    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)

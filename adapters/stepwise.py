@@ -26,7 +26,10 @@ Layout: the per-request pieces are plain functions over plain dataclasses ([`Req
 [`init_window_record`] / [`record_window_step`] / [`window_trajectory`] (trajectory assembly),
 [`gather_latents`] (with vLLM-omni's mixed-dtype check), [`scheduler_step`] (one request, one step),
 [`shared_text_width`] and the family's `collate_conditioning` (padding). Only [`denoise_step`] and
-[`run_stepwise`] touch the torch forward.
+[`run_stepwise`] touch the torch forward. The settings shared by every request travel as one
+[`SamplingSettings`](rollout_consistency.adapters.settings.SamplingSettings) (noise level, SDE type, guidance,
+normaliser), a request's own as its [`StepwiseRequest`] (seed, window, prompt group, training step), and how
+the engine batches as [`EngineSettings`] (running requests, text width).
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ from rollout_consistency.schedulers import FlowMatchSDEDiscreteScheduler, Schedu
 from .batch_invariance import is_batch_invariant
 from .families import ModelFamily, model_device
 from .pitfalls import MixedDtypeBatchError
-from .rollout import make_generators
-from .settings import SamplingSettings
+from .rollout import make_generators, recorded_experts
+from .settings import BatchRequests, SamplingSettings
 from .trajectory import Trajectory, stack_trajectories
 
 __all__ = [
+    "EngineSettings",
     "RequestState",
     "StepwiseRequest",
     "WindowRecord",
@@ -59,6 +63,7 @@ __all__ = [
     "init_window_record",
     "record_window_step",
     "run_stepwise",
+    "running_experts",
     "scheduler_step",
     "shared_text_width",
     "stored_conditioning",
@@ -76,6 +81,7 @@ class StepwiseRequest:
         conditioning: batch-first tensors with one row (e.g. `prompt_embeds` (1, L, D), its own L).
         window: the request's SDE window (share one per prompt group: `rollout_consistency.schedulers.draw_sde_window`).
         prompt_group: its prompt-group id. arrival: engine step at which it may join (default 0).
+        global_step: the training step it is sampled for (stored in its trajectory; a batch is one step).
     """
 
     request_id: str
@@ -84,17 +90,50 @@ class StepwiseRequest:
     window: SDEWindow
     prompt_group: int = 0
     arrival: int = 0
+    global_step: int = 0
+
+    @property
+    def requests(self) -> BatchRequests:
+        """The request as a one-sample [`BatchRequests`] (seed, window, prompt group, training step)."""
+        return BatchRequests(
+            seeds=(self.seed,), windows=(self.window,), prompt_groups=(self.prompt_group,), global_step=self.global_step
+        )
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the step-wise engine batches requests (vLLM-omni's engine arguments, as this loop reproduces them).
+
+    Args:
+        max_num_seqs: requests running together (vLLM-omni's `max_num_seqs`; default 4).
+        text_width: the width every forward's text is padded to; `None`: the widest running request's, as
+            vLLM-omni does (a fixed width keeps a request's forwards independent of its batch-mates).
+    """
+
+    max_num_seqs: int = 4
+    text_width: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}.")
+        if self.text_width is not None and (not isinstance(self.text_width, int) or self.text_width < 1):
+            raise ValueError(f"text_width must be an int >= 1 or None, got {self.text_width!r}.")
 
 
 @dataclass
 class WindowRecord:
-    """What one request stores of its window, filled step by step (float32 tensors of shape `(1, ...)`)."""
+    """What one request stores, filled step by step (float32 tensors of shape `(1, ...)`): each window step's
+    input, log-prob and timestep, the window's last output and, once the request has run its whole schedule,
+    its `final_latents` (set by [`advance_request`]; an engine with its own loop sets it itself, or leaves it
+    `None`: the trajectory then stores none)."""
 
     window: SDEWindow
     inputs: list[torch.Tensor] = field(default_factory=list)
     log_probs: list[torch.Tensor] = field(default_factory=list)
     timesteps: list[torch.Tensor] = field(default_factory=list)
     last_output: torch.Tensor | None = None
+    experts: list[str | None] = field(default_factory=list)  # the expert of each step (experts by timestep only)
+    final_latents: torch.Tensor | None = None
 
     @property
     def complete(self) -> bool:
@@ -137,9 +176,11 @@ def record_window_step(
     timestep: torch.Tensor,
     log_prob: torch.Tensor,
     prev_sample: torch.Tensor,
+    expert: str | None = None,
 ) -> None:
-    """Store one window step of one request: its input `sample` (1, ...), `log_prob` (1,), `timestep` and,
-    at the window's last step, the drawn `prev_sample`. All float32; ValueError otherwise."""
+    """Store one window step of one request: its input `sample` (1, ...), `log_prob` (1,), `timestep`, the expert
+    that took it (models with experts by timestep; `None` otherwise) and, at the window's last step, the drawn
+    `prev_sample`. All float32; ValueError otherwise."""
     if step_index not in record.window:
         raise ValueError(f"Step {step_index} is outside the request's window {record.window}.")
     if len(record.inputs) != step_index - record.window.start:
@@ -152,6 +193,7 @@ def record_window_step(
     record.inputs.append(sample.detach().clone())
     record.log_probs.append(log_prob.detach().reshape(1).clone())
     record.timesteps.append(torch.as_tensor(timestep, dtype=torch.float32).reshape(1).cpu())
+    record.experts.append(expert)
     if step_index == record.window.stop - 1:
         record.last_output = prev_sample.detach().clone()
 
@@ -159,41 +201,49 @@ def record_window_step(
 def window_trajectory(
     record: WindowRecord,
     *,
-    seed: int,
-    prompt_group: int,
+    requests: BatchRequests,
+    sampling: SamplingSettings,
     conditioning: Mapping[str, torch.Tensor],
     model_family: str,
     scheduler_setup: SchedulerSetup,
-    noise_level: float,
-    sde_type: str,
-    guidance_scale: float,
-    global_step: int,
     family_options: Mapping[str, Any],
-    include_normalizer: bool = True,
-    final_latents: torch.Tensor | None = None,
     provenance: Mapping[str, str] | None = None,
 ) -> Trajectory:
-    """One request's trajectory (B = 1) from its completed [`WindowRecord`]; validated."""
+    """One request's trajectory (B = 1) from its completed [`WindowRecord`]; validated.
+
+    Args:
+        requests ([`BatchRequests`] of one sample): its seed, prompt group and training step (and its window,
+            which must be the record's; `StepwiseRequest.requests` builds it).
+        sampling ([`SamplingSettings`]): the settings its steps were sampled with.
+        conditioning: what its forwards saw (`stored_conditioning`). model_family, scheduler_setup,
+            family_options: stored as given. provenance: default `{"path": "step-wise"}`.
+    """
     if not record.complete:
         raise ValueError(f"The request's window {record.window} is not complete ({len(record.inputs)} steps recorded).")
+    if len(requests.seeds) != 1 or requests.windows not in (None, record.window, (record.window,)):
+        raise ValueError(
+            f"window_trajectory assembles one request: pass its own one-sample BatchRequests (got "
+            f"{len(requests.seeds)} seeds, windows {requests.windows} for a record of window {record.window})."
+        )
     return Trajectory(
         latents=torch.stack([*record.inputs, record.last_output], dim=1),
         log_probs=torch.cat(record.log_probs).reshape(1, -1),
         timesteps=torch.cat(record.timesteps).reshape(1, -1).to(record.inputs[0].device),
         windows=(record.window,),
-        noise_level=float(noise_level),
-        sde_type=sde_type,
-        guidance_scale=float(guidance_scale),
-        seeds=(seed,),
-        prompt_groups=(prompt_group,),
-        global_step=global_step,
+        noise_level=sampling.noise_level,
+        sde_type=sampling.sde_type,
+        guidance_scale=sampling.guidance_scale,
+        seeds=requests.seeds,
+        prompt_groups=requests.groups,
+        global_step=requests.global_step,
         conditioning=dict(conditioning),
         model_family=model_family,
         scheduler=scheduler_setup,
         family_options=dict(family_options),
-        include_normalizer=include_normalizer,
-        final_latents=final_latents,
+        include_normalizer=sampling.include_normalizer,
+        final_latents=record.final_latents,
         provenance=dict(provenance or {"path": "step-wise"}),
+        experts=recorded_experts([record.experts]),
     ).validate()
 
 
@@ -237,37 +287,33 @@ def scheduler_step(
     *,
     in_window: bool,
     generator: torch.Generator,
-    noise_level: float,
-    sde_type: str,
-    include_normalizer: bool = True,
+    sampling: SamplingSettings,
 ):
     """One request's scheduler step in float32 (SDE inside its window, ODE outside): the scheduler output."""
     return scheduler.sample_previous_step(
         noise_pred.float(),
         timestep,
         latents,
-        noise_level=noise_level if in_window else 0.0,
-        sde_type=sde_type,
+        noise_level=sampling.noise_level if in_window else 0.0,
+        sde_type=sampling.sde_type,
         generator=[generator] if in_window else None,
-        include_normalizer=include_normalizer,
+        include_normalizer=sampling.include_normalizer,
     )
 
 
 def advance_request(
-    state: RequestState,
-    noise_pred: torch.Tensor,
-    *,
-    noise_level: float,
-    sde_type: str,
-    include_normalizer: bool = True,
+    state: RequestState, noise_pred: torch.Tensor, sampling: SamplingSettings, *, expert: str | None = None
 ) -> None:
     """`step_scheduler`: one scheduler step of one request in float32, recorded when inside its window.
 
     Args:
         noise_pred (`torch.Tensor` `(1, *latent_shape)`): the request's row of the batched forward.
+        sampling ([`SamplingSettings`]): the noise level, SDE type and normaliser of the step.
+        expert: the expert that computed it (models with experts by timestep: `ModelFamily.experts`), recorded.
 
     The request's state becomes the scheduler's `prev_sample` as returned (float32 from the project's scheduler;
-    the `stepwise-bf16` reproduction's scheduler wrapper returns it in the model dtype).
+    the `stepwise-bf16` reproduction's scheduler wrapper returns it in the model dtype). At the schedule's last
+    step the record also keeps it, in float32, as the request's final latents.
     """
     step = state.step_index
     in_window = step in state.record.window
@@ -279,15 +325,17 @@ def advance_request(
         sample,
         in_window=in_window,
         generator=state.generator,
-        noise_level=noise_level,
-        sde_type=sde_type,
-        include_normalizer=include_normalizer,
+        sampling=sampling,
     )
     prev = out.prev_sample
     if in_window:
-        record_window_step(state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32))
+        record_window_step(
+            state.record, step, sample, state.current_timestep, out.log_prob, prev.to(torch.float32), expert
+        )
     state.latents = prev
     state.step_index += 1
+    if state.finished:
+        state.record.final_latents = prev.to(torch.float32)
 
 
 def stored_conditioning(
@@ -334,14 +382,15 @@ def denoise_step(
     transformer: nn.Module,
     states: Sequence[RequestState],
     *,
-    guidance_scale: float,
+    sampling: SamplingSettings,
     options: Mapping[str, Any],
     text_width: int | None = None,
 ) -> torch.Tensor:
     """One batched forward over the running requests: noise_pred `(B, *latent_shape)` float32.
 
     Gathers the per-request latents (mixed dtypes are an error), pads every request's text to the shared
-    width, and calls the family's velocity with per-request timesteps.
+    width (`text_width`, or the widest running request's), and calls the family's velocity with per-request
+    timesteps and `sampling.guidance_scale`.
     """
     latents = gather_latents([s.latents for s in states])
     # Stock reproduction only: bf16-held states are upcast losslessly for the velocity (which takes float32);
@@ -352,7 +401,18 @@ def denoise_step(
     conditioning = family.collate_conditioning(conditionings, width)
     conditioning = {k: v.to(latents.device) for k, v in conditioning.items()}
     timesteps = torch.stack([s.current_timestep for s in states]).to(latents.device)
-    return family.velocity(transformer, latents, timesteps, conditioning, guidance_scale, options=options)
+    return family.velocity(transformer, latents, timesteps, conditioning, sampling.guidance_scale, options=options)
+
+
+def running_experts(
+    family: ModelFamily, transformer: nn.Module, states: Sequence[RequestState], options: Mapping[str, Any]
+) -> tuple[str, ...] | None:
+    """The expert each running request's step takes (the one [`denoise_step`]'s forward used for its row), or None
+    for a model without experts by timestep."""
+    if family.experts is None:
+        return None
+    timesteps = torch.stack([s.current_timestep for s in states]).to(model_device(transformer))
+    return family.experts(transformer, timesteps, options)
 
 
 def run_stepwise(
@@ -363,38 +423,33 @@ def run_stepwise(
     scheduler_setup: SchedulerSetup,
     sampling: SamplingSettings,
     options: Mapping[str, Any] | None = None,
-    max_num_seqs: int = 4,
-    text_width: int | None = None,
-    global_step: int = 0,
+    engine: EngineSettings | None = None,
     scheduler: Any = None,
 ) -> Trajectory:
     """Continuous-batching rollout of `requests`; returns one trajectory, rows in the order of `requests`.
 
-    Each engine step admits waiting requests whose `arrival` has come (up to `max_num_seqs` running), runs one
-    batched forward ([`denoise_step`]), takes one scheduler step per request, and retires finished requests. The
-    text of each forward is padded to `text_width` (fixed) or to the widest running prompt (`None`, as
-    vLLM-omni does). Requests run the whole schedule (their final latents are stored). `scheduler` (default:
-    the setup's cached one) is what every request steps with, as in `rollout_consistency.adapters.rollout.rollout`.
-    `sampling` ([`SamplingSettings`]) is every request's; each request carries its own seed, window and prompt
-    group, and `global_step` is the batch's.
+    Each engine step admits waiting requests whose `arrival` has come (up to `engine.max_num_seqs` running),
+    runs one batched forward ([`denoise_step`]), takes one scheduler step per request, and retires finished
+    requests. The text of each forward is padded to `engine.text_width` (fixed) or to the widest running prompt
+    (`None`, as vLLM-omni does). Requests run the whole schedule (their final latents are stored). `scheduler`
+    (default: the setup's cached one) is what every request steps with, as in
+    `rollout_consistency.adapters.rollout.rollout`. `sampling` ([`SamplingSettings`]) is every request's; each
+    request carries its own seed, window, prompt group and training step (one step for the whole batch).
+    `engine` defaults to [`EngineSettings`]`()`.
 
     Raises:
         MixedDtypeBatchError: only under the `stepwise-bf16` reproduction, when a fresh float32 request joins
             running bf16 ones.
     """
     options = dict(options or {})
-    noise_level, sde_type = sampling.noise_level, sampling.sde_type
-    guidance_scale, include_normalizer = sampling.guidance_scale, sampling.include_normalizer
+    engine = EngineSettings() if engine is None else engine
+    max_num_seqs, text_width = engine.max_num_seqs, engine.text_width
     if not requests:
         raise ValueError("run_stepwise needs at least one request.")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError("Request ids must be unique.")
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}.")
-    if not noise_level > 0:
-        raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level!r}.")
     for request in requests:
-        family.check_conditioning(transformer, request.conditioning, 1, guidance_scale, options)
+        family.check_conditioning(transformer, request.conditioning, 1, sampling.guidance_scale, options)
     if text_width is None and is_batch_invariant(transformer):
         # Text embeddings are the (1, L, D) conditioning tensors.
         widths = {int(t.shape[1]) for r in requests for t in r.conditioning.values() if t.dim() == 3}
@@ -402,12 +457,12 @@ def run_stepwise(
             raise ValueError(
                 f"Batch-invariant mode needs one text width for every forward, but the requests' texts are "
                 f"{sorted(widths)} tokens wide and text_width=None pads them to the running batch's widest (which "
-                f"depends on the batch-mates). Pass text_width={max(widths)}."
+                f"depends on the batch-mates). Pass engine=EngineSettings(text_width={max(widths)})."
             )
 
     waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
     running: list[tuple[int, RequestState]] = []
-    finished: dict[int, tuple[RequestState, torch.Tensor]] = {}
+    finished: dict[int, RequestState] = {}
     engine_step = 0
     with torch.no_grad():
         while waiting or running:
@@ -427,25 +482,17 @@ def run_stepwise(
                 continue
             states = [s for _, s in running]
             noise_pred = denoise_step(
-                family,
-                transformer,
-                states,
-                guidance_scale=guidance_scale,
-                options=options,
-                text_width=text_width,
+                family, transformer, states, sampling=sampling, options=options, text_width=text_width
             )
+            experts = running_experts(family, transformer, states, options)
             for row, state in enumerate(states):
                 advance_request(
-                    state,
-                    noise_pred[row : row + 1],
-                    noise_level=noise_level,
-                    sde_type=sde_type,
-                    include_normalizer=include_normalizer,
+                    state, noise_pred[row : row + 1], sampling, expert=None if experts is None else experts[row]
                 )
             still_running = []
             for index, state in running:
                 if state.finished:
-                    finished[index] = (state, state.latents.to(torch.float32))
+                    finished[index] = state
                 else:
                     still_running.append((index, state))
             running = still_running
@@ -457,19 +504,13 @@ def run_stepwise(
         provenance["injection"] = ",".join(n for n in injected if n)
     trajectories = [
         window_trajectory(
-            finished[i][0].record,
-            seed=r.seed,
-            prompt_group=r.prompt_group,
+            finished[i].record,
+            requests=r.requests,
+            sampling=sampling,
             conditioning=stored_conditioning(family, r.conditioning, text_width),
             model_family=family.name,
             scheduler_setup=scheduler_setup,
-            noise_level=noise_level,
-            sde_type=sde_type,
-            guidance_scale=guidance_scale,
-            global_step=global_step,
             family_options=options,
-            include_normalizer=include_normalizer,
-            final_latents=finished[i][1],
             provenance=provenance,
         )
         for i, r in enumerate(requests)

@@ -21,7 +21,7 @@ from torch import nn
 from .families import ModelFamily, get_family, model_device
 from .trajectory import Trajectory
 
-__all__ = ["check_trajectory_for_model", "recompute_log_probs", "recompute_step_log_prob"]
+__all__ = ["check_trajectory_for_model", "recompute_log_probs", "recompute_step_log_prob", "trainer_experts"]
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -136,3 +136,25 @@ def recompute_log_probs(
         for k in steps
     ]
     return torch.stack(columns, dim=1)
+
+
+def trainer_experts(
+    transformer: nn.Module, trajectory: Trajectory, *, family: ModelFamily | None = None
+) -> tuple[tuple[str, ...], ...] | None:
+    """Which expert `transformer` scores each stored window step with, per sample (`B` tuples of `W` names), in
+    `Trajectory.experts`' layout; `None` for a family or model without experts by timestep.
+
+    It is the same question the velocity asks the model for every forward of `recompute_step_log_prob`, so it
+    names what the recompute runs; compare it with `trajectory.experts` (what the rollout ran).
+    """
+    family = family or get_family(trajectory.model_family)
+    if family.experts is None:
+        return None
+    device = model_device(transformer)
+    columns = [
+        family.experts(transformer, trajectory.timesteps[:, k].to(device), trajectory.family_options)
+        for k in range(trajectory.window_size)
+    ]
+    if any(column is None for column in columns):
+        return None
+    return tuple(tuple(column[b] for column in columns) for b in range(trajectory.batch_size))

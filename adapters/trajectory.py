@@ -13,7 +13,9 @@ File format (one `.safetensors` file, little-endian, readable by any safetensors
 * header metadata (string → string): `format` = `rollout-consistency/trajectory`, `format_version` = `1`,
   `sha256` (digest of every tensor's name, dtype, shape and bytes), and one JSON string per scalar field
   (`windows`, `noise_level`, `sde_type`, `guidance_scale`, `seeds`, `prompt_groups`, `global_step`,
-  `model_family`, `scheduler`, `family_options`, `include_normalizer`, `provenance`).
+  `model_family`, `scheduler`, `family_options`, `include_normalizer`, `provenance`), and `experts` for a model
+  with experts by timestep (Wan 2.2): optional, so files without it (every image family's, and files written
+  before it existed) read as before, with `experts` None.
 
 `save` then `load` returns a trajectory whose tensors are bit-identical to the saved ones. A file that is
 truncated, corrupted, of another format, or holds a non-float32 latent / log-prob / timestep raises
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 from .settings import BatchRequests, SamplingSettings
 
@@ -70,7 +71,8 @@ class Trajectory:
     """A batch of rollouts restricted to their SDE windows, in float32.
 
     Shapes: `B` samples, `W` window steps (the same window size for every sample), `latent_shape` the
-    per-sample latent shape of the model family (Qwen-Image: packed `(seq, channels)`).
+    per-sample latent shape of the model family (Qwen-Image: packed `(seq, channels)`; Wan: the video's
+    `(C, F, h, w)`, so `latents` is 7-D).
 
     Args:
         latents (`torch.Tensor` `(B, W+1, *latent_shape)`, float32): the sample entering each window step,
@@ -87,13 +89,16 @@ class Trajectory:
         prompt_groups (`tuple[int, ...]`): per-sample prompt-group id. global_step (`int`): training step.
         conditioning (`Mapping[str, torch.Tensor]`): what the trainer feeds the model, batch-first: float32
             embeddings (e.g. `prompt_embeds` `(B, L, D)`) and int64 masks (names ending in `_mask`, `(B, L)`).
-        model_family (`str`): `"qwen-image"`, `"sd3"` or `"flux"`.
+        model_family (`str`): `"qwen-image"`, `"sd3"`, `"flux"`, `"wan"` or a registered family.
         scheduler ([`SchedulerSetup`]): rebuilds the exact schedule.
         family_options (`Mapping[str, Any]`): JSON-able forward settings of the family (image size, ...).
         include_normalizer (`bool`): whether log-probs include the Gaussian normaliser.
         final_latents (`torch.Tensor` `(B, *latent_shape)`, float32, *optional*): fully denoised latents
             (for the reward); `None` when the rollout stopped after the window.
         provenance (`Mapping[str, str]`): free-form provenance (`path`: `request-level` / `step-wise`, ...).
+        experts (`tuple[tuple[str, ...], ...]`, *optional*): for a model with experts by timestep (Wan 2.2's
+            `transformer` / `transformer_2`), the expert that took each window step, per sample (`B` tuples of
+            `W` names); `None` for a single-expert model.
 
     The read-only views `.sampling` ([`SamplingSettings`]) and `.requests` ([`BatchRequests`], per sample) give
     the settings back in the form a rollout takes them.
@@ -116,6 +121,7 @@ class Trajectory:
     include_normalizer: bool = True
     final_latents: torch.Tensor | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
+    experts: tuple[tuple[str, ...], ...] | None = None
 
     # ---------------------------------------------------------------- derived views
     @property
@@ -133,21 +139,18 @@ class Trajectory:
     @property
     def sampling(self) -> SamplingSettings:
         """The sampling settings of every step: `noise_level`, `sde_type`, `guidance_scale`, `include_normalizer`."""
-        return SamplingSettings(
-            noise_level=self.noise_level,
-            sde_type=self.sde_type,
-            guidance_scale=self.guidance_scale,
-            include_normalizer=self.include_normalizer,
-        )
+        return SamplingSettings.of(self)
 
     @property
     def requests(self) -> BatchRequests:
-        """The batch's samples, per sample: `seeds`, `windows` (one per sample), `prompt_groups`, `global_step`."""
+        """The batch's samples, per sample: `seeds`, `windows` (one per sample), `prompt_groups`, `global_step`,
+        and `denoise_to_end` (whether final latents are stored)."""
         return BatchRequests(
             seeds=self.seeds,
             windows=self.windows,
             prompt_groups=self.prompt_groups,
             global_step=self.global_step,
+            denoise_to_end=self.final_latents is not None,
         )
 
     @property
@@ -222,23 +225,15 @@ class Trajectory:
                     f"Window {window} is for a {window.num_steps}-step schedule but the scheduler setup has "
                     f"{self.scheduler.num_inference_steps} steps."
                 )
-        for name in ("seeds", "prompt_groups"):
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in getattr(self, name)):
-                raise TypeError(f"Trajectory.{name} must hold ints.")
-        if not isinstance(self.global_step, int) or self.global_step < 0:
-            raise ValueError(f"global_step must be an int >= 0, got {self.global_step!r}.")
-        if self.sde_type not in SDE_TYPES:
-            raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
-        if not (math.isfinite(self.noise_level) and self.noise_level > 0):
-            raise ValueError(
-                f"noise_level must be finite and > 0 for a trajectory with log-probs, got {self.noise_level!r}."
-            )
-        if not math.isfinite(self.guidance_scale):
-            raise ValueError(f"guidance_scale must be finite, got {self.guidance_scale!r}.")
+        # Seeds, prompt groups, training step and the sampling settings follow the rules a rollout's own do,
+        # checked where those are (BatchRequests, SamplingSettings).
+        self.requests  # noqa: B018
+        self.sampling  # noqa: B018
         if not isinstance(self.model_family, str) or not self.model_family:
             raise ValueError(f"model_family must be a non-empty string, got {self.model_family!r}.")
         self._validate_conditioning()
         self._validate_timesteps()
+        self._validate_experts()
         try:
             json.dumps(dict(self.family_options), allow_nan=False)
             json.dumps(dict(self.provenance), allow_nan=False)
@@ -265,6 +260,25 @@ class Trajectory:
                 )
             if expected == torch.float32 and not bool(torch.isfinite(tensor).all()):
                 raise ValueError(f"conditioning[{name!r}] holds NaN or Inf values.")
+
+    def _validate_experts(self) -> None:
+        if self.experts is None:
+            return
+        if not isinstance(self.experts, tuple) or len(self.experts) != self.batch_size:
+            raise ValueError(
+                f"Trajectory.experts must be a tuple of {self.batch_size} entries (one per sample), got "
+                f"{self.experts!r}."
+            )
+        for row in self.experts:
+            if (
+                not isinstance(row, tuple)
+                or len(row) != self.window_size
+                or not all(isinstance(name, str) and name for name in row)
+            ):
+                raise ValueError(
+                    f"Trajectory.experts must hold one tuple of {self.window_size} expert names per sample (one per "
+                    f"window step), got {row!r}."
+                )
 
     def _validate_timesteps(self) -> None:
         schedule = self.scheduler.timesteps()
@@ -308,6 +322,7 @@ class Trajectory:
             final_latents=None
             if self.final_latents is None
             else self.final_latents[index.to(self.final_latents.device)],
+            experts=None if self.experts is None else tuple(self.experts[i] for i in picked),
         )
 
     def stored_bytes(self) -> int:
@@ -338,6 +353,8 @@ class Trajectory:
             "include_normalizer": bool(self.include_normalizer),
             "provenance": dict(self.provenance),
         }
+        if self.experts is not None:
+            fields_["experts"] = [list(row) for row in self.experts]
         return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, fields_
 
     @classmethod
@@ -384,6 +401,7 @@ class Trajectory:
                 include_normalizer=bool(fields_["include_normalizer"]),
                 final_latents=tensors.get("final_latents"),
                 provenance=dict(fields_["provenance"]),
+                experts=None if fields_.get("experts") is None else tuple(tuple(row) for row in fields_["experts"]),
             ).validate()
         except TrajectoryFormatError:
             raise
@@ -440,7 +458,7 @@ class Trajectory:
                 f"tool that rewrote the file). Re-export the trajectory from the rollout."
             )
         try:
-            fields_ = {key: json.loads(metadata[key]) for key in _FIELDS if key in metadata}
+            fields_ = {key: json.loads(metadata[key]) for key in (*_FIELDS, *_OPTIONAL_FIELDS) if key in metadata}
         except json.JSONDecodeError as error:
             raise TrajectoryFormatError(f"{path}: a metadata field is not valid JSON ({error}).") from error
         trajectory = cls.from_parts(tensors, fields_, source=str(path))
@@ -450,8 +468,10 @@ class Trajectory:
 _FIELDS = tuple(
     f.name
     for f in fields(Trajectory)
-    if f.name not in ("latents", "log_probs", "timesteps", "conditioning", "final_latents")
+    if f.name not in ("latents", "log_probs", "timesteps", "conditioning", "final_latents", "experts")
 )
+#: Metadata fields a file may lack (added after format version 1 was released, without changing it).
+_OPTIONAL_FIELDS = ("experts",)
 
 
 _TENSOR_NAMES = ("latents", "log_probs", "timesteps", "final_latents")
@@ -605,6 +625,7 @@ def stack_trajectories(trajectories: list[Trajectory], family: Any) -> Trajector
         )
     conditioning = family.collate_conditioning([t.conditioning for t in trajectories], None)
     optional_final = [t.final_latents for t in trajectories]
+    recorded = [t.experts for t in trajectories]
     return replace(
         first,
         latents=torch.cat([t.latents for t in trajectories]),
@@ -616,4 +637,5 @@ def stack_trajectories(trajectories: list[Trajectory], family: Any) -> Trajector
         conditioning=conditioning,
         final_latents=None if any(f is None for f in optional_final) else torch.cat(optional_final),
         provenance=dict(first.provenance),
+        experts=None if any(e is None for e in recorded) else sum(recorded, ()),
     )

@@ -3,12 +3,12 @@
 
 The package (docs/design.md)::
 
-    rollout_consistency.gate         the step-1 gate: config, plan, backends, metrics, tolerances, verdict, report
+    rollout_consistency.gate         the step-1 gate: config, sides (plan, backends, plug-ins), judging (metrics, verdict, report), diagnosis, tables
     rollout_consistency.training     training tools: gradient-checkpointing check, NaN capture, RNG state, precision
     rollout_consistency.adapters     rollout and trainer adapters (Qwen-Image, SD3, FLUX; diffusers, vLLM-omni)
     rollout_consistency.schedulers   the patched FlowMatch SDE scheduler and SDE windows
     rollout_consistency.lint         the static lint
-    rollout_consistency.cli          `rollout-consistency` / `python -m rollout_consistency`
+    rollout_consistency.cli          `rollout-consistency` / `python -m rollout_consistency` (sub-commands in `commands`)
 
 The step-1 check in five names (docs/checker.md)::
 
@@ -30,7 +30,7 @@ from typing import Any
 from . import gate
 from .gate.check import run_step1_check
 from .gate.config import CheckConfig, ConfigError, load_config
-from .gate.report import Report
+from .gate.judging.report import Report
 
 try:
     __version__ = version("rollout-consistency")

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 # Gating the user's own tables or dump: the step1_gate fixture, marker and step1_gate_report fixture.
-from rollout_consistency.gate.pytest_fixtures import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
+from rollout_consistency.gate.tables.pytest_fixtures import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
 
 MARKER = "step1_check"
 

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/bench_doctor.py [--repeats 3]
 
 For a FAILing check the doctor replays the one batch that holds the worst sample through both sides' own code
-(`rollout_consistency.gate.replay`), compares the forwards and, when they agree, fits the step settings. Each
+(`rollout_consistency.gate.diagnosis.replay`), compares the forwards and, when they agree, fits the step settings. Each
 run here times one ``run_step1_check`` of a corpus case (tests/doctor_corpus) and splits it into the check's own
 work (``report.run["timings_s"]["total"]``, measured before the doctor starts) and the doctor (the rest; its
 replay's own time is ``facts["seconds"]``). The plan has 1 batch (4 samples) or 4 batches (16 samples, the

@@ -36,7 +36,7 @@ from rollout_consistency.adapters import (
     recompute_log_probs,
     rollout,
 )
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.schedulers import SDEWindow
 
@@ -82,6 +82,7 @@ def main() -> None:
         sampling=sampling,
     )
     trajectory = qwen_image.rollout(model, cond, **rollout_kwargs)
+    windows_only = {**rollout_kwargs, "requests": replace(requests, denoise_to_end=False)}
     passes = 2 if args.guidance > 1 else 1
 
     # The bare forward: the transformer call(s) of one step, inputs prepared once outside the timer.
@@ -139,8 +140,7 @@ def main() -> None:
             scheduler_setup=trajectory.scheduler,
             sampling=sampling,
             options=trajectory.family_options,
-            max_num_seqs=args.batch,
-            text_width=width,
+            engine=EngineSettings(max_num_seqs=args.batch, text_width=width),
         )
         return (time.perf_counter() - start) / args.steps
 
@@ -223,7 +223,7 @@ def main() -> None:
 
     # ---------------------------------------------------------------- bytes per stored step
     for final in (False, True):
-        stored = trajectory if final else qwen_image.rollout(model, cond, denoise_to_end=False, **rollout_kwargs)
+        stored = trajectory if final else qwen_image.rollout(model, cond, **windows_only)
         with tempfile.TemporaryDirectory() as tmp:
             file_bytes = Path(stored.save(Path(tmp) / "t.safetensors")).stat().st_size
             assert torch.equal(Trajectory.load(Path(tmp) / "t.safetensors").latents, stored.latents)
@@ -250,8 +250,9 @@ def main() -> None:
 def bench_batch_invariant(args: argparse.Namespace) -> None:
     """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family."""
     from rollout_consistency.adapters.batch_invariance import batch_invariant
-    from rollout_consistency.gate.backends import build_backend, encode_prompts, resolve_device
     from rollout_consistency.gate.config import CheckConfig
+    from rollout_consistency.gate.sides.backends import build_backend, resolve_device
+    from rollout_consistency.gate.sides.shared import encode_prompts
 
     device = resolve_device(args.device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import torch
 
 from rollout_consistency import CheckConfig, adapters, run_step1_check
-from rollout_consistency.gate.backends import build_backend
-from rollout_consistency.gate.plan import make_plan
+from rollout_consistency.gate.sides.backends import build_backend
+from rollout_consistency.gate.sides.plan import make_plan
 
 
 def bare_forwards(config: CheckConfig) -> float:
@@ -89,6 +89,7 @@ def adapter_calls(config: CheckConfig) -> float:
                     windows=windows,
                     prompt_groups=[s.prompt_group for s in batch.samples],
                     global_step=config.global_step,
+                    denoise_to_end=False,
                 ),
                 sampling=adapters.SamplingSettings(
                     noise_level=config.noise_level,
@@ -96,7 +97,6 @@ def adapter_calls(config: CheckConfig) -> float:
                     guidance_scale=backend.kit.guidance(config),
                 ),
                 options=backend.options,
-                denoise_to_end=False,
             )
             for first in range(0, trajectory.batch_size, micro):
                 part = trajectory.select(range(first, min(first + micro, trajectory.batch_size)))

@@ -84,7 +84,7 @@ def corpus(calibration):
 def own_code(calibration):
     from rollout_consistency import Report, run_step1_check
     from rollout_consistency.adapters import INJECTION_NAMES
-    from rollout_consistency.gate.doctor import diagnose
+    from rollout_consistency.gate.diagnosis.doctor import diagnose
 
     reports = ROOT / "tests" / "doctor_reports"
     figures = localised = fails_empty = 0
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
 
 def _declared() -> dict:
     try:
-        from rollout_consistency.gate.causes import CONFIDENCE
+        from rollout_consistency.gate.diagnosis.catalogue import CONFIDENCE
     except ImportError:  # an older doctor
         return {}
     return dict(CONFIDENCE)

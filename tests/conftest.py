@@ -23,7 +23,7 @@ pytest_plugins = ("pytester",)
 def ray_session():
     """A local Ray cluster (2 CPUs, no dashboard), started on first use and shut down at the end.
 
-    Code under test that calls `rollout_consistency.gate.distributed.run_sharded` reuses it (it never starts a second
+    Code under test that calls `rollout_consistency.gate.sides.distributed.run_sharded` reuses it (it never starts a second
     one while `ray.is_initialized()`). Ray's files live in a short temp dir: its socket paths must stay under
     the 107-character limit, which pytest's own tmp paths can exceed.
     """

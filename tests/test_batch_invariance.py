@@ -1,6 +1,7 @@
 """Batch-invariant mode (rollout_consistency.adapters.batch_invariance): every sample's rollout and recomputed
 log-probs are bit-identical whatever its batch-mates, batch size, micro-batch size, position or step-wise
-arrival pattern — all three families, CFG on and off. Tiny sizes (32 px, 4 steps) keep this file fast."""
+arrival pattern — every family (Wan as Wan 2.2's two experts), CFG on and off. Tiny sizes (32 px, 4 steps, 5
+frames) keep this file fast."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import torch
 from rollout_args import rollout_args
 from sd3_flux_cases import FAMILIES
 
-from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_step_log_prob
+from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image, recompute_step_log_prob, wan
 from rollout_consistency.adapters.batch_invariance import BatchInvariant, batch_invariant, is_batch_invariant
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
-from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image, load_wan, tiny_wan_prompt_encoder
 from rollout_consistency.schedulers import SDEWindow
 
 PROMPTS = ["a red cat", "a dog in the garden at night", "sky", "photo of a small blue house near the river"]
@@ -27,7 +28,13 @@ class Case:
 
     def __init__(self, name: str):
         self.name = name
-        if name == "qwen-image":
+        self.video: dict = {}
+        if name == "wan":  # two experts: at 4 steps the window's steps 1, 2 fall on both sides of the boundary
+            self.adapter, self.model = wan, load_wan(boundary_ratio=0.875)
+            self.cond = tiny_wan_prompt_encoder().conditioning(PROMPTS, [""] * 4)
+            self.cfg_on, self.cfg_key = {"guidance_scale": 4.0, "guidance_scale_2": 3.0}, "guidance_scale"
+            self.video = {"num_frames": 5}
+        elif name == "qwen-image":
             self.adapter, self.model = qwen_image, load_qwen_image()
             self.cond = TinyPromptEncoder().conditioning(PROMPTS, [" "] * 4, pad_to=12)
             self.cfg_on, self.cfg_key = {"guidance_scale": 3.0}, "guidance_scale"
@@ -48,6 +55,7 @@ class Case:
             height=32,
             width=32,
             num_inference_steps=STEPS,
+            **self.video,
             **rollout_args(
                 {"seeds": [SEEDS[r] for r in rows], "window": WINDOW, "noise_level": 0.7, **self.settings(cfg)}
             ),
@@ -58,7 +66,7 @@ class Case:
             return self.adapter.recompute_log_probs(model, trajectory)
 
 
-@pytest.fixture(scope="module", params=["qwen-image", "sd3", "flux"])
+@pytest.fixture(scope="module", params=["qwen-image", "sd3", "flux", "wan"])
 def case(request) -> Case:
     return Case(request.param)
 
@@ -98,7 +106,7 @@ def test_staggered_stepwise_arrivals_give_the_request_level_bits(case):
         scheduler_setup=reference.scheduler,
         sampling=reference.sampling,
         options=reference.family_options,
-        max_num_seqs=3,
+        engine=EngineSettings(max_num_seqs=3),
     )
     for name in ("latents", "log_probs", "final_latents"):
         assert torch.equal(getattr(stepwise, name), getattr(reference, name)), name
@@ -159,7 +167,7 @@ def test_bad_uses_are_one_line_errors():
         own = {k: v[:, :length] for k, v in own.items()}
         requests.append(StepwiseRequest(f"r{i}", seed=i, conditioning=own, window=WINDOW))
     setup = qwen_image.FAMILY.scheduler_setup(QWEN_IMAGE_SCHEDULER_CONFIG, STEPS, model, {"height": 32, "width": 32})
-    with pytest.raises(ValueError, match=r"Pass text_width="):
+    with pytest.raises(ValueError, match=r"Pass engine=EngineSettings\(text_width="):
         run_stepwise(
             qwen_image.FAMILY,
             batch_invariant(model, qwen_image.FAMILY),

@@ -14,8 +14,8 @@ import torch
 
 import rollout_consistency.gate.check as check_module
 from rollout_consistency import CheckConfig, ConfigError, Report, run_step1_check
-from rollout_consistency.gate.backends import BackendError, run_batch
 from rollout_consistency.gate.check import injection_settings
+from rollout_consistency.gate.sides.backends import BackendError, run_batch
 
 QUICK = dict(progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2)
 
@@ -46,7 +46,7 @@ def test_default_check_passes_exact_and_fills_the_report():
     assert report.config["model_family"] == "qwen-image"
 
 
-@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux"])
+@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux", "wan"])
 @pytest.mark.parametrize("step_execution", [False, True], ids=["request-level", "step-wise"])
 def test_clean_tiny_families_pass_exact(family, step_execution):
     report = run_step1_check(model_family=family, step_execution=step_execution, max_num_seqs=2, **QUICK)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollout_consistency.cli import main
-from rollout_consistency.gate.report import SCHEMA_NAME, SCHEMA_VERSION
+from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION
 
 SMALL = ["--no-progress", "--num-prompts", "2", "--num-images-per-prompt", "2", "--rollout-batch-size", "2"]
 REPO = Path(__file__).resolve().parents[1]

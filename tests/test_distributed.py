@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.distributed: shard order, in-process equivalence, dead workers (real Ray, one session)."""
+"""rollout_consistency.gate.sides.distributed: shard order, in-process equivalence, dead workers (real Ray, one session)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rollout_consistency.gate.distributed import DistributedError, run_sharded
+from rollout_consistency.gate.sides.distributed import DistributedError, run_sharded
 
 
 def _setup():

@@ -16,8 +16,10 @@ from rollout_consistency.adapters import INJECTION_NAMES, BatchRequests, Samplin
 from rollout_consistency.adapters.pitfalls import StockMaskSumRope
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
-from rollout_consistency.gate.doctor import NOT_A_BUG, attach_diagnosis, diagnose, from_localisation
-from rollout_consistency.gate.localise import SideSpec, localise
+from rollout_consistency.gate.diagnosis.catalogue import NOT_A_BUG
+from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose
+from rollout_consistency.gate.diagnosis.localise import SideSpec, localise
+from rollout_consistency.gate.diagnosis.localised_causes import from_localisation
 from rollout_consistency.schedulers import SDEWindow
 
 # Real reports of `rollout-consistency check --inject NAME --json` (default settings; written before the doctor
@@ -55,7 +57,7 @@ def _passing(verdict):
 
 def test_a_rollout_engine_failure_is_diagnosed():
     """A batch whose engine failed (no entries at all) still gets a cause, not an empty diagnosis."""
-    from rollout_consistency.gate.verdict import Problem, decide
+    from rollout_consistency.gate.judging.verdict import Problem, decide
 
     report = load("per-request-window")
     failed = decide(None, report.tolerance, [Problem("rollout", "batch 0: the vLLM-omni engine failed: CUDA OOM")])
@@ -198,10 +200,9 @@ def trajectory(model):
         height=32,
         width=32,
         num_inference_steps=4,
-        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4)),
+        requests=BatchRequests(seeds=[1, 2], windows=SDEWindow(1, 2, 4), denoise_to_end=False),
         sampling=SamplingSettings(noise_level=0.7),
         mask_text_padding=False,
-        denoise_to_end=False,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from doctor_corpus.run import Outcome, case_files, load_case, run_case
 
-from rollout_consistency.gate.causes import CONFIDENCE, NOT_A_BUG
+from rollout_consistency.gate.diagnosis.catalogue import CONFIDENCE, NOT_A_BUG
 
 CASES = case_files()
 _RUNS: dict[str, Outcome] = {}

@@ -15,8 +15,8 @@ import torch
 from rollout_consistency import CheckConfig, run_step1_check
 from rollout_consistency.adapters import recompute_log_probs
 from rollout_consistency.adapters.tiny import load_qwen_image
-from rollout_consistency.gate.plan import make_plan
-from rollout_consistency.gate.replay import preserved_state, record_calls, replay_batch
+from rollout_consistency.gate.diagnosis.replay import preserved_state, record_calls, replay_batch
+from rollout_consistency.gate.sides.plan import make_plan
 
 CORPUS = Path(__file__).resolve().parent / "doctor_corpus"
 SMALL = dict(num_prompts=2, num_images_per_prompt=2, rollout_batch_size=4, num_inference_steps=4, progress=False)
@@ -123,7 +123,7 @@ def test_a_side_without_a_model_falls_back_to_the_figures_and_says_so():
 
 
 def test_a_replay_that_raises_leaves_a_figures_diagnosis():
-    from rollout_consistency.gate.localise import localise_check
+    from rollout_consistency.gate.diagnosis.localise import localise_check
 
     config = CheckConfig(trainer_backend=f"{CORPUS / 'verl_omni_noise_level.py'}:make_trainer", **SMALL)
     found = localise_check(config.replace(num_inference_steps=5), make_plan(config)[0])
@@ -133,8 +133,8 @@ def test_a_replay_that_raises_leaves_a_figures_diagnosis():
 def test_cfg_passes_are_paired_by_their_text_not_their_order():
     """The rollout runs CFG as one [negative; positive] forward, the trainer as two forwards, positive first: each
     trainer forward is compared with the rollout's pass of the same text."""
-    from rollout_consistency.gate.call_match import match_calls, pair_passes
-    from rollout_consistency.gate.replay import ModelCall
+    from rollout_consistency.gate.diagnosis.call_match import match_calls, pair_passes
+    from rollout_consistency.gate.diagnosis.replay import ModelCall
 
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(2, 8, generator=generator, dtype=torch.float64)

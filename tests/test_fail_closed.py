@@ -379,7 +379,7 @@ def test_damaged_trajectory_is_refused_before_its_data_is_read(trajectory_file, 
 
 
 def _gate_dump(root: Path) -> Path:
-    from rollout_consistency.gate.dump import write_dump
+    from rollout_consistency.gate.tables.dump import write_dump
 
     table = torch.full((4, 2), -1.5).numpy()
     return write_dump(root / "d.safetensors", table, table.copy())

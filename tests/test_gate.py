@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from rollout_consistency.cli import main
-from rollout_consistency.gate.api import GateInputError, GateReport, gate
-from rollout_consistency.gate.dump import DumpFormatError, read_dump, write_dump
-from rollout_consistency.gate.mismatch import compute_mismatch
+from rollout_consistency.gate.judging.mismatch import compute_mismatch
+from rollout_consistency.gate.tables.api import GateInputError, GateReport, GateSettings, gate
+from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump, write_dump
 
 
 def tables(n: int = 6, t: int = 3, seed: int = 0):
@@ -69,6 +69,39 @@ def test_shape_mismatch_is_a_fail_and_bad_inputs_are_one_line_errors():
         assert words in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(GateInputError, match="float16"):
         gate(rollout.astype(np.float16), rollout)
+
+
+def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
+    """`gate(r, t, GateSettings(...))` and today's keyword call give the same report; keywords override the
+    object's fields; a keyword that is no field, or a bad field, is refused before anything is computed."""
+    rollout, ts = tables()
+    trainer = rollout + np.float32(1e-6)
+    settings = GateSettings(profile="kernel", clip_ratio=2e-4, micro_batch_size=3, source="mine", notes=("n",))
+    by_object = gate(rollout, trainer, settings, timesteps=ts)
+    by_keywords = gate(
+        rollout,
+        trainer,
+        timesteps=ts,
+        profile="kernel",
+        clip_ratio=2e-4,
+        micro_batch_size=3,
+        source="mine",
+        notes=["n"],
+    )
+    assert by_object.to_dict() == by_keywords.to_dict()
+    assert by_object.run["source"] == "mine" and by_object.notes == ("n",)
+    assert by_object.run["settings"]["clip_ratio_low"] == by_object.run["settings"]["clip_ratio_high"] == 2e-4
+    assert gate(rollout, trainer, settings, profile="exact").tolerance.profile == "exact"
+    assert settings.profile == "kernel"  # frozen: the override made a copy
+    with pytest.raises(TypeError, match=r"'profil'.*GateSettings"):
+        gate(rollout, trainer, profil="kernel")
+    for bad, words in (
+        (dict(clip_ratio_c=1.0), "clip_ratio_c"),
+        (dict(compute_dtype="int8"), "int8"),
+        (dict(profile="loose"), "unknown profile"),
+    ):
+        with pytest.raises(GateInputError, match=words):
+            GateSettings(**bad)
 
 
 def test_nan_log_prob_fails_closed():

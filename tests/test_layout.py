@@ -1,6 +1,7 @@
-"""The layout's rules, checked: one top-level package in the wheel, every package listed, and the import rules
-between our packages (no bare folder names, no private names across packages, adapters never import the
-checker, schedulers import nothing of ours). See docs/design.md for why each rule exists."""
+"""The layout's rules, checked: one top-level package in the wheel, every package listed and with a documented
+face, and the import rules between our modules (no bare folder names, no private names across packages,
+adapters never import the checker, schedulers import nothing of ours, no import circles, arrows only down the
+layers, only the command line imports the commands). See docs/design.md for why each rule exists."""
 
 from __future__ import annotations
 
@@ -156,6 +157,23 @@ def test_wheel_has_one_top_level_package_holding_every_package(tmp_path: Path) -
     assert b"rollout_consistency = rollout_consistency.pytest_plugin" in entry_points
 
 
+def test_every_package_has_a_documented_public_face() -> None:
+    """Each package's __init__ has a docstring and an `__all__` whose every name it serves."""
+    import importlib
+
+    faceless = []
+    for package, folder in sorted(_package_folders().items()):
+        tree = ast.parse((folder / "__init__.py").read_text())
+        if ast.get_docstring(tree) is None or "__all__" not in {
+            t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+        }:
+            faceless.append(f"{package}: no docstring or no __all__")
+            continue
+        module = importlib.import_module(package)
+        faceless += [f"{package}.{name} is not served" for name in module.__all__ if not hasattr(module, name)]
+    assert faceless == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # Imports
 
@@ -264,10 +282,10 @@ def test_schedulers_import_nothing_of_ours() -> None:
 
 def test_the_rules_catch_what_they_are_for() -> None:
     """The scanner itself: relative imports resolve to the right package, private names are told apart."""
-    backends = ROOT / "consistency" / "gate" / "backends.py"
-    assert _module_name(backends) == (f"{TOP}.gate.backends", f"{TOP}.gate")
+    backends = ROOT / "consistency" / "gate" / "sides" / "backends.py"
+    assert _module_name(backends) == (f"{TOP}.gate.sides.backends", f"{TOP}.gate.sides")
     assert _module_name(ROOT / "consistency" / "gate" / "__init__.py") == (f"{TOP}.gate", f"{TOP}.gate")
-    assert _cross_package_private(backends, f"{TOP}.gate.config", "_private_helper") is None  # same package
+    assert _cross_package_private(backends, f"{TOP}.gate.sides.plan", "_private_helper") is None  # same package
     script = ROOT / "scripts" / "bench_step1.py"
     assert _cross_package_private(script, f"{TOP}.gate.config", "_private_helper")
     assert _cross_package_private(script, f"{TOP}.training._hidden", "x")
@@ -278,6 +296,125 @@ def test_the_rules_catch_what_they_are_for() -> None:
         (2, f"{TOP}.gate.config", "x"),
         (3, f"{TOP}.training.nan_capture", "_helper"),
     ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The import graph: no circles, and arrows only down the layers
+
+#: Our modules in layers, lowest first (dotted prefixes under `rollout_consistency`, the longest prefix wins; ""
+#: is the root package). A module imports only from its own layer or a lower one; within a layer, only without
+#: a circle. docs/design.md ("The packages") says what each layer holds.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("schedulers", "atomic_write", "object_spec", "cli_guard", "sampling_rules"),  # import nothing of ours
+    ("adapters",),
+    ("training", "lint"),
+    ("gate.judging",),  # figures, limits, verdict, report: never the settings, the sides or the doctor
+    ("gate.config", "gate.bounds", "gate.safe_yaml", "gate.backend_registry"),  # the settings
+    ("gate.sides",),  # running the rollout and the trainer
+    ("gate.diagnosis",),  # the doctor and the localisation
+    ("gate.tables",),  # users' own tables: gate(), dumps, the recorder
+    ("gate",),  # run_step1_check, the false-alarm sweep, and the gate's face
+    ("commands",),  # one module per sub-command
+    ("cli", "pytest_plugin", "__main__", ""),
+)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module of ours -> the modules of ours it imports, from the AST of every package file. Every import
+    counts, at module level or inside a function (a lazy import is an arrow too); `from pkg import mod` is an
+    arrow to `pkg.mod`, `from pkg import name` to `pkg`."""
+    graph: dict[str, set[str]] = {}
+    for folder in MAPPED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            module, package = _module_name(path)
+            arrows = graph.setdefault(module, set())
+            for _, imported, name in _imports(path.read_text(), package):
+                if imported.split(".")[0] != TOP:
+                    continue
+                target = f"{imported}.{name}" if name and _is_module(f"{imported}.{name}") else imported
+                if target != module:
+                    arrows.add(target)
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` as ``[a, b, ..., a]``, or None (depth-first, in sorted order)."""
+    finished: set[str] = set()
+
+    def visit(path: list[str]) -> list[str] | None:
+        for target in sorted(graph.get(path[-1], ())):
+            if target in path:
+                return [*path[path.index(target) :], target]
+            if target not in finished:
+                found = visit([*path, target])
+                if found:
+                    return found
+        finished.add(path[-1])
+        return None
+
+    for module in sorted(graph):
+        found = None if module in finished else visit([module])
+        if found:
+            return found
+    return None
+
+
+def _layer(module: str) -> int | None:
+    rel = module[len(TOP) + 1 :] if module != TOP else ""
+    best = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = rel == prefix or (prefix and rel.startswith(prefix + "."))
+            if matches and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def test_no_import_circles() -> None:
+    cycle = _find_cycle(_import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    assert [m for m in sorted(_import_graph()) if _layer(m) is None] == [], "add the module to LAYERS"
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = [
+        f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+        for module, targets in sorted(_import_graph().items())
+        for target in sorted(targets)
+        if _layer(module) is not None and _layer(target) is not None and _layer(target) > _layer(module)
+    ]
+    assert upward == [], "\n".join(upward)
+
+
+def test_only_the_command_line_imports_the_commands() -> None:
+    """The sub-commands are registered in one table (rollout_consistency.cli); no other module of ours reaches
+    into them."""
+
+    def rule(path: Path, module: str, name: str | None) -> str | None:
+        rel = path.relative_to(ROOT).parts
+        if rel[0] != "consistency" or rel[1] in ("cli.py", "commands"):
+            return None
+        target = f"{module}.{name}" if name else module
+        return f"imports {target}" if (target + ".").startswith(f"{TOP}.commands.") else None
+
+    assert _violations(rule) == []
+
+
+def test_the_graph_rules_catch_what_they_are_for() -> None:
+    """The circle finder and the layers on planted graphs: a circle through a lazy import, an upward arrow."""
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    lazy = "def f():\n    from .backends import run_batch\n"
+    assert list(_imports(lazy, f"{TOP}.gate.sides")) == [(2, f"{TOP}.gate.sides.backends", "run_batch")]
+    assert _layer(f"{TOP}.gate.judging.metrics") < _layer(f"{TOP}.gate.config") < _layer(f"{TOP}.gate.sides.plan")
+    assert _layer(f"{TOP}.gate.check") == _layer(f"{TOP}.gate") > _layer(f"{TOP}.gate.tables.api")
+    assert _layer(f"{TOP}.cli") == _layer(TOP) > _layer(f"{TOP}.commands.check")
+    assert _layer(f"{TOP}.nothing_here") is None
 
 
 def test_every_dotted_name_of_ours_in_code_and_docs_resolves() -> None:

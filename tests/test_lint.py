@@ -9,8 +9,11 @@ ends with `# expect: <rule-id>[, <rule-id>]`; every other line must stay silent 
 from __future__ import annotations
 
 import ast
+import gc
 import json
+import os
 import re
+import socket
 import textwrap
 from pathlib import Path
 
@@ -19,7 +22,8 @@ import yaml
 
 from rollout_consistency.cli import main
 from rollout_consistency.lint import FORMATS, RULES, Finding, LintUsageError, lint_paths, lint_source, render
-from rollout_consistency.lint.source import SUPPRESSION_PATTERN
+from rollout_consistency.lint.engine import FILES_PER_JOB
+from rollout_consistency.lint.source import SUPPRESSION_PATTERN, parse_source
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "lint_fixtures"
@@ -85,17 +89,65 @@ def test_real_looking_snippets_hit_several_rules():
 
 def test_one_sided_rule_needs_the_other_side_in_the_linted_code():
     """A rollout worker linted alone (no trainer code in sight) cannot be called one-sided."""
-    alone = FIXTURES / "positive" / "one_sided_precision_flag" / "rollout_worker.py"
+    alone = FIXTURES / "positive" / "one_sided_precision_flag" / "vllm_rollout.py"
     assert lint_paths([alone], select=["one-sided-precision-flag"]) == []
 
 
 def test_one_sided_rule_compares_values_through_a_shared_launcher(tmp_path):
-    (tmp_path / "launcher.py").write_text("import torch\ntorch.backends.cudnn.benchmark = False\n")
+    (tmp_path / "launcher.py").write_text(
+        "import rollout\nimport torch\nimport trainer\n\ntorch.backends.cudnn.benchmark = False\n"
+    )
     (tmp_path / "trainer.py").write_text("def train(model):\n    return model\n")
     (tmp_path / "rollout.py").write_text("import torch\ntorch.backends.cudnn.benchmark = True\n")
     findings = lint_paths([tmp_path])
     assert [(Path(f.path).name, f.line, f.rule) for f in findings] == [("rollout.py", 2, "one-sided-precision-flag")]
-    assert "launcher.py:2" in findings[0].message
+    assert "launcher.py:5" in findings[0].message
+    # The same files, no import between the launcher and the rollout: two programs, nothing to compare.
+    (tmp_path / "launcher.py").write_text("import torch\nimport trainer\n\ntorch.backends.cudnn.benchmark = False\n")
+    assert lint_paths([tmp_path]) == []
+
+
+def _python_files() -> list[Path]:
+    """Every fixture and every file of the project: what the text tests below are checked on."""
+    return sorted({*FIXTURES.rglob("*.py"), *(p for name in PROJECT_TREE for p in (ROOT / name).rglob("*.py"))})
+
+
+def test_a_rule_never_skips_a_file_it_would_report_in():
+    """`Rule.needs` (the text test that spares parsing) says yes wherever the rule finds something."""
+    checked = 0
+    for path in _python_files():
+        data = path.read_bytes()
+        parsed = parse_source(data, str(path), path.parts[-4:])
+        for rule in RULES.values():
+            found = list(rule.check(parsed)) or (rule.summarise is not None and rule.summarise(parsed).settings)
+            if found:
+                checked += 1
+                assert rule.needs(data.lower(), str(path).lower()), (rule.id, path)
+    assert checked >= 40
+
+
+def test_the_garbage_collector_is_left_as_it_was():
+    gc.enable()
+    lint_paths([FIXTURES / "positive" / "flow_grpo_like"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        lint_paths([FIXTURES / "positive" / "flow_grpo_like"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_worker_processes_find_the_same(tmp_path):
+    """Over `FILES_PER_JOB` files per job the files are shared among worker processes; the findings do not
+    change, nor their order."""
+    sources = [p for p in FIXTURES.rglob("*.py") if p.parent.name != "one_sided_precision_flag"]
+    for index in range(2 * FILES_PER_JOB + 10):
+        source = sources[index % len(sources)]
+        (tmp_path / f"{index:03d}_{source.name}").write_bytes(source.read_bytes())
+    alone = lint_paths([tmp_path])
+    assert len(alone) > 100
+    assert lint_paths([tmp_path], jobs=2) == alone
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,15 +178,12 @@ def test_project_suppressions_name_their_rule_give_a_reason_and_are_needed():
                 fired = {(f.line, f.rule) for f in lint_source(unsuppressed, str(path), select=sorted(rules))}
                 assert {(number + 1, rule) for rule in rules} <= fired, f"{path}:{number}: stale suppression"
                 suppressions.extend((path.name, rule) for rule in sorted(rules))
-    # The deliberate pitfall reproductions; a new one needs a look.
+    # The deliberate pitfall reproductions the rules see; a new one needs a look. (The bf16-latents and
+    # mask-sum-rope reproductions in adapters/ are helpers that compute no log-prob and run in no rollout
+    # engine, so the rules, which follow the data, have nothing to say there.)
     assert sorted(suppressions) == [
-        ("pitfalls.py", "low-precision-latents"),
-        ("pitfalls.py", "low-precision-latents"),  # bf16-latents and stepwise-bf16: scheduler wrappers
-        ("pitfalls.py", "non-launcher-seed"),
-        ("rope.py", "mask-sum-rope"),
-        ("test_recorder.py", "non-launcher-seed"),  # a rank-seeded trainer, the bug the recorder must show
-        ("test_scheduler.py", "low-precision-latents"),  # diffusers' stock bf16 step, reproduced
-        ("test_vllm_omni.py", "low-precision-latents"),  # the stock step-wise bug, reproduced
+        ("pitfalls.py", "non-launcher-seed"),  # the per-request window (--inject per-request-window)
+        ("test_scheduler.py", "low-precision-latents"),  # diffusers' stock bf16 step, re-scored
         ("toy_denoiser.py", "rng-unsafe-recompute"),
     ]
 
@@ -168,11 +217,12 @@ def test_lint_package_imports_only_itself_and_the_standard_library():
 
 BF16_STORE = """
 def denoise(scheduler, transformer, latents, timesteps, dtype):
-    stored = []
+    stored, log_probs = [], []
     for t in timesteps:
-        latents = scheduler.step(transformer(latents), t, latents).prev_sample
+        latents, log_prob = scheduler.step_with_logprob(transformer(latents), t, latents)
+        log_probs.append(log_prob)
         stored.append(latents.to(dtype)){comment}
-    return stored
+    return stored, log_probs
 """
 
 
@@ -181,7 +231,7 @@ def _lint(source: str, **kwargs) -> list[tuple[int, str]]:
 
 
 def test_unsuppressed_baseline():
-    assert _lint(BF16_STORE.format(comment="")) == [(6, "low-precision-latents")]
+    assert _lint(BF16_STORE.format(comment="")) == [(7, "low-precision-latents")]
 
 
 @pytest.mark.parametrize(
@@ -206,7 +256,7 @@ def test_trailing_suppression(comment):
     ],
 )
 def test_suppression_must_name_the_rule(comment):
-    assert _lint(BF16_STORE.format(comment=comment)) == [(6, "low-precision-latents")]
+    assert _lint(BF16_STORE.format(comment=comment)) == [(7, "low-precision-latents")]
 
 
 def test_suppression_on_its_own_line_covers_the_next_line_of_code():
@@ -217,10 +267,25 @@ def test_suppression_on_its_own_line_covers_the_next_line_of_code():
         # rollout-consistency: ignore[non-launcher-seed] the reason, on a line of its own
 
         sde_window_start = random.randint(0, 8)
-        noise_seed = random.randint(0, 8)
-        return sde_window_start, noise_seed
+        sde_window_end = random.randint(0, 8)
+        return sde_window_start, sde_window_end
     """
     assert _lint(source) == [(8, "non-launcher-seed")]
+
+
+def test_a_seed_finding_is_silenced_where_the_rank_is_read_or_where_the_window_is_drawn():
+    source = """
+    import os
+
+    def window(num_steps):
+        local_rank = int(os.environ["LOCAL_RANK"]){at_read}
+        sde_window_start = local_rank % num_steps{at_window}
+        return sde_window_start
+    """
+    comment = "  # rollout-consistency: ignore[non-launcher-seed] a one-GPU demo"
+    assert _lint(source.format(at_read="", at_window="")) == [(5, "non-launcher-seed")]  # where LOCAL_RANK is read
+    assert _lint(source.format(at_read=comment, at_window="")) == []
+    assert _lint(source.format(at_read="", at_window=comment)) == []
 
 
 def test_suppression_on_any_line_of_a_multiline_statement():
@@ -231,13 +296,15 @@ def test_suppression_on_any_line_of_a_multiline_statement():
             txt_seq_lens=prompt_embeds_mask.sum(dim=1).tolist(),
         )  # rollout-consistency: ignore[mask-sum-rope] padded embeddings never reach this model
     """
-    assert _lint(source) == []
-    assert _lint(source.replace("# rollout-consistency: ignore[mask-sum-rope]", "#")) == [(5, "mask-sum-rope")]
+    adapter = "vllm_omni_rollout_adapter.py"  # rollout-engine code, where the rule looks
+    assert _lint(source, path=adapter) == []
+    unsuppressed = source.replace("# rollout-consistency: ignore[mask-sum-rope]", "#")
+    assert _lint(unsuppressed, path=adapter) == [(5, "mask-sum-rope")]
 
 
 def test_suppression_text_inside_a_string_is_not_a_comment():
     source = BF16_STORE.format(comment='; note = "# rollout-consistency: ignore[low-precision-latents]"')
-    assert _lint(source) == [(6, "low-precision-latents")]
+    assert _lint(source) == [(7, "low-precision-latents")]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,32 +331,135 @@ def test_missing_path_is_a_usage_error(tmp_path):
         lint_paths([])
 
 
+WINDOW_FROM_GLOBAL_RANDOM = "import random\nsde_window = random.randint(0, 9)\n"
+
+
 def test_syntax_error_is_a_finding_and_the_run_goes_on(tmp_path):
-    (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
-    (tmp_path / "seeded.py").write_text("import random\nseed = random.randint(0, 9)\n")
+    (tmp_path / "broken.py").write_text("log_prob = latents.to(dtype)\ndef f(:\n    pass\n")
+    (tmp_path / "seeded.py").write_text(WINDOW_FROM_GLOBAL_RANDOM)
     findings = lint_paths([tmp_path], select=["low-precision-latents"])  # syntax-error is always on
-    assert [(Path(f.path).name, f.rule) for f in findings] == [("broken.py", "syntax-error")]
-    assert findings[0].line == 1
+    assert [(Path(f.path).name, f.rule, f.line) for f in findings] == [("broken.py", "syntax-error", 2)]
     assert {Path(f.path).name for f in lint_paths([tmp_path])} == {"broken.py", "seeded.py"}
+    # A file in which no selected rule could fire is not parsed: the lint is not a syntax checker.
+    (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
+    assert lint_paths([tmp_path], select=["low-precision-latents"]) == []
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        "x = " + "-" * 5_000 + "1",  # RecursionError in CPython's parser
+        "x = " + "-" * 50_000 + "1",  # MemoryError ("parser stack overflow")
+        "x = " + " + ".join(["rank"] * 3_000),  # a generated sum deeper than the parser goes
+        "x = " + "(" * 300 + "1" + ")" * 300,  # SyntaxError: too many nested parentheses
+    ],
+    ids=["unary-5k", "unary-50k", "sum-3k", "parens-300"],
+)
+def test_a_file_nested_too_deeply_is_a_syntax_error_finding_and_the_run_goes_on(tmp_path, nested):
+    (tmp_path / "generated.py").write_text(f"sde_window = 0\nlog_prob = latents.to(dtype)\n{nested}\n")
+    (tmp_path / "seeded.py").write_text(WINDOW_FROM_GLOBAL_RANDOM)
+    findings = lint_paths([tmp_path])
+    assert [(Path(f.path).name, f.rule) for f in findings] == [
+        ("generated.py", "syntax-error"),
+        ("seeded.py", "non-launcher-seed"),
+    ]
+
+
+def test_a_file_too_deep_for_the_rules_is_a_syntax_error_finding_and_the_run_goes_on(tmp_path):
+    """A 990-factor product parses, but unwrapping it to find a mask's sum would exhaust the recursion limit:
+    the file is reported as not checked (never a crash, never clean), the other files are linted."""
+    product = " * ".join(["1"] * 990)
+    (tmp_path / "vllm_rollout.py").write_text(f"txt_seq_lens = mask.sum(dim=1) * {product}\n")
+    (tmp_path / "seeded.py").write_text(WINDOW_FROM_GLOBAL_RANDOM)
+    findings = lint_paths([tmp_path])
+    assert [(Path(f.path).name, f.rule) for f in findings] == [
+        ("seeded.py", "non-launcher-seed"),
+        ("vllm_rollout.py", "syntax-error"),
+    ]
+    assert findings[1].message.startswith("cannot check: nested too deeply for the lint")
+
+
+def test_a_deep_but_parseable_expression_is_checked(tmp_path):
+    """Parsed fine, walked without recursion: no rule gives up on a 900-term sum (the parser stops near 1000)."""
+    source = "import random\nsde_window = " + " + ".join(["1"] * 900) + " + random.randint(0, 9)\n"
+    (tmp_path / "generated.py").write_text(source)
+    assert [f.rule for f in lint_paths([tmp_path])] == ["non-launcher-seed"]
 
 
 def test_directories_walk_python_files_only_and_skip_caches_and_excludes(tmp_path):
-    seed_line = "import random\nseed = random.randint(0, 9)\n"
-    for relative in ("a.py", "notes.txt", "__pycache__/c.py", ".venv/d.py", "gen/e_pb2.py", "sub/f.py"):
+    for relative in ("a.py", "notes.txt", "__pycache__/c.py", ".venv/d.py", "gen/e_pb2.py", "sub/f.py", "g.py"):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / relative).write_text(seed_line)
+        (tmp_path / relative).write_text(WINDOW_FROM_GLOBAL_RANDOM if relative != "g.py" else "x = 1\n")
     names = {Path(f.path).relative_to(tmp_path).as_posix() for f in lint_paths([tmp_path], exclude=["*_pb2.py"])}
     assert names == {"a.py", "sub/f.py"}
-    assert lint_paths([tmp_path], exclude=["sub", "a.py", "gen"]) == []
+    assert lint_paths([tmp_path], exclude=["sub", "a.py", "gen"]) == []  # g.py is left, and clean
     # A file named explicitly is linted whatever its suffix.
     assert len(lint_paths([tmp_path / "notes.txt"])) == 1
 
 
+# ----------------------------------------------------------------------------------------------
+# fail closed: a wrong path never reads as clean, a special file is never opened
+
+
+def test_a_directory_without_python_files_is_a_usage_error(tmp_path):
+    with pytest.raises(LintUsageError, match=r"no Python files \(\*\.py\) in this directory; check the path"):
+        lint_paths([tmp_path])
+    (tmp_path / "README.md").write_text("# not Python\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.rst").write_text("title\n")
+    with pytest.raises(LintUsageError, match="no Python files"):
+        lint_paths([tmp_path])
+
+
+def test_excluding_everything_is_a_usage_error(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    with pytest.raises(LintUsageError, match="--exclude leaves none of the 2 Python files"):
+        lint_paths([tmp_path], exclude=["*.py"])
+    with pytest.raises(LintUsageError, match="--exclude leaves none of the 1 Python file "):
+        lint_paths([tmp_path / "a.py"], exclude=["a.py"])
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _socket(path: Path) -> Path:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()  # the socket file stays
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("make,kind", [(_fifo, "a FIFO"), (_socket, "a socket")], ids=["fifo", "socket"])
+def test_special_files_are_refused_not_read(tmp_path, make, kind):
+    special = make(tmp_path / "pipe.py")  # opening a FIFO for reading would block forever
+    with pytest.raises(LintUsageError, match=f"pipe.py: refused, {kind} is not a Python file"):
+        lint_paths([special])
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    with pytest.raises(LintUsageError, match=f"pipe.py: refused, {kind}"):
+        lint_paths([tmp_path])  # found by walking the directory
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null")
+def test_a_device_file_is_refused():
+    with pytest.raises(LintUsageError, match="/dev/null: refused, a character device is not a Python file"):
+        lint_paths(["/dev/null"])
+
+
+def test_a_dangling_symlink_is_a_usage_error(tmp_path):
+    (tmp_path / "gone.py").symlink_to(tmp_path / "missing.py")
+    with pytest.raises(LintUsageError, match=r"cannot read .*gone\.py"):
+        lint_paths([tmp_path])
+
+
 def test_columns_count_characters_not_bytes():
-    source = 'import random\nlabel = "é"; seed = random.randint(0, 9)\n'
+    source = 'import random\nlabel = "é"; sde_window = random.randint(0, 9)\n'
     (finding,) = lint_source(source)
-    assert (finding.line, finding.col) == (2, 21)
-    assert finding.end_col == 41  # exclusive, as SARIF's endColumn
+    assert (finding.line, finding.col) == (2, 27)
+    assert finding.end_col == 47  # exclusive, as SARIF's endColumn
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,7 +473,7 @@ def verl_findings():
 
 def test_text_format(verl_findings):
     lines = render(verl_findings, "text").splitlines()
-    assert len(lines) == len(verl_findings) == 5
+    assert len(lines) == len(verl_findings) == 6
     for line, finding in zip(lines, verl_findings, strict=True):
         assert line == f"{finding.path}:{finding.line}:{finding.col} {finding.rule} {finding.message}"
         assert re.match(r"^\S+:\d+:\d+ [a-z0-9-]+ \S", line)
@@ -312,7 +482,7 @@ def test_text_format(verl_findings):
 
 def test_github_annotations(verl_findings):
     lines = render(verl_findings, "github").splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 6
     finding = verl_findings[0]
     head, message = lines[0].split("::", 2)[1:]
     assert head.startswith(f"error file={finding.path},line={finding.line},col={finding.col},")

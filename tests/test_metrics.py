@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.metrics: formulas against hand-computed values, trainer aggregation, fail-closed inputs."""
+"""rollout_consistency.gate.judging.metrics: formulas against hand-computed values, trainer aggregation, fail-closed inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_consistency.gate.metrics import METRIC_NAMES, ConsistencyMetrics, MetricsInputError, compute_metrics
+from rollout_consistency.gate.judging.metrics import (
+    METRIC_NAMES,
+    ConsistencyMetrics,
+    MetricsInputError,
+    compute_metrics,
+)
 
 f32 = np.float32
 
@@ -212,3 +217,16 @@ def test_matches_an_independent_trainer_loop(batch, width, mbs, seed, scale):
     assert o.ppo_kl == pytest.approx(ref["ppo_kl"], rel=1e-12, abs=1e-18)
     assert o.pg_clipfrac == pytest.approx(ref["clip"], abs=1e-15)
     assert o.approx_kl == pytest.approx(ref["approx_kl"], rel=1e-12)
+
+
+@pytest.mark.parametrize("side", ["higher", "lower"])
+def test_clip_fractions_count_strictly_beyond_the_clip_range(side):
+    """A ratio exactly on 1 ± ε is not clipped: trainers count `ratio − 1 > ε` and `1 − ratio > ε`, not `>=`."""
+    d = float(np.float32(3e-4)) * (1 if side == "higher" else -1)
+    rollout, trainer = col(0), col(d)
+    ratio = compute_metrics(rollout, trainer).overall.ratio_mean  # exp(Δ) as the metrics compute it: one entry
+    eps = ratio - 1.0 if side == "higher" else 1.0 - ratio  # exact (Sterbenz): the ratio sits on 1 ± ε
+    on = compute_metrics(rollout, trainer, clip_ratio=eps).overall
+    assert (on.pg_clipfrac, on.pg_clipfrac_higher, on.pg_clipfrac_lower) == (0.0, 0.0, 0.0)
+    beyond = compute_metrics(rollout, trainer, clip_ratio=float(np.nextafter(eps, 0.0))).overall
+    assert beyond.pg_clipfrac == 1.0 and getattr(beyond, f"pg_clipfrac_{side}") == 1.0

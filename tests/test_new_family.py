@@ -25,7 +25,7 @@ from rollout_consistency.adapters import (
     rollout,
     tiny,
 )
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
 from rollout_consistency.schedulers import SDEWindow
 
 
@@ -102,7 +102,7 @@ def test_stepwise_engine_stacks_a_registered_family(model_and_conditioning):
         scheduler_setup=setup,
         sampling=SamplingSettings(noise_level=0.7),
         options=OPTIONS,
-        max_num_seqs=2,
+        engine=EngineSettings(max_num_seqs=2),
     )
     assert trajectory.model_family == "toy-qwen" and trajectory.batch_size == 2
 

@@ -15,7 +15,7 @@ import torch
 
 from rollout_consistency import CheckConfig, run_step1_check
 from rollout_consistency.gate.config import ConfigError
-from rollout_consistency.gate.plugins import compare_fingerprints, fingerprints, weights_fingerprint
+from rollout_consistency.gate.sides.plugins import compare_fingerprints, fingerprints, weights_fingerprint
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "scripts" / "examples"
 FLOW_GRPO = f"{EXAMPLES / 'flow_grpo_style.py'}:"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_consistency.gate.dump import read_dump
-from rollout_consistency.gate.recorder import RecorderError, Step1GateFailed, Step1Recorder
+from rollout_consistency.gate.tables.dump import read_dump
+from rollout_consistency.gate.tables.recorder import RecorderError, Step1GateFailed, Step1Recorder
 
 N, T, D = 8, 4, 16
 TIMESTEPS = torch.linspace(1.0, 0.25, T)
@@ -151,7 +151,6 @@ def _rank_main(rank: int, world: int, port: int, directory: str) -> None:
             optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
             recorder = Step1Recorder(optimizer, dump=os.path.join(directory, f"{name}.safetensors"), num_steps=T)
             bug = "bf16" if rank == bug_rank else None
-            # rollout-consistency: ignore[non-launcher-seed] each rank trains its own samples in this 2-process test
             train(policy, samples, optimizer, recorder, seed=rank, bug=bug, accumulate=1)
             # Every rank holds the gathered tables and the same verdict.
             assert recorder.report.metrics.num_samples == 2 * world, recorder.report.metrics.num_samples

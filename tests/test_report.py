@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
+"""rollout_consistency.gate.judging.report: stable JSON schema, strict JSON, JUnit XML that parses, the plot, the table."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from rollout_consistency.gate.config import CheckConfig
-from rollout_consistency.gate.metrics import compute_metrics
-from rollout_consistency.gate.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
-from rollout_consistency.gate.tolerances import exact_tolerance, kernel_tolerance
-from rollout_consistency.gate.verdict import Problem, decide
+from rollout_consistency.gate.judging.metrics import compute_metrics
+from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION, Report, SampleInfo
+from rollout_consistency.gate.judging.tolerances import exact_tolerance, kernel_tolerance
+from rollout_consistency.gate.judging.verdict import Problem, decide
 
 STEPS = np.tile(np.float32([900, 750]), (4, 1))
 

@@ -16,10 +16,10 @@ from sd3_flux_cases import FAMILIES, PROMPTS, SEEDS, SIZE, Family, recompute, ro
 from rollout_consistency.adapters import SamplingSettings, Trajectory, recompute_step_log_prob
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import StockRoundedLatents
-from rollout_consistency.adapters.stepwise import StepwiseRequest, run_stepwise
-from rollout_consistency.gate.metrics import compute_metrics
-from rollout_consistency.gate.tolerances import exact_tolerance
-from rollout_consistency.gate.verdict import decide
+from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, run_stepwise
+from rollout_consistency.gate.judging.metrics import compute_metrics
+from rollout_consistency.gate.judging.tolerances import exact_tolerance
+from rollout_consistency.gate.judging.verdict import decide
 from rollout_consistency.schedulers import SDEWindow
 
 
@@ -138,7 +138,7 @@ def test_stepwise_equals_request_level_bit_for_bit(family, model, cond, arrivals
         scheduler_setup=reference.scheduler,
         sampling=SamplingSettings(noise_level=0.7, guidance_scale=family.guidance_scale),
         options=reference.family_options,
-        max_num_seqs=4,
+        engine=EngineSettings(max_num_seqs=4),
     )
     assert stepwise.provenance["path"] == "step-wise"
     for name in ("latents", "log_probs", "timesteps", "final_latents"):

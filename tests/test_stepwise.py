@@ -9,6 +9,7 @@ from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_i
 from rollout_consistency.adapters.batch_invariance import batch_invariant
 from rollout_consistency.adapters.pitfalls import MixedDtypeBatchError
 from rollout_consistency.adapters.stepwise import (
+    EngineSettings,
     StepwiseRequest,
     gather_latents,
     init_window_record,
@@ -74,7 +75,7 @@ def _stepwise(model, requests, reference, guidance_scale=3.0, **kwargs):
         scheduler_setup=reference.scheduler,
         sampling=SamplingSettings(noise_level=0.7, guidance_scale=guidance_scale),
         options=OPTIONS,
-        **kwargs,
+        engine=EngineSettings(**kwargs),
     )
 
 
@@ -181,8 +182,7 @@ def test_running_batch_respects_max_num_seqs_and_order(model, encoder):
         scheduler_setup=reference.scheduler,
         sampling=SamplingSettings(noise_level=0.7),
         options=OPTIONS,
-        max_num_seqs=2,
-        text_width=12,
+        engine=EngineSettings(max_num_seqs=2, text_width=12),
     )
     assert max(seen_batches) == 2 and sum(seen_batches) == 4 * 6
     assert stepwise.seeds == (4, 3, 2, 1)  # rows follow the submitted requests

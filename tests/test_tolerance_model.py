@@ -23,16 +23,16 @@ from rollout_consistency.gate.floors import (
     problems_of,
     sweep,
 )
-from rollout_consistency.gate.metrics import compute_metrics
-from rollout_consistency.gate.tolerance_model import (
+from rollout_consistency.gate.judging.metrics import compute_metrics
+from rollout_consistency.gate.judging.tolerance_model import (
     combine_floors,
     difference_sources,
     exact_notice,
     exact_promised,
     rounding_advice,
 )
-from rollout_consistency.gate.tolerances import resolve_tolerance
-from rollout_consistency.gate.verdict import decide
+from rollout_consistency.gate.judging.tolerances import resolve_tolerance
+from rollout_consistency.gate.judging.verdict import decide
 from rollout_consistency.schedulers import SDE_TYPES, FlowMatchSDEDiscreteScheduler
 from rollout_consistency.schedulers.flow_grpo_step import FlowGRPOStep
 

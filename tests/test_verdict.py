@@ -1,4 +1,4 @@
-"""rollout_consistency.gate.tolerances + rollout_consistency.gate.verdict: profiles, overrides, and the fail-closed guards."""
+"""rollout_consistency.gate.judging.tolerances + rollout_consistency.gate.judging.verdict: profiles, overrides, and the fail-closed guards."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rollout_consistency.gate.metrics import METRIC_NAMES, compute_metrics
-from rollout_consistency.gate.tolerances import (
+from rollout_consistency.gate.judging.metrics import METRIC_NAMES, compute_metrics
+from rollout_consistency.gate.judging.tolerances import (
     KERNEL_MAX_LIMIT,
     KERNEL_MEAN_LIMIT,
     RMS_TO_MEAN,
@@ -18,7 +18,7 @@ from rollout_consistency.gate.tolerances import (
     kernel_tolerance,
     resolve_tolerance,
 )
-from rollout_consistency.gate.verdict import GUARD_CHECKS, Problem, Verdict, decide
+from rollout_consistency.gate.judging.verdict import GUARD_CHECKS, Problem, Verdict, bias_standard_error, decide
 
 STEPS = np.tile(np.float32([900, 750, 500]), (8, 1))
 
@@ -81,6 +81,29 @@ def test_nan_fails_even_if_every_metric_gate_is_loose():
     verdict = decide(compute_metrics(rollout, trainer), loose)
     assert "finite" in failed(verdict)
     assert "sample 0 step 0 trainer=nan" in " ".join(verdict.reasons)
+
+
+@pytest.mark.parametrize("profile", ["exact", "kernel"])
+def test_a_nan_figure_fails_its_own_check_not_only_the_finite_guard(profile):
+    rollout, trainer = tables()
+    trainer[0, 0] = np.nan
+    loose = resolve_tolerance(profile, {m: 1e9 for m in METRIC_NAMES})
+    verdict = decide(compute_metrics(rollout, trainer), loose)
+    metric_checks = [c for c in verdict.checks if c.kind == "metric"]
+    assert len(metric_checks) == len(METRIC_NAMES)
+    for check in metric_checks:  # every figure is NaN (a NaN ratio's clip indicator too): none is within a limit
+        assert not check.passed and "not a number" in check.message, check.name
+        assert math.isnan(check.excess)
+
+
+def test_bias_standard_error_is_the_sample_standard_deviation_over_root_n():
+    d = np.float32([1, 2, 3, 4]) * np.float32(2**-10)
+    m = compute_metrics(np.zeros((4, 2), np.float32), np.repeat(d[:, None], 2, axis=1))
+    # per-sample ppo_kl -d: mean -2.5·2^-10, squared deviations (1.5² + 0.5² + 0.5² + 1.5²)·2^-20 = 5·2^-20 over n - 1 = 3
+    assert bias_standard_error("ppo_kl", m) == pytest.approx(math.sqrt(5 / 3 / 4) * 2**-10, rel=1e-14)
+    assert (
+        bias_standard_error("ppo_kl", compute_metrics(np.zeros((1, 2), np.float32), np.zeros((1, 2), np.float32))) == 0
+    )
 
 
 def test_infinite_figures_fail_the_finite_guard():

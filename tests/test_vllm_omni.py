@@ -116,9 +116,9 @@ def _collect(payloads, prompts):
 # ---------------------------------------------------------------------------------- import guarantees
 def test_importing_the_packages_imports_no_vllm():
     code = (
-        "import sys, rollout_consistency.adapters, rollout_consistency.gate.backends, rollout_consistency.gate.check, rollout_consistency.adapters.vllm_omni\n"
+        "import sys, rollout_consistency.adapters, rollout_consistency.gate.sides.backends, rollout_consistency.gate.check, rollout_consistency.adapters.vllm_omni\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_omni') "
-        "or m == 'rollout_consistency.adapters.vllm_omni_pipeline')\n"
+        "or m == 'rollout_consistency.adapters.vllm_omni.pipeline')\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -142,7 +142,7 @@ def test_without_vllm_omni_the_backend_names_the_extra_at_use(tmp_path, setup):
         vo.rollout(qwen_image.FAMILY, None, None, scheduler_setup=setup)
     # The pipeline shell is the only module that needs vLLM at import time.
     with pytest.raises(ImportError):
-        importlib.import_module("rollout_consistency.adapters.vllm_omni_pipeline")
+        importlib.import_module("rollout_consistency.adapters.vllm_omni.pipeline")
 
 
 @pytest.mark.skipif(not vo.vllm_omni_available() or torch.cuda.is_available(), reason="needs vLLM-omni and no GPU")
@@ -156,7 +156,8 @@ def test_engine_start_checks_model_directory_and_config_first(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model_index.json"):
         vo.VllmOmniRollout(tmp_path)
     from rollout_consistency import CheckConfig
-    from rollout_consistency.gate.backends import BackendError, vllm_omni_engine_arguments
+    from rollout_consistency.gate.sides.shared import BackendError
+    from rollout_consistency.gate.sides.vllm_omni_rollout import vllm_omni_engine_arguments
 
     config = CheckConfig(rollout_backend="vllm-omni", device="cuda")
     with pytest.raises(BackendError, match="model_path"):
@@ -262,7 +263,7 @@ def _mutate(path, value):
         (_mutate(("request", "request", "seed"), True), "'seed' must be an int"),
         (_mutate(("request", "request", "prompt_group"), KeyError), "missing \\['prompt_group'\\]"),
         (_mutate(("request", "request", "colour"), "red"), "unknown \\['colour'\\]"),
-        (_mutate(("batch", "batch", "noise_level"), 0.0), "noise_level must be > 0"),
+        (_mutate(("batch", "batch", "noise_level"), 0.0), "nothing to check"),
         (_mutate(("batch", "batch", "noise_level"), float("nan")), "finite"),
         (_mutate(("batch", "batch", "sde_type"), "ode"), "sde_type"),
         (_mutate(("batch", "batch", "model_family"), "flux"), "no vLLM-omni pipeline"),
@@ -344,7 +345,7 @@ def test_engine_settings_the_pipeline_refuses():
 def test_engine_kwargs():
     kwargs = vo.engine_kwargs(max_num_seqs=4)
     assert kwargs["custom_pipeline_args"] == {
-        "pipeline_class": "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"
+        "pipeline_class": "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"
     }
     assert kwargs["enforce_eager"] is True and kwargs["cache_backend"] == "none"
     assert kwargs["request_batch_max_wait_ms"] == 1000.0  # one wave per call in request mode
@@ -358,7 +359,7 @@ def test_engine_kwargs():
     # The qualified name resolves to this package's pipeline module.
     module, _, name = vo.PIPELINE_CLASS.rpartition(".")
     assert importlib.util.find_spec(module) is not None
-    assert f"class {name}(" in (ROOT / "adapters" / "vllm_omni_pipeline.py").read_text()
+    assert f"class {name}(" in (ROOT / "adapters" / "vllm_omni" / "pipeline.py").read_text()
 
 
 # ------------------------------------------------------------------------------ engine functions
@@ -403,6 +404,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
             window=windows[i],
             prompt_group=GROUPS[i],
             arrival=arrivals[i],
+            global_step=3,
         )
         for i in range(4)
     ]
@@ -413,9 +415,7 @@ def test_continuous_batching_equals_the_torch_stepwise_engine(model, encoder, se
         scheduler_setup=setup,
         sampling=SamplingSettings(noise_level=0.7, guidance_scale=3.0),
         options=_options(),
-        max_num_seqs=4,
-        text_width=12,
-        global_step=3,
+        engine=stepwise.EngineSettings(max_num_seqs=4, text_width=12),
     )
     for name in ("latents", "log_probs", "timesteps", "final_latents"):
         assert torch.equal(getattr(trajectory, name), getattr(reference, name)), name
@@ -468,7 +468,6 @@ def test_scheduler_step_refuses_low_precision(model, encoder, setup):
     rollout = vo.start_request(request, request.conditioning, _view(model), device="cpu")
     with pytest.raises(TypeError, match="float32"):
         vo.advance_request(rollout, torch.zeros_like(rollout.state.latents, dtype=torch.bfloat16))
-    # rollout-consistency: ignore[low-precision-latents] the stock step-wise bug, reproduced on purpose
     rollout.state.latents = rollout.state.latents.to(torch.bfloat16)  # the stock step-wise bug
     other = vo.start_request(request, request.conditioning, _view(model), device="cpu")
     with pytest.raises(MixedDtypeBatchError, match="Mixed dtypes in latents batch"):
@@ -633,7 +632,7 @@ def gpu_model_dir(tmp_path_factory):
 
 @needs_engine
 def test_pipeline_module_imports_with_vllm_omni():
-    module = importlib.import_module("rollout_consistency.adapters.vllm_omni_pipeline")
+    module = importlib.import_module("rollout_consistency.adapters.vllm_omni.pipeline")
     from vllm_omni.diffusion.models.qwen_image import QwenImagePipeline
 
     cls = module.RolloutQwenImagePipeline
@@ -649,7 +648,7 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
     order, and log-probs within the kernel floor (docs/vllm-omni.md)."""
     from rollout_consistency import CheckConfig, adapters
     from rollout_consistency.adapters.families import load_scheduler_config
-    from rollout_consistency.gate.backends import pipeline_settings
+    from rollout_consistency.gate.sides.backends import pipeline_settings
 
     path = str(gpu_model_dir)
     size = 64 if _MODEL_DIR is None else 256
@@ -681,8 +680,6 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
             requests=BatchRequests(seeds=SEEDS, windows=window, prompt_groups=GROUPS),
             sampling=SamplingSettings(noise_level=0.7),
             options=options,
-            max_num_seqs=4,
-            step_execution=step_execution,
         )
     assert trajectory.seeds == tuple(SEEDS) and trajectory.latents.dtype == torch.float32
     assert trajectory.provenance["execution"] == ("step" if step_execution else "request")
@@ -694,8 +691,8 @@ def test_engine_rollout_agrees_with_the_torch_trainer(gpu_model_dir, step_execut
 
 @needs_engine
 def test_step1_check_with_the_vllm_omni_backend(gpu_model_dir):
-    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (rollout_consistency.gate.backends selects
-    `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
+    """The checker end to end: `rollout_backend="vllm-omni"` starts the engine (its registered factory,
+    rollout_consistency.gate.sides.vllm_omni_rollout, with `vllm_omni_engine_arguments`) and gates it with the kernel profile."""
     from rollout_consistency import run_step1_check
 
     size = 64 if _MODEL_DIR is None else 256

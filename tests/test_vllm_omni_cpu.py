@@ -29,7 +29,7 @@ from rollout_consistency.adapters import vllm_omni as vo
 from rollout_consistency.adapters.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.adapters.tiny.qwen_image import save_tiny_qwen_image_directory
-from rollout_consistency.gate.api import gate
+from rollout_consistency.gate.tables.api import gate
 from rollout_consistency.schedulers import SDEWindow
 
 if not all(importlib.util.find_spec(name) for name in ("vllm", "vllm_omni")):
@@ -281,7 +281,7 @@ def _torch_rollout(model, cond, guidance, sde_type="sde"):
 
 # --------------------------------------------------------------------------------------------- tests
 def test_the_runner_builds_the_pipeline_class_and_the_warm_up_takes_the_stock_path(fp32_engine, fp32_step_engine):
-    from rollout_consistency.adapters.vllm_omni_pipeline import RolloutQwenImagePipeline
+    from rollout_consistency.adapters.vllm_omni.pipeline import RolloutQwenImagePipeline
 
     for engine in (fp32_engine, fp32_step_engine):
         pipeline = engine.runner.pipeline
@@ -460,14 +460,15 @@ def test_the_check_turns_a_failed_request_into_a_fail_naming_it(fp32_dir, real_e
     """Through the checker: the batch whose request failed, and every batch after it (closed engine), FAIL with
     the reason, instead of the check crashing."""
     from rollout_consistency import CheckConfig
-    from rollout_consistency.gate.backends import build_backend, run_batch
-    from rollout_consistency.gate.plan import make_plan
+    from rollout_consistency.gate.sides.backends import build_backend, run_batch
+    from rollout_consistency.gate.sides.plan import make_plan
+    from rollout_consistency.gate.sides.vllm_omni_rollout import VllmOmniSide
 
     config = CheckConfig(
         num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2, num_inference_steps=6, height=HEIGHT, width=WIDTH
     )
     backend = replace(
-        build_backend(config), rollout_engine=_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text))
+        build_backend(config), rollout_engine=VllmOmniSide(_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text)))
     )
     first, second = (run_batch(backend, batch) for batch in make_plan(config))
     assert first.problems and "sample 0 (seed" in first.problems[0] and "version" in first.problems[0]

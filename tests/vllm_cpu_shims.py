@@ -22,7 +22,7 @@ import os
 import psutil
 import torch
 
-__all__ = ["CpuOmniPlatform", "CpuSDPABackend", "install"]
+__all__ = ["CpuOmniPlatform", "CpuSDPABackend", "install", "register_wan2_2_package"]
 
 # vLLM resolves its platform once, on first use, from this variable (its CUDA wheel finds no GPU here and
 # would resolve `UnspecifiedPlatform`, which has no dtype or device rules). Set before vLLM is imported.
@@ -137,6 +137,31 @@ def install() -> type[CpuOmniPlatform]:
 
 
 install()
+
+
+def register_wan2_2_package() -> None:
+    """Make `vllm_omni.diffusion.models.wan2_2` importable without running its `__init__`. Idempotent.
+
+    Its `__init__` imports every Wan 2.2 pipeline; the image-to-video one imports torchvision, and the only
+    torchvision that PyPI has for torch 2.13.0 (0.28.0) is built for CUDA torch: its operators do not load on the
+    CPU build ("operator torchvision::nms does not exist"), so the import fails. Registered as a plain package, its
+    text-to-video modules (`pipeline_wan2_2`, `wan2_2_transformer`) import as they are. Leaves unexercised: the
+    I2V, S2V and VACE pipelines (this project drives text-to-video only).
+    """
+    import importlib.util
+    import sys
+    import types
+
+    name = "vllm_omni.diffusion.models.wan2_2"
+    if name in sys.modules:
+        return
+    parent = importlib.util.find_spec("vllm_omni.diffusion.models")
+    package = types.ModuleType(name)
+    package.__path__ = [os.path.join(os.path.dirname(parent.origin), "wan2_2")]
+    sys.modules[name] = package
+
+
+register_wan2_2_package()
 
 # Imported only now: vLLM-omni's attention backends bind the platform at import.
 from vllm_omni.diffusion.attention.backends.sdpa import SDPABackend, SDPAImpl  # noqa: E402

@@ -9,6 +9,8 @@ tests and docs build the models directly:
                  load_qwen_image_scheduler_config(path=None)          (`rollout_consistency.adapters.tiny.qwen_image`)
     SD3, FLUX    load_sd3(...), load_flux(...), TinyClipT5Encoder,
                  tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder() (`rollout_consistency.adapters.tiny.sd3_flux`)
+    Wan          load_wan(..., boundary_ratio=None), TinyUMT5Encoder,
+                 tiny_wan_prompt_encoder()                            (`rollout_consistency.adapters.tiny.wan`)
 
 A family of your own registers its tiny model with [`register_tiny`] next to
 `rollout_consistency.adapters.register_family`. No production module imports this package.
@@ -32,21 +34,25 @@ from .qwen_image import (
     save_tiny_qwen_image_directory,
 )
 from .sd3_flux import TinyClipT5Encoder, load_flux, load_sd3, tiny_flux_prompt_encoder, tiny_sd3_prompt_encoder
+from .wan import TinyUMT5Encoder, load_wan, tiny_wan_prompt_encoder
 
 __all__ = [
     "TinyClipT5Encoder",
     "TinyModel",
     "TinyPromptEncoder",
+    "TinyUMT5Encoder",
     "get_tiny",
     "load_flux",
     "load_qwen_image",
     "load_qwen_image_scheduler_config",
     "load_sd3",
+    "load_wan",
     "register_tiny",
     "save_tiny_qwen_image_directory",
     "tiny_flux_prompt_encoder",
     "tiny_names",
     "tiny_sd3_prompt_encoder",
+    "tiny_wan_prompt_encoder",
 ]
 
 
@@ -55,7 +61,9 @@ class TinyModel:
     """A family's tiny offline model, as the checker builds it when no model directory is given.
 
     Attributes:
-        load_transformer: `(*, dtype, device, seed) -> nn.Module` — the seeded tiny transformer in eval mode.
+        load_transformer: `(*, dtype, device, seed, **model_kwargs) -> nn.Module` — the seeded tiny transformer in
+            eval mode (`model_kwargs`: what the family's `ModelFamily.model_kwargs` gives, e.g. Wan's
+            `boundary_ratio`).
         prompt_encoder: `(transformer, PipelineSettings) -> PromptEncoder` — a stand-in text encoder whose
             conditioning fits `transformer` (`(prompts, negative_prompts or None) -> conditioning`).
     """
@@ -87,11 +95,22 @@ def _clip_t5_encoder(make: Callable[..., TinyClipT5Encoder]) -> Callable[[nn.Mod
     return build
 
 
-# name -> tiny model: the built-in three, and any a user family registers.
+def _wan_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEncoder:
+    # The tiny UMT5 stand-in at the pipeline's fixed text length: built once per worker, not per batch.
+    encoder = TinyUMT5Encoder(int(transformer.config.text_dim), max_length=settings.max_sequence_length, seed=0)
+
+    def encode(prompts, negative_prompts) -> dict[str, Any]:
+        return encoder.conditioning(list(prompts), negative_prompts)
+
+    return encode
+
+
+# name -> tiny model: the built-in ones, and any a user family registers.
 _REGISTRY: dict[str, TinyModel] = {
     "qwen-image": TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder),
     "sd3": TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder)),
     "flux": TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder)),
+    "wan": TinyModel(load_transformer=load_wan, prompt_encoder=_wan_encoder),
 }
 
 

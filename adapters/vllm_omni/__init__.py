@@ -4,16 +4,19 @@
 Written against vLLM-omni 0.30.0 (`VLLM_OMNI_VERSION`). No module of this package imports vllm or vllm_omni at
 import time; only [`VllmOmniRollout`] does, when it starts an engine, and without the package it raises
 [`VllmOmniUnavailableError`] naming the extra to install. The pipeline class that vLLM-omni's worker loads lives
-in `rollout_consistency.adapters.vllm_omni_pipeline` (the only module that imports vLLM at its top); it is a thin
-shell over the plain functions here, which are tested on the CPU with the diffusers transformer. Every name
-below is importable from this package; the modules:
+in `rollout_consistency.adapters.vllm_omni.pipeline` (for Wan: `wan_pipeline`; the only modules that import vLLM at
+their top); each is a thin shell over the plain functions here, which are tested on the CPU with the diffusers
+transformer. Every name below (but `pipeline`'s and `wan_pipeline`'s) is importable from this package; the modules:
 
     protocol       the wire protocol: BatchSettings, RequestSettings, RolloutRequest, build_requests,
-                   decode_request, resolve_window, PAYLOAD_KEY, PAYLOAD_VERSION, PIPELINE_CLASS
+                   decode_request, resolve_window, PAYLOAD_KEY, PAYLOAD_VERSION, PIPELINE_CLASS,
+                   PIPELINE_CLASSES
     engine_checks  engine settings and sampling params the pipeline refuses: check_engine_settings,
                    check_sampling_params
     worker         per-request engine state: TransformerView, RolloutState, start_request, batch_noise_pred,
-                   advance_request, finish_request
+                   batch_experts, advance_request, finish_request
+    wan_pipeline   `RolloutWanPipeline`, vLLM-omni's Wan 2.2 pipeline class for Wan rollouts (imports vLLM; loaded
+                   only by vLLM-omni's worker, through `PIPELINE_CLASSES["wan"]`)
     envelope       the trajectory's way back: trajectory_to_payload, output_envelope, order_by_sample_index,
                    trajectory_from_payload, ENVELOPE_FORMAT
     client         the engine client: VllmOmniRollout, engine_kwargs, sampling_params_kwargs,
@@ -23,7 +26,7 @@ below is importable from this package; the modules:
 
 Data flow (docs/vllm-omni.md)::
 
-    client (this process)                          vLLM-omni worker (rollout_consistency.adapters.vllm_omni_pipeline)
+    client (this process)                          vLLM-omni worker (rollout_consistency.adapters.vllm_omni.pipeline)
     build_requests(...)  ── prompt dicts ──────▶   decode_request(prompt, sampling.extra_args)
       per request: prompt["additional_information"]    start_request  (prepare_encode / forward)
         ["rollout_consistency"]["request"]             batch_noise_pred (denoise_step, one forward)
@@ -86,7 +89,9 @@ from .protocol import (
     PAYLOAD_KEY,
     PAYLOAD_VERSION,
     PIPELINE_CLASS,
+    PIPELINE_CLASSES,
     BatchSettings,
+    PromptTexts,
     RequestSettings,
     RolloutRequest,
     build_requests,
@@ -98,6 +103,7 @@ from .worker import (
     RolloutState,
     TransformerView,
     advance_request,
+    batch_experts,
     batch_noise_pred,
     finish_request,
     start_request,
@@ -109,8 +115,10 @@ __all__ = [
     "PAYLOAD_KEY",
     "PAYLOAD_VERSION",
     "PIPELINE_CLASS",
+    "PIPELINE_CLASSES",
     "VLLM_OMNI_VERSION",
     "BatchSettings",
+    "PromptTexts",
     "RequestSettings",
     "RolloutRequest",
     "RolloutState",
@@ -121,6 +129,7 @@ __all__ = [
     "VllmOmniRollout",
     "VllmOmniUnavailableError",
     "advance_request",
+    "batch_experts",
     "batch_noise_pred",
     "build_requests",
     "check_engine_settings",

@@ -11,6 +11,7 @@ for). Only this module imports vLLM-omni on the client side, inside `VllmOmniRol
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,11 @@ from rollout_consistency.schedulers import SchedulerSetup, SDEWindowSchedule
 
 from .envelope import order_by_sample_index, trajectory_from_payload
 from .errors import VllmOmniEngineClosedError, VllmOmniRequestError, require_vllm_omni
-from .protocol import PAYLOAD_KEY, PIPELINE_CLASS, SUPPORTED_FAMILIES, RequestSettings, build_requests
+from .protocol import PAYLOAD_KEY, PIPELINE_CLASS, PIPELINE_CLASSES, RequestSettings, build_requests
+
+#: The families `VllmOmniRollout` (the checker's `vllm-omni` backend) serves; Wan's pipeline is driven through
+#: `engine_kwargs(pipeline_class=PIPELINE_CLASSES["wan"])` and `build_requests(model_family="wan")`.
+CLIENT_FAMILIES = ("qwen-image",)
 
 __all__ = [
     "ENGINE_DTYPES",
@@ -50,6 +55,7 @@ def engine_kwargs(
     attention_backend: str | None = None,
     request_batch_max_wait_ms: float | None = None,
     engine_options: Mapping[str, Any] | None = None,
+    pipeline_class: str = PIPELINE_CLASS,
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm_omni.Omni(model, **kwargs)` for the rollout pipeline.
 
@@ -63,8 +69,13 @@ def engine_kwargs(
             platform's.
         request_batch_max_wait_ms: request mode: how long a wave waits to fill; default 1000 ms when
             `max_num_seqs > 1` (all requests of a call then batch together), else 0.
-        engine_options: any other `OmniDiffusionConfig` field; may not replace the pipeline class.
+        engine_options: any other `OmniDiffusionConfig` field (Wan 2.2: `boundary_ratio`); may not replace the
+            pipeline class.
+        pipeline_class: the rollout pipeline vLLM-omni loads (`protocol.PIPELINE_CLASSES[model_family]`; default
+            Qwen-Image's).
     """
+    if pipeline_class not in PIPELINE_CLASSES.values():
+        raise ValueError(f"pipeline_class {pipeline_class!r} is not one of {sorted(PIPELINE_CLASSES.values())}.")
     if dtype not in ENGINE_DTYPES:
         raise ValueError(f"vLLM-omni dtype {dtype!r} is not one of {ENGINE_DTYPES}.")
     if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
@@ -78,19 +89,19 @@ def engine_kwargs(
         "max_num_seqs": max_num_seqs,
         "request_batch_max_wait_ms": float(request_batch_max_wait_ms),
         "cache_backend": "none",
-        "custom_pipeline_args": {"pipeline_class": PIPELINE_CLASS},
+        "custom_pipeline_args": {"pipeline_class": pipeline_class},
     }
     if attention_backend is not None:
         kwargs["diffusion_attention_config"] = {"default": attention_backend}
     for name, value in dict(engine_options or {}).items():
         if name == "custom_pipeline_args":
             value = dict(value)
-            if value.get("pipeline_class", PIPELINE_CLASS) != PIPELINE_CLASS:
+            if value.get("pipeline_class", pipeline_class) != pipeline_class:
                 raise ValueError(
-                    f"engine_options would replace the pipeline class {PIPELINE_CLASS!r} with "
+                    f"engine_options would replace the pipeline class {pipeline_class!r} with "
                     f"{value['pipeline_class']!r}; trajectories come only from that class."
                 )
-            value["pipeline_class"] = PIPELINE_CLASS
+            value["pipeline_class"] = pipeline_class
         kwargs[name] = value
     return kwargs
 
@@ -146,9 +157,12 @@ class VllmOmniRollout:
             `tokenizer/`, `vae/`, `scheduler/`). The trainer must load the same weights.
         launcher_seed, window_schedule: sent with every request so the engine re-derives each SDE window from
             (launcher seed, global step, prompt group) and checks it against the explicit one.
+        text_width: the width every forward pads text to (default: each call's conditioning width; see
+            `build_requests`).
         engine: an engine already started on `model_path` with [`engine_kwargs`] (anything with vLLM-omni's
             `generate(prompts, sampling_params, use_tqdm=...)` and `close()`), used instead of starting one.
-        Others: see [`engine_kwargs`].
+        **engine_args: the engine's arguments, passed to [`engine_kwargs`] (`dtype`, `step_execution`,
+            `max_num_seqs`, `enforce_eager`, `attention_backend`, `request_batch_max_wait_ms`, `engine_options`).
 
     A failed request raises [`VllmOmniRequestError`] naming it. vLLM-omni shuts the engine down when a request
     fails, so from then on every call raises [`VllmOmniEngineClosedError`]: start a new `VllmOmniRollout`.
@@ -158,26 +172,13 @@ class VllmOmniRollout:
         self,
         model_path: str | os.PathLike,
         *,
-        dtype: str = "bfloat16",
-        step_execution: bool = False,
-        max_num_seqs: int = 1,
-        enforce_eager: bool = True,
-        attention_backend: str | None = None,
-        request_batch_max_wait_ms: float | None = None,
         launcher_seed: int | None = None,
         window_schedule: SDEWindowSchedule | None = None,
-        engine_options: Mapping[str, Any] | None = None,
+        text_width: int | None = None,
         engine: Any = None,
+        **engine_args: Any,
     ):
-        kwargs = engine_kwargs(
-            dtype=dtype,
-            step_execution=step_execution,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
-            attention_backend=attention_backend,
-            request_batch_max_wait_ms=request_batch_max_wait_ms,
-            engine_options=engine_options,
-        )
+        kwargs = engine_kwargs(**engine_args)
         path = Path(model_path)
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(
@@ -190,10 +191,11 @@ class VllmOmniRollout:
 
             engine = Omni(model=str(path), **kwargs)
         self.model_path = str(path)
-        self.step_execution = bool(step_execution)
-        self.max_num_seqs = max_num_seqs
+        self.step_execution = kwargs["step_execution"]
+        self.max_num_seqs = kwargs["max_num_seqs"]
         self.launcher_seed = launcher_seed
         self.window_schedule = window_schedule
+        self.text_width = text_width
         self.engine_kwargs = kwargs
         self._omni = engine
         self._finalizer = weakref.finalize(self, _close_engine, self._omni)
@@ -225,20 +227,16 @@ class VllmOmniRollout:
         requests: BatchRequests,
         sampling: SamplingSettings,
         options: Mapping[str, Any],
-        max_num_seqs: int | None = None,
-        step_execution: bool | None = None,
-        text_width: int | None = None,
-        prompts: Sequence[str] | None = None,
-        negative_prompts: Sequence[str] | None = None,
     ) -> Trajectory:
         """Sample a batch on the engine: the same arguments as `rollout_consistency.adapters.rollout`, the same float32 [`Trajectory`].
 
         Rows are in the order of `requests.seeds` (completion order is mapped back). `transformer` is accepted for
         signature compatibility and unused: the engine holds its own copy of the weights from `model_path`.
-        `max_num_seqs` / `step_execution`, when given, must match the engine's (they are fixed at start).
+        `conditioning` may be a `PromptTexts` instead of embeddings (see `build_requests`). The engine always
+        denoises to the end (`requests.denoise_to_end` is not needed: the final latents come back too).
 
         Raises:
-            ValueError: bad settings (before anything is sent), or engine settings that differ from the call's.
+            ValueError: bad settings (before anything is sent).
             VllmOmniRequestError: a request failed in the engine (the engine is closed after it).
             VllmOmniEngineClosedError: the engine was closed before this call.
             TrajectoryFormatError: a request returned no valid trajectory.
@@ -247,27 +245,20 @@ class VllmOmniRollout:
             raise VllmOmniEngineClosedError(
                 f"The vLLM-omni engine on {self.model_path} is closed: {self._closed_by}. Start a new VllmOmniRollout."
             )
-        if family is not None and family.name not in SUPPORTED_FAMILIES:
+        if family is not None and family.name not in CLIENT_FAMILIES:
             raise ValueError(
-                f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(SUPPORTED_FAMILIES)})."
+                f"model family {family.name!r} has no vLLM-omni pipeline (have: {', '.join(CLIENT_FAMILIES)})."
             )
-        for name, asked, running in (
-            ("max_num_seqs", max_num_seqs, self.max_num_seqs),
-            ("step_execution", step_execution, self.step_execution),
-        ):
-            if asked is not None and asked != running:
-                raise ValueError(f"The engine was started with {name}={running!r}; this call asks for {asked!r}.")
         request_prompts, extra_args = build_requests(
             conditioning,
             scheduler_setup=scheduler_setup,
-            requests=requests,
+            requests=requests
+            if self.launcher_seed is None
+            else dataclasses.replace(requests, launcher_seed=self.launcher_seed),
             sampling=sampling,
             options=options,
-            text_width=text_width,
-            launcher_seed=self.launcher_seed,
+            text_width=self.text_width,
             window_schedule=self.window_schedule,
-            prompts=prompts,
-            negative_prompts=negative_prompts,
         )
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
@@ -340,5 +331,5 @@ def rollout(family: ModelFamily | None, transformer: Any, conditioning: Any, **k
     require_vllm_omni()
     raise ValueError(
         "rollout_consistency.adapters.vllm_omni.rollout needs a started engine: use VllmOmniRollout(model_path, ...).rollout(...) "
-        "(the checker builds it from its config in rollout_consistency.gate.backends)."
+        "(the checker builds it from its config in rollout_consistency.gate.sides.vllm_omni_rollout)."
     )

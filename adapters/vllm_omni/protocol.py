@@ -26,14 +26,16 @@ from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.qwen_image import latent_grid
 from rollout_consistency.adapters.rollout import resolve_windows
 from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
-from rollout_consistency.schedulers import SDE_TYPES, SchedulerSetup, SDEWindow, SDEWindowSchedule
+from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 __all__ = [
     "PAYLOAD_KEY",
     "PAYLOAD_VERSION",
     "PIPELINE_CLASS",
+    "PIPELINE_CLASSES",
     "SUPPORTED_FAMILIES",
     "BatchSettings",
+    "PromptTexts",
     "RequestSettings",
     "RolloutRequest",
     "build_requests",
@@ -45,9 +47,14 @@ __all__ = [
 PAYLOAD_KEY = "rollout_consistency"
 PAYLOAD_VERSION = 1
 #: `custom_pipeline_args["pipeline_class"]`: a qualified name, re-imported inside vLLM-omni's worker.
-PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni_pipeline.RolloutQwenImagePipeline"
+PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"
 #: The model families with a vLLM-omni pipeline.
-SUPPORTED_FAMILIES = ("qwen-image",)
+SUPPORTED_FAMILIES = ("qwen-image", "wan")
+#: The pipeline class vLLM-omni loads for each family (`custom_pipeline_args={"pipeline_class": ...}`).
+PIPELINE_CLASSES = {
+    "qwen-image": PIPELINE_CLASS,
+    "wan": "rollout_consistency.adapters.vllm_omni.wan_pipeline.RolloutWanPipeline",
+}
 _TEXT_FIELDS = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask")
 _BLOCK_KEYS = {"version", "batch", "request"}
 
@@ -115,9 +122,23 @@ def _schedule_from_payload(data: Any) -> SDEWindowSchedule:
     )
 
 
+def _check_options(model_family: str, options: Mapping[str, Any]) -> None:
+    """ValueError unless the family's size options are there (Qwen-Image: packable height/width; Wan: height,
+    width and num_frames, checked against the transformer when the request starts)."""
+    if model_family == "qwen-image":
+        latent_grid(options)
+        return
+    for key in ("height", "width", "num_frames"):
+        _int(key, options.get(key), 1)
+
+
 @dataclass(frozen=True)
 class BatchSettings:
     """Settings shared by every request of one `generate` call (`sampling_params.extra_args[PAYLOAD_KEY]["batch"]`).
+
+    A wire format: each setting is its own plain field (what `to_payload` writes and `from_payload` reads
+    back), not the adapters' settings objects; the sampling fields are checked by building the
+    `SamplingSettings` they describe ([`sampling`]).
 
     Args:
         scheduler: the exact schedule ([`SchedulerSetup`]); the engine steps it, the trainer rebuilds it.
@@ -130,7 +151,7 @@ class BatchSettings:
             continuous batching does; a fixed width keeps every forward the computation the trainer repeats).
         window_schedule: the launcher's window rule; when set, the engine re-derives each request's window from
             (launcher seed, global step, prompt group) and checks it against an explicit one.
-        model_family: only `"qwen-image"` has a vLLM-omni pipeline.
+        model_family: `"qwen-image"` or `"wan"` (the families with a vLLM-omni pipeline, `PIPELINE_CLASSES`).
     """
 
     scheduler: SchedulerSetup
@@ -151,24 +172,23 @@ class BatchSettings:
             )
         if not isinstance(self.scheduler, SchedulerSetup):
             raise TypeError(f"BatchSettings.scheduler must be a SchedulerSetup, got {type(self.scheduler).__name__}.")
-        noise_level = _float("noise_level", self.noise_level)
-        if noise_level <= 0:
-            raise ValueError(f"noise_level must be > 0 for a rollout with log-probs, got {noise_level}.")
-        if self.sde_type not in SDE_TYPES:
-            raise ValueError(f"Unknown sde_type {self.sde_type!r}; expected one of {', '.join(SDE_TYPES)}.")
-        object.__setattr__(self, "noise_level", noise_level)
+        object.__setattr__(self, "noise_level", _float("noise_level", self.noise_level))
         object.__setattr__(self, "guidance_scale", _float("guidance_scale", self.guidance_scale))
+        self.sampling  # noqa: B018 - the sampling rules, checked where every rollout's are (SamplingSettings)
         options = dict(_mapping("options", self.options))
-        latent_grid(options)  # height/width present and packable
+        _check_options(self.model_family, options)
         object.__setattr__(self, "options", options)
-        if not isinstance(self.include_normalizer, bool):
-            raise ValueError(f"include_normalizer must be a bool, got {self.include_normalizer!r}.")
         _int("text_width", self.text_width, 1, optional=True)
         if self.window_schedule is not None and self.window_schedule.num_steps != self.scheduler.num_inference_steps:
             raise ValueError(
                 f"window_schedule is for {self.window_schedule.num_steps} steps but the schedule has "
                 f"{self.scheduler.num_inference_steps}."
             )
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The batch's sampling settings (noise level, SDE type, guidance, normaliser) as the adapters take them."""
+        return SamplingSettings.of(self)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain, msgpack-able dict (ints, floats, strs, bools, lists, dicts)."""
@@ -223,6 +243,8 @@ class BatchSettings:
 @dataclass(frozen=True)
 class RequestSettings:
     """Settings of one request (`prompt["additional_information"][PAYLOAD_KEY]["request"]`).
+
+    A wire format, like [`BatchSettings`]: plain fields, each checked as it is decoded.
 
     Args:
         sample_index: the request's position in the client's list (maps completion order back).
@@ -450,46 +472,60 @@ def decode_request(
     )
 
 
+@dataclass(frozen=True)
+class PromptTexts:
+    """Prompt texts for the engine's own text encoder, in place of embeddings (`build_requests`' `conditioning`).
+
+    Args:
+        prompts: one text per sample. negative_prompts: one negative text per sample, for CFG (`" "` is fine).
+    """
+
+    prompts: Sequence[str]
+    negative_prompts: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "negative_prompts"):
+            texts = getattr(self, name)
+            if texts is not None and (isinstance(texts, str) or not all(isinstance(t, str) for t in texts)):
+                raise TypeError(f"PromptTexts.{name} must be a sequence of strings (one per sample), got {texts!r}.")
+            object.__setattr__(self, name, None if texts is None else tuple(texts))
+
+
 def build_requests(
-    conditioning: Mapping[str, torch.Tensor] | None,
+    conditioning: Mapping[str, torch.Tensor] | PromptTexts,
     *,
     scheduler_setup: SchedulerSetup,
     requests: BatchRequests,
     sampling: SamplingSettings,
     options: Mapping[str, Any],
     text_width: int | None = None,
-    launcher_seed: int | None = None,
     window_schedule: SDEWindowSchedule | None = None,
-    prompts: Sequence[str] | None = None,
-    negative_prompts: Sequence[str] | None = None,
+    model_family: str = "qwen-image",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The prompt dicts and the shared `extra_args` for one `Omni.generate` call.
 
     Args:
         conditioning: batch-first Qwen-Image conditioning (`prompt_embeds` (B, L, D) float32, masks int64, …);
-            each request gets its row, so the engine runs the trainer's exact embeddings. `None`: send
-            `prompts` (and `negative_prompts` for CFG) and let the engine's text encoder embed them (the
-            trajectory then stores the engine's embeddings).
+            each request gets its row, so the engine runs the trainer's exact embeddings. Or [`PromptTexts`]:
+            the engine's text encoder embeds them (the trajectory then stores the engine's embeddings).
         requests ([`BatchRequests`]): the samples, as for `rollout_consistency.adapters.rollout`;
-            `requests.windows=None` sends no explicit window: the engine derives each from (launcher_seed,
-            global_step, prompt group) with `window_schedule` (both then required).
+            `requests.windows=None` sends no explicit window: the engine derives each from
+            (`requests.launcher_seed`, global_step, prompt group) with `window_schedule` (both then required).
         sampling ([`SamplingSettings`]): noise level, SDE type, guidance scale and normaliser of every step.
         text_width: the shared text width of every forward; default: the conditioning's width (all rows
-            padded alike, as the checker's step-wise torch path does), or `None` in text mode.
-        launcher_seed, window_schedule: let the engine re-derive and check each window.
+            padded alike, as the checker's step-wise torch path does), or `None` with `PromptTexts`.
+        window_schedule: with `requests.launcher_seed`, lets the engine re-derive and check each window.
+        model_family: the family the engine's pipeline serves (`PIPELINE_CLASSES`).
         Others: see [`BatchSettings`].
 
     Returns:
         `(prompts, extra_args)`: pass `extra_args` as `OmniDiffusionSamplingParams(extra_args=...)`.
     """
-    seeds = list(requests.seeds)
-    prompt_groups, global_step, window = requests.prompt_groups, requests.global_step, requests.windows
-    if not seeds:
-        raise ValueError("build_requests needs at least one sample (one seed per sample).")
+    seeds, groups, global_step, window = requests.seeds, requests.groups, requests.global_step, requests.windows
+    launcher_seed = requests.launcher_seed
     count = len(seeds)
-    groups = list(range(count)) if prompt_groups is None else list(prompt_groups)
-    if len(groups) != count:
-        raise ValueError(f"{len(groups)} prompt groups for {count} seeds: pass one per sample.")
+    texts = conditioning if isinstance(conditioning, PromptTexts) else None
+    conditioning = None if texts is not None else conditioning
     if window is None:
         if window_schedule is None or launcher_seed is None:
             raise ValueError(
@@ -497,12 +533,13 @@ def build_requests(
             )
         windows: Sequence[SDEWindow | None] = [None] * count
     else:
-        windows = resolve_windows(window, count, scheduler_setup.num_inference_steps)
-    if conditioning is None and prompts is None:
-        raise ValueError("Pass `conditioning` (embeddings) or `prompts` (texts for the engine's text encoder).")
-    for name, texts in (("prompts", prompts), ("negative_prompts", negative_prompts)):
-        if texts is not None and len(texts) != count:
-            raise ValueError(f"{len(texts)} {name} for {count} seeds: pass one per sample.")
+        windows = resolve_windows(requests, scheduler_setup.num_inference_steps)
+    if conditioning is None and texts is None:
+        raise ValueError("Pass `conditioning` (embeddings) or PromptTexts (texts for the engine's text encoder).")
+    for name in ("prompts", "negative_prompts"):
+        given = None if texts is None else getattr(texts, name)
+        if given is not None and len(given) != count:
+            raise ValueError(f"{len(given)} {name} for {count} seeds: pass one per sample.")
     rows = None
     if conditioning is not None:
         for name, tensor in conditioning.items():
@@ -511,7 +548,7 @@ def build_requests(
         rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(count)]
         if text_width is None:
             text_width = stepwise.shared_text_width(rows)
-    batch = BatchSettings(
+    batch = BatchSettings(  # the wire's own fields (see BatchSettings), from the adapters' settings objects
         scheduler=scheduler_setup,
         noise_level=sampling.noise_level,
         sde_type=sampling.sde_type,
@@ -520,6 +557,7 @@ def build_requests(
         include_normalizer=sampling.include_normalizer,
         text_width=text_width,
         window_schedule=window_schedule,
+        model_family=model_family,
     )
     request_prompts = []
     for index in range(count):
@@ -533,11 +571,11 @@ def build_requests(
         )
         resolve_window(batch, request)  # fail here, on the client, rather than in the engine
         prompt: dict[str, Any] = {
-            "prompt": "" if prompts is None else prompts[index],
+            "prompt": "" if texts is None else texts.prompts[index],
             "additional_information": {PAYLOAD_KEY: {"version": PAYLOAD_VERSION, "request": request.to_payload()}},
         }
-        if negative_prompts is not None:
-            prompt["negative_prompt"] = negative_prompts[index]
+        if texts is not None and texts.negative_prompts is not None:
+            prompt["negative_prompt"] = texts.negative_prompts[index]
         if rows is not None:
             prompt.update(_conditioning_row(rows[index]))
         request_prompts.append(prompt)

@@ -33,6 +33,7 @@ __all__ = [
     "RolloutState",
     "TransformerView",
     "advance_request",
+    "batch_experts",
     "batch_noise_pred",
     "finish_request",
     "start_request",
@@ -123,6 +124,7 @@ def start_request(
         conditioning={k: v.to(device) for k, v in conditioning.items()},
         window=request.window,
         prompt_group=request.request.prompt_group,
+        global_step=request.request.global_step,
     )
     state = stepwise.RequestState(
         request=step_request,
@@ -158,17 +160,25 @@ def batch_noise_pred(transformer: TransformerView | nn.Module, states: Sequence[
         _family(batch),
         transformer,
         [s.state for s in states],
-        guidance_scale=batch.guidance_scale,
+        sampling=batch.sampling,
         options=batch.options,
         text_width=batch.text_width,
     )
 
 
-def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
+def batch_experts(transformer: nn.Module, states: Sequence[RolloutState]) -> tuple[str, ...] | None:
+    """The expert each running request's row of [`batch_noise_pred`] took (Wan 2.2's two experts), or None for
+    a family without experts by timestep; pass each request its own to [`advance_request`] to record it."""
+    batch = states[0].request.batch
+    return stepwise.running_experts(_family(batch), transformer, [s.state for s in states], batch.options)
+
+
+def advance_request(rollout: RolloutState, noise_pred: torch.Tensor, expert: str | None = None) -> None:
     """`step_scheduler`: one scheduler step of one request, in float32; records the step inside the window.
 
     Args:
         noise_pred (`torch.Tensor` `(1, S, C)`, float32): the request's row of [`batch_noise_pred`].
+        expert: the expert that computed it ([`batch_experts`]), recorded with the step.
     """
     state, batch = rollout.state, rollout.request.batch
     if state.finished:
@@ -178,13 +188,7 @@ def advance_request(rollout: RolloutState, noise_pred: torch.Tensor) -> None:
             f"advance_request takes this request's float32 noise_pred {tuple(state.latents.shape)}, got "
             f"{noise_pred.dtype} {tuple(noise_pred.shape)}: cast the transformer output with .float() before the scheduler."
         )
-    stepwise.advance_request(
-        state,
-        noise_pred,
-        noise_level=batch.noise_level,
-        sde_type=batch.sde_type,
-        include_normalizer=batch.include_normalizer,
-    )
+    stepwise.advance_request(state, noise_pred, batch.sampling, expert=expert)
 
 
 def finish_request(rollout: RolloutState) -> Trajectory:
@@ -199,17 +203,11 @@ def finish_request(rollout: RolloutState) -> Trajectory:
     conditioning = stepwise.stored_conditioning(_family(batch), state.request.conditioning, batch.text_width)
     return stepwise.window_trajectory(
         state.record,
-        seed=request.request.seed,
-        prompt_group=request.request.prompt_group,
+        requests=state.request.requests,
+        sampling=batch.sampling,
         conditioning=conditioning,
         model_family=batch.model_family,
         scheduler_setup=batch.scheduler,
-        noise_level=batch.noise_level,
-        sde_type=batch.sde_type,
-        guidance_scale=batch.guidance_scale,
-        global_step=request.request.global_step,
         family_options=batch.options,
-        include_normalizer=batch.include_normalizer,
-        final_latents=state.latents,
         provenance={"path": "vllm-omni", **rollout.provenance},
     )

@@ -6,62 +6,113 @@ Data flows one way, each arrow a plain function call (or a Ray call over the sam
     CheckConfig ─ make_plan ─▶ rollout backend ─▶ float32 Trajectory ─▶ trainer backend ─▶ log-probs
                                                         compute_metrics ─▶ decide ─▶ Report
 
-Modules: `config` (settings, files, aliases), `plan` (prompts, seeds, SDE windows, batches), `backends`
-(the built-in rollout and trainer backends), `metrics`, `mismatch` (mismatch statistics), `tolerances`
-(profiles), `verdict`, `report` (table, JSON, JUnit, plot), `distributed` (Ray sharding), `check`
-(`run_step1_check`, end to end).
+The package, in layers (each imports only from those above it; tests/test_layout.py):
 
-Gating your own rollout and trainer (docs/ci.md): `gate(rollout_log_probs, trainer_log_probs, ...)` (`api`)
-compares two log-prob tables you computed; `Step1Recorder` (`recorder`) collects them inside a training loop;
-`write_dump` / `read_dump` (`dump`) store them; `cli` and `pytest_fixtures` are the `rollout-consistency gate`
-command and the `step1_gate` pytest fixture.
+    judging     metrics, mismatch statistics, tolerance profiles, verdict, report (table, JSON, JUnit, plot, trackers)
+    config      `CheckConfig`: every setting, files, aliases (with `bounds` and `safe_yaml`), and the
+                backends by name (`backend_registry`: `BackendEntry`, `register_backend`)
+    sides       the plan, the built-in backends and plug-in sides, the trainer's recompute, Ray, weight sync
+    diagnosis   the doctor's ranked likely causes and the localising replay
+    tables      your own tables: `gate()`, log-prob dumps, `Step1Recorder`, the `step1_gate` fixture
+    check       `run_step1_check`, end to end (and `floors`, the false-alarm sweep over it)
 
-Importing this package imports neither torch nor diffusers; the backends import them when they run.
+Every name below is importable from here; the subpackages' own faces hold the rest. Importing this package
+imports neither torch nor diffusers; the sides import them when they run.
 """
 
 from __future__ import annotations
 
-from .api import GateInputError, GateReport, gate
+from .backend_registry import BackendEntry, backend_names, register_backend
 from .check import USAGE_ERRORS, injection_settings, run_step1_check
 from .config import CheckConfig, ConfigError, load_config
-from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
-from .metrics import METRIC_NAMES, ConsistencyMetrics, MetricValues, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
-from .recorder import RecorderError, Step1GateFailed, Step1Recorder
-from .report import Report, SampleInfo
-from .tolerances import PROFILES, Tolerance, resolve_tolerance
-from .verdict import CheckResult, Problem, Verdict, decide
+from .diagnosis import Localisation, SideSpec, diagnose
+from .diagnosis.localise import localise
+from .judging import (
+    LOGGED_NAMES,
+    METRIC_NAMES,
+    PROFILES,
+    CheckResult,
+    ConsistencyMetrics,
+    Diagnosis,
+    LoggerError,
+    MetricValues,
+    MismatchStats,
+    Problem,
+    Report,
+    SampleInfo,
+    Tolerance,
+    Verdict,
+    compute_metrics,
+    compute_mismatch,
+    decide,
+    resolve_tolerance,
+    tracker_rows,
+    tracker_scalars,
+)
+from .sides import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, SideHandle, TrainerPlugin
+from .tables import (
+    DumpFormatError,
+    GateInputError,
+    GateReport,
+    GateSettings,
+    LogProbDump,
+    RecorderError,
+    Step1GateFailed,
+    Step1Recorder,
+    gate,
+    read_dump,
+    write_dump,
+)
 
 __all__ = [
+    "LOGGED_NAMES",
     "METRIC_NAMES",
     "PROFILES",
     "USAGE_ERRORS",
+    "BackendEntry",
     "CheckConfig",
     "CheckResult",
     "ConfigError",
     "ConsistencyMetrics",
+    "Diagnosis",
     "DumpFormatError",
     "GateInputError",
     "GateReport",
+    "GateSettings",
+    "Localisation",
     "LogProbDump",
+    "LoggerError",
     "MetricValues",
     "MismatchStats",
+    "PluginError",
+    "PluginRollout",
     "Problem",
     "RecorderError",
     "Report",
+    "RolloutPlugin",
+    "RolloutRequest",
     "SampleInfo",
+    "SideHandle",
+    "SideSpec",
     "Step1GateFailed",
     "Step1Recorder",
     "Tolerance",
+    "TrainerPlugin",
     "Verdict",
+    "backend_names",
     "compute_metrics",
     "compute_mismatch",
     "decide",
+    "diagnose",
     "gate",
     "injection_settings",
     "load_config",
+    "localise",
     "read_dump",
+    "register_backend",
     "resolve_tolerance",
     "run_step1_check",
+    "tracker_rows",
+    "tracker_scalars",
     "write_dump",
 ]

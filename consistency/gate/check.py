@@ -30,17 +30,21 @@ from typing import Any
 
 import numpy as np
 
-from . import tolerance_model
-from .backends import BackendError, BatchResult, build_backend, run_batch, score_trajectory
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
-from .distributed import DistributedError, run_sharded
-from .doctor import attach_diagnosis, diagnose_check
-from .metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
-from .mismatch import MismatchStats, compute_mismatch
-from .plan import make_plan, window_problems
-from .report import Report, SampleInfo
-from .tolerances import Tolerance, ToleranceError, exact_tolerance, resolve_tolerance
-from .verdict import Problem, decide
+from .diagnosis.doctor import attach_diagnosis, diagnose_check
+from .judging import tolerance_model
+from .judging.experts import GUARD as EXPERTS_GUARD
+from .judging.experts import compare_experts
+from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
+from .judging.mismatch import MismatchStats, compute_mismatch
+from .judging.report import Report, SampleInfo
+from .judging.tolerances import Profile, Tolerance, ToleranceError, exact_tolerance, get_profile, resolve_tolerance
+from .judging.verdict import Problem, decide, window_problems
+from .sides.backends import build_backend, run_batch
+from .sides.distributed import DistributedError, run_sharded
+from .sides.plan import make_plan
+from .sides.shared import BackendError, BatchResult
+from .sides.trainer import score_trajectory
 
 #: Errors that mean "the check could not be run as asked" (CLI exit code 2), never a PASS.
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, BackendError, DistributedError, FileNotFoundError)
@@ -118,6 +122,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
+    guards = _experts_guard(results, problems, notes, extra_run)
     metrics, tolerance, mismatch = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
@@ -127,7 +132,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     precision = _first_precision(results)
     notes.extend(_precision_note(precision))
     report = Report(
-        verdict=decide(metrics, tolerance, problems),
+        verdict=decide(metrics, tolerance, problems, guards=guards),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
@@ -147,7 +152,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         trajectory = Trajectory.load(config.trajectory)
     except TrajectoryFormatError as error:
         raise ConfigError(f"--trajectory {config.trajectory}: {error}") from error
-    from .trajectory_checks import check_family_options
+    from .sides.trajectory_checks import check_family_options
 
     check_family_options(trajectory.model_family, trajectory.family_options, config.trajectory)
     if trajectory.model_family != config.model_family:
@@ -173,6 +178,8 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         score_trajectory(backend, trajectory, batch=0, sample_indices=tuple(range(n))), precision=None
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
+    run_extra: dict[str, Any] = {}
+    guards = _experts_guard([result], problems, notes, run_extra)
     metrics, tolerance, mismatch = _judge(config, [result], problems, notes)
     samples = tuple(
         SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
@@ -180,14 +187,14 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     )
     timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
     report = Report(
-        verdict=decide(metrics, tolerance, problems),
+        verdict=decide(metrics, tolerance, problems, guards=guards),
         tolerance=tolerance,
         metrics=metrics,
         samples=samples,
         config=config.to_dict(),
         precision=None,
         notes=tuple(notes),
-        run=_run_info(config, "in-process", 1, timings, [result], start),
+        run={**_run_info(config, "in-process", 1, timings, [result], start), **run_extra},
         mismatch=mismatch,
     )
     return attach_diagnosis(report)  # the doctor from the figures alone: the rollout's code is not at hand
@@ -197,7 +204,7 @@ def _plugin_and_step2_checks(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> dict[str, Any]:
     """Plug-in notes, the two sides' weight fingerprints, and the step-2 weight-sync check when asked for."""
-    from .plugins import compare_fingerprints, is_plugin_spec
+    from .sides.plugins import compare_fingerprints, is_plugin_spec
 
     notes.extend(
         f"{side} plug-in {spec}"
@@ -210,7 +217,7 @@ def _plugin_and_step2_checks(
     notes.extend(weight_notes)
     extra: dict[str, Any] = {"weights": weights}
     if config.weight_sync is not None:
-        from .weight_sync import run_weight_sync_check
+        from .sides.weight_sync import run_weight_sync_check
 
         step2 = run_weight_sync_check(config)
         problems.extend(Problem("weight_sync", m) for m in step2.problems)
@@ -219,12 +226,26 @@ def _plugin_and_step2_checks(
     return extra
 
 
+def _experts_guard(
+    results: Sequence[BatchResult], problems: list[Problem], notes: list[str], run: dict[str, Any]
+) -> tuple[str, ...]:
+    """The ``experts`` guard (models with experts by timestep): its problems, notes and ``run["experts"]``; the
+    guard names to list in the verdict (none when no comparison was made)."""
+    comparison = compare_experts(results)
+    notes.extend(comparison.notes)
+    problems.extend(Problem(EXPERTS_GUARD, m) for m in comparison.problems)
+    if not comparison.compared:
+        return ()
+    run["experts"] = [dict(row) for row in comparison.by_timestep]
+    return (EXPERTS_GUARD,)
+
+
 # ----------------------------------------------------------------------------------------------------
 def _judge(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> tuple[ConsistencyMetrics | None, Tolerance, MismatchStats | None]:
     """Metrics over every returned sample (global order), the resolved tolerance, and the mismatch statistics."""
-    profile = config.resolved_profile
+    profile = get_profile(config.resolved_profile)
     settings = dict(
         clip_ratio=config.clip_ratio,
         clip_ratio_low=config.clip_ratio_low,
@@ -252,7 +273,7 @@ def _judge(
         return None, _fallback_tolerance(config, profile), None
 
     floor, floor_parts = None, {}
-    if profile == "calibrated":
+    if profile.needs_floor:
         floor_tables = [r.floor_log_probs for r in results]
         if any(t is None for t in floor_tables):
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
@@ -266,7 +287,7 @@ def _judge(
                 problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
     try:
         tolerance = resolve_tolerance(
-            profile,
+            profile.name,
             config.thresholds,
             floor=floor,
             multiple=config.calibration_multiple,
@@ -281,18 +302,18 @@ def _judge(
             f"calibrated floor, {source} (trainer '{config.trainer_attention}' vs itself with the {source} changed): "
             f"mean |dlogp| {part.mean_abs_dlogp:.3g}, max {part.max_abs_dlogp:.3g}, ppo_kl {part.ppo_kl:.3g}"
         )
-    if profile == "exact":
+    if profile.bit_exact:
         tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
         if advice:
             problems.append(Problem("exact", advice))
     return metrics, tolerance, mismatch
 
 
-def _fallback_tolerance(config: CheckConfig, profile: str) -> Tolerance:
+def _fallback_tolerance(config: CheckConfig, profile: Profile) -> Tolerance:
     """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
-    if profile == "calibrated":
-        return Tolerance("calibrated", exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
-    return resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
+    if profile.needs_floor:
+        return Tolerance(profile.name, exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
+    return resolve_tolerance(profile.name, config.thresholds, compute_dtype=config.compute_dtype)
 
 
 def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:

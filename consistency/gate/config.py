@@ -29,10 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_consistency.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
+from rollout_consistency.sampling_rules import sampling_problem
+
+from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
-from .metrics import METRIC_NAMES
-from .safe_yaml import SafeYamlError, load_yaml, read_limited
-from .tolerances import (
+from .judging.metrics import METRIC_NAMES
+from .judging.tolerances import (
     DEFAULT_CALIBRATION_MULTIPLE,
     PROFILES,
     ToleranceError,
@@ -41,16 +44,10 @@ from .tolerances import (
     narrowest_dtype,
     resolve_tolerance,
 )
+from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
-MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux")
-ROLLOUT_BACKENDS: tuple[str, ...] = ("torch", "vllm-omni")
-TRAINER_BACKENDS: tuple[str, ...] = ("torch",)
+MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux", "wan")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-SDE_TYPES: tuple[str, ...] = (
-    "sde",
-    "cps",
-    "dance_sde",
-)  # rollout_consistency.schedulers.SDE_TYPES, without importing torch
 WINDOW_KINDS: tuple[str, ...] = (
     "fixed",
     "random",
@@ -58,7 +55,7 @@ WINDOW_KINDS: tuple[str, ...] = (
 )  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 STEP_IMPLEMENTATIONS: tuple[str, ...] = ("reference", "flow-grpo")  # rollout_consistency.schedulers.flow_grpo_step
-#: Built-in step-2 weight syncs (`rollout_consistency.gate.weight_sync`); a "package.module:function" spec also works.
+#: Built-in step-2 weight syncs (`rollout_consistency.gate.sides.weight_sync`); a "package.module:function" spec also works.
 WEIGHT_SYNCS: tuple[str, ...] = ("load_state_dict", "peft")
 
 #: Stock behaviours the check can switch on to show a failing run (`rollout_consistency.adapters.pitfalls.INJECTION_NAMES`), each
@@ -95,6 +92,14 @@ INJECTION_SETTINGS: Mapping[str, Mapping[str, Any]] = {
     "mask-sum-rope": {"pad_prompts_to_max_length": True, "mask_text_padding": False},
     # Structural: the windows differ within a prompt group; no setting needed.
     "per-request-window": {},
+    # Wan 2.2's two experts (tiny: boundary 0.875, as Wan2.2-T2V-A14B); at 6 steps the schedule's timesteps are
+    # 1000, 953, 883 | 771, 562, 24: step 3 is the first below the boundary, and every window of the range holds it.
+    "expert-switch": {
+        "model_family": "wan",
+        "boundary_ratio": 0.875,
+        "num_inference_steps": 6,
+        "sde_window_range": (2, 5),
+    },
 }
 INJECTIONS: tuple[str, ...] = tuple(INJECTION_SETTINGS)
 
@@ -133,12 +138,14 @@ class CheckConfig:
     """Everything a step-1 check needs. Field names follow Flow-GRPO / verl / vLLM-omni.
 
     Model and engines:
-        model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, or a family registered in this process with
+        model_family: ``"qwen-image"``, ``"sd3"``, ``"flux"``, ``"wan"``, or a family registered in this process with
             `rollout_consistency.adapters.register_family`.
         model_path: a diffusers pipeline directory; ``None`` builds the family's tiny offline model.
-        rollout_backend: ``"torch"`` (the diffusers adapters), ``"vllm-omni"``, or a plug-in
-            ``"package.module:factory"`` (`rollout_consistency.gate.plugins`).
-        trainer_backend: ``"torch"`` (the PyTorch training adapter) or a plug-in ``"package.module:factory"``.
+        rollout_backend: a registered backend (`rollout_consistency.gate.backend_registry`: ``"torch"``, the
+            diffusers adapters; ``"vllm-omni"``) or a plug-in ``"package.module:factory"``
+            (`rollout_consistency.gate.sides.plugins`).
+        trainer_backend: a registered backend (``"torch"``, the PyTorch training adapter) or a plug-in
+            ``"package.module:factory"``.
         step_execution: rollout in step-wise (continuous batching) mode instead of request-level.
         max_num_seqs: requests the step-wise engine runs together.
         stagger_arrivals: step-wise: admit the batch's requests two per engine step (true continuous batching:
@@ -158,6 +165,7 @@ class CheckConfig:
         prompts: prompt texts; ``num_prompts`` of them are used (cycled). Empty: built-in prompts.
         num_prompts, num_images_per_prompt: prompt groups and rollouts per group (GRPO's ``n``).
         height, width, num_inference_steps: image size and schedule length.
+        num_frames: video frames (Wan; ``num_frames - 1`` a multiple of 4).
         max_sequence_length, pad_prompts_to_max_length: text length; pad every prompt to it (as engines
             with a shared text width do) instead of to the batch's longest prompt.
         mask_text_padding: pass the text mask to attention (Qwen-Image; ``False`` = padded text keys are
@@ -165,7 +173,10 @@ class CheckConfig:
         noise_level, sde_type: the SDE step (docs/scheduler.md).
         sde_window_size, sde_window_range, sde_window_kind: which steps are stochastic; the window of a
             prompt group is drawn from (seed, global_step, prompt group) only.
-        guidance_scale, true_cfg_scale: FLUX/SD3 guidance and Qwen-Image's true CFG (1 = off).
+        guidance_scale, true_cfg_scale: FLUX/SD3/Wan guidance and Qwen-Image's true CFG (1 = off).
+        guidance_scale_2: Wan 2.2's CFG scale for the low-noise expert (``None``: ``guidance_scale``).
+        boundary_ratio: Wan 2.2's expert switch (``transformer`` for timesteps >= boundary_ratio · 1000,
+            ``transformer_2`` below); ``None``: the model directory's own, and one expert for the tiny model.
         seed: the launcher's seed; global_step: the training step whose rollout is checked.
 
     Batching and gate:
@@ -183,7 +194,7 @@ class CheckConfig:
         inject: a stock pitfall to reproduce (see `INJECTIONS`). trajectory: check this saved trajectory
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
         the cluster at ray_address before failing (exit 2). progress: show a progress bar.
-        weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync`): one optimizer update on
+        weight_sync: also run the step-2 check (`rollout_consistency.gate.sides.weight_sync`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
         then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
         Every numeric setting has a documented bound (`rollout_consistency.gate.bounds.BOUNDS`).
@@ -209,6 +220,7 @@ class CheckConfig:
     num_images_per_prompt: int = 2
     height: int = 32
     width: int = 32
+    num_frames: int = 13
     num_inference_steps: int = 6
     max_sequence_length: int = 32
     pad_prompts_to_max_length: bool = False
@@ -219,7 +231,9 @@ class CheckConfig:
     sde_window_range: tuple[int, int] | None = None
     sde_window_kind: str = "random"
     guidance_scale: float = 1.0
+    guidance_scale_2: float | None = None
     true_cfg_scale: float = 1.0
+    boundary_ratio: float | None = None
     seed: int = 42
     global_step: int = 0
 
@@ -252,7 +266,7 @@ class CheckConfig:
     def resolved_profile(self) -> str:
         if self.profile is not None:
             return self.profile
-        return "kernel" if self.rollout_backend == "vllm-omni" else "exact"
+        return default_profile(self.rollout_backend)
 
     @property
     def compute_dtype(self) -> str:
@@ -400,6 +414,7 @@ _INT_FIELDS = {
     "num_images_per_prompt",
     "height",
     "width",
+    "num_frames",
     "num_inference_steps",
     "max_sequence_length",
     "sde_window_size",
@@ -418,7 +433,7 @@ _FLOAT_FIELDS = {
     "ray_timeout_s",
     "weight_sync_lr",
 }
-_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high"}
+_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio"}
 _BOOL_FIELDS = {
     "step_execution",
     "stagger_arrivals",
@@ -527,14 +542,17 @@ def _model_families(name: str) -> tuple[str, ...]:
 
 def _validate(config: CheckConfig) -> None:
     _choice("model_family", config.model_family, _model_families(config.model_family))
-    # A colon marks a plug-in "package.module:factory" (rollout_consistency.gate.plugins), resolved when a worker starts.
-    if ":" not in config.rollout_backend:
-        _choice("rollout_backend", config.rollout_backend, ROLLOUT_BACKENDS)
-    if ":" not in config.trainer_backend:
-        _choice("trainer_backend", config.trainer_backend, TRAINER_BACKENDS)
+    # A registered backend (rollout_consistency.gate.backend_registry), or a plug-in "package.module:factory"
+    # (rollout_consistency.gate.sides.plugins), resolved when a worker starts.
+    for side in ("rollout", "trainer"):
+        name = getattr(config, f"{side}_backend")
+        if not is_plugin_spec(name):
+            _choice(f"{side}_backend", name, backend_names(side))
     _choice("rollout_dtype", config.rollout_dtype, DTYPES)
     _choice("trainer_dtype", config.trainer_dtype, DTYPES)
-    _choice("sde_type", config.sde_type, SDE_TYPES)
+    problem = sampling_problem(config.noise_level, config.sde_type, config.guidance_scale)  # the adapters' rules
+    if problem:
+        raise ConfigError(f"setting {problem}")
     _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
     _choice("device", config.device, DEVICES)
     _choice("trainer_step_implementation", config.trainer_step_implementation, STEP_IMPLEMENTATIONS)
@@ -548,6 +566,7 @@ def _validate(config: CheckConfig) -> None:
         "num_images_per_prompt",
         "height",
         "width",
+        "num_frames",
         "num_inference_steps",
         "max_sequence_length",
         "sde_window_size",
@@ -558,11 +577,6 @@ def _validate(config: CheckConfig) -> None:
             raise ConfigError(f"setting {name!r} must be >= 1, got {getattr(config, name)}.")
     if config.global_step < 0:
         raise ConfigError(f"setting 'global_step' must be >= 0, got {config.global_step}.")
-    if not config.noise_level > 0:
-        raise ConfigError(
-            f"setting 'noise_level' is {config.noise_level}: with noise_level 0 every step is a deterministic "
-            f"ODE step and carries no log-prob, so there is nothing to check. Use the run's SDE noise level."
-        )
     if config.sde_window_size > config.num_inference_steps:
         raise ConfigError(
             f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}."
@@ -604,18 +618,9 @@ def _validate(config: CheckConfig) -> None:
         resolve_tolerance("exact", config.thresholds)
     except ToleranceError as error:
         raise ConfigError(str(error)) from error
-    if config.rollout_backend == "vllm-omni" and config.trajectory is None:  # a dump needs no engine
-        if config.device == "cpu":
-            raise ConfigError("rollout_backend 'vllm-omni' needs CUDA: set device to 'cuda' (or 'auto').")
-        if config.batch_invariant:
-            raise ConfigError(
-                "batch_invariant wraps the PyTorch adapters' transformer; the vLLM-omni engine batches in its own "
-                "worker. Use rollout_backend 'torch' with --batch-invariant, or drop it."
-            )
-        if config.inject is not None:
-            raise ConfigError(
-                "--inject reproduces stock behaviours inside the PyTorch adapters; use it with rollout_backend 'torch'."
-            )
+    problem = settings_problem(config)  # the backends' own rules
+    if problem:
+        raise ConfigError(problem)
     if config.trajectory is not None and (config.inject is not None or config.step_execution):
         raise ConfigError(
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "

@@ -20,11 +20,11 @@ from typing import Any
 
 from .check import run_step1_check
 from .config import INJECTIONS, CheckConfig
-from .tolerances import deviation, narrowest_dtype, resolve_tolerance
-from .verdict import Problem, decide
+from .judging.tolerances import PROFILES, deviation, get_profile, narrowest_dtype, resolve_tolerance
+from .judging.verdict import Problem, decide
 
-#: Profiles every case is judged under.
-SWEEP_PROFILES: tuple[str, ...] = ("exact", "implementation", "kernel", "calibrated")
+#: Profiles every case is judged under: every registered one.
+SWEEP_PROFILES: tuple[str, ...] = PROFILES.names()
 #: Profiles that must pass every null case of a dtype (implementation: float32 rounding only).
 MUST_PASS: Mapping[str, tuple[str, ...]] = {"float32": ("kernel", "calibrated"), "bfloat16": ("kernel", "calibrated")}
 #: Profiles every pitfall must fail.
@@ -98,7 +98,10 @@ def judge(report: Any, profile: str) -> Any:
     ]
     config = report.config or {}
     compute_dtype = narrowest_dtype(config.get("rollout_dtype", "bfloat16"), config.get("trainer_dtype", "bfloat16"))
-    tolerance = report.tolerance if profile == "calibrated" else resolve_tolerance(profile, compute_dtype=compute_dtype)
+    if get_profile(profile).needs_floor:  # its floor was measured in the report's own run
+        tolerance = report.tolerance
+    else:
+        tolerance = resolve_tolerance(profile, compute_dtype=compute_dtype)
     return decide(report.metrics, tolerance, problems)
 
 

@@ -24,7 +24,7 @@ from .astutil import call_name, const, identifiers, keyword, last_name, short, w
 from .model import Hit
 from .source import SourceFile
 
-__all__ = ["CLIP_RULE_ID", "SCALER_RULE_ID", "check_clip", "check_scaler"]
+__all__ = ["CLIP_RULE_ID", "SCALER_RULE_ID", "check_clip", "check_scaler", "needs_clip", "needs_scaler"]
 
 SCALER_RULE_ID = "grad-scaler-with-bf16"
 CLIP_RULE_ID = "clip-before-unscale"
@@ -35,15 +35,21 @@ _CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "cl
 _SELF_UNSCALING = frozenset({"accelerator", "fabric", "engine", "strategy", "trainer", "deepspeed", "model_engine"})
 
 
-def check_scaler(files) -> Iterator[Hit]:
-    for file in files:
-        yield from _check_scaler_file(file)
+def needs_scaler(text: bytes, path: str) -> bool:
+    return b"gradscaler" in text
 
 
-def check_clip(files) -> Iterator[Hit]:
-    for file in files:
-        for function in file.functions:
-            yield from _check_clip_function(file, function)
+def needs_clip(text: bytes, path: str) -> bool:
+    return b"clip_grad" in text and b"scaler" in text and b".step(" in text
+
+
+def check_scaler(file: SourceFile) -> Iterator[Hit]:
+    yield from _check_scaler_file(file)
+
+
+def check_clip(file: SourceFile) -> Iterator[Hit]:
+    for function in file.functions:
+        yield from _check_clip_function(file, function)
 
 
 def _precision_of(node: ast.AST, assigned: dict[str, list[ast.AST]], depth: int = 0) -> set[str]:
@@ -128,16 +134,14 @@ def _is_scaler(node: ast.AST) -> bool:
 def _own_calls(function: ast.AST) -> list[ast.Call]:
     """Calls in the function's own body (not in nested functions), in source order."""
     calls: list[ast.Call] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                continue
-            if isinstance(child, ast.Call):
-                calls.append(child)
-            visit(child)
-
-    visit(function)
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Call):
+            calls.append(node)
+        stack.extend(ast.iter_child_nodes(node))
     return sorted(calls, key=lambda c: (c.lineno, c.col_offset))
 
 

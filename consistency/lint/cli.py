@@ -14,7 +14,7 @@ from typing import Any
 
 from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
 
-from .engine import LintUsageError, lint_paths
+from .engine import FILES_PER_JOB, LintUsageError, lint_paths
 from .output import FORMATS, render
 from .rules import RULES
 
@@ -30,6 +30,16 @@ def _rule_ids(values: Sequence[str] | None) -> list[str] | None:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `lint` sub-command to an argparse sub-parsers object; returns its parser."""
     parser = subparsers.add_parser(
@@ -39,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Lint Python files and directories (searched recursively for *.py) for the anti-patterns behind known "
             "rollout/trainer disagreements. Each finding is printed as 'path:line:col rule-id message' with the "
             "fix. Suppress one on its statement with '# rollout-consistency: ignore[rule-id] reason'. "
-            "Exit codes: 0 clean, 1 findings, 2 usage error (missing or unreadable path, bad option)."
+            "Exit codes: 0 clean, 1 findings, 2 usage error (a missing or unreadable path, a directory without "
+            "Python files, a FIFO or device, a bad option)."
         ),
         epilog="Rules:\n"
         + "\n".join(f"  {rule.id:26} {rule.title}" for rule in RULES.values())
@@ -64,6 +75,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="GLOB",
         help="skip files and directories whose path, or any component of it, matches (repeatable)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help=f"worker processes for a large tree, at most one per {FILES_PER_JOB} files (default: 1)",
+    )
     parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
     parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--list-rules", action="store_true", help="print the rules and exit")
@@ -83,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     except OutputPathError as error:
         raise LintUsageError(str(error)) from error
     findings = lint_paths(
-        args.paths, select=_rule_ids(args.select), ignore=_rule_ids(args.ignore), exclude=args.exclude
+        args.paths, select=_rule_ids(args.select), ignore=_rule_ids(args.ignore), exclude=args.exclude, jobs=args.jobs
     )
     report = render(findings, args.format)
     if args.output:

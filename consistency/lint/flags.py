@@ -1,5 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`one-sided-precision-flag`: a TF32 / determinism / autotuning flag set on one side only.
+"""`one-sided-precision-flag`: a TF32 / determinism / autotuning flag set on one side of a split rollout/trainer
+system only.
 
 Settings (each belongs to one *flag*; equivalent spellings share one):
 
@@ -12,21 +13,18 @@ Settings (each belongs to one *flag*; equivalent spellings share one):
 | cuDNN benchmark | `torch.backends.cudnn.benchmark = ...` |
 | bf16 / fp16 reduced-precision reductions | `torch.backends.cuda.matmul.allow_{bf16,fp16}_reduced_precision_reduction = ...` |
 
-The side of a setting is read from the innermost place that names exactly one side, looking outwards:
-an enclosing `if` whose test names a side (body only; tests with `not`/`!=` are skipped), the enclosing
-functions and classes, the file name, then the directories between the linted path and the file. Rollout
-words: rollout, inference, infer, generate, generation, sampling, sampler, vllm, sglang. Trainer words:
-train, trainer, training, learner, finetune, actor. A place naming both (`ActorRolloutRefWorker`) or neither
-decides nothing; a setting no place decides is *shared* (a launcher that both sides run).
+These flags belong to the process. A trainer that samples and trains in one process (Flow-GRPO, DanceGRPO,
+MixGRPO) runs both with whatever it set, so a flag can only be one-sided where the rollout runs elsewhere: in
+a rollout engine's process (vLLM, vLLM-omni, SGLang) or a rollout worker, apart from the trainer's actor.
+The side of a setting is read from names of such places (`sides.side_of`): an enclosing `if` whose test
+names a role, the enclosing classes, the file name, then the directories — rollout, vllm, sglang against
+actor, trainer, learner. A setting no such name decides is *shared* (a launcher, a single-process script).
 
-A file that defines both rollout- and trainer-named functions or classes (a single-process trainer that
-samples and trains) is shared outside those functions, whatever its name.
-
-Across all the linted files, per flag: a flag set on one side, never on the other and nowhere shared, is a
-finding at each of that side's settings — provided the linted code *has* the other side (some function,
-class, file or directory named for it): one side alone, or one process doing both, cannot be one-sided.
-Otherwise, when both sides' effective values are constants (a side's own settings, else the shared ones)
-and differ, each side's own setting is a finding.
+Within each group of linted files linked by imports (`imports.linked_groups`: one program, not a reward
+model's training script beside a vLLM-served reward), per flag: a flag set on one side, never on the other and
+nowhere shared, is a finding at each of that side's settings — provided the group *has* the other side (a
+file or directory named for it, or a class named for it in a file with settings). Otherwise, when both sides' effective values are constants (a side's own settings,
+else the shared ones) and differ, each side's own setting is a finding.
 """
 
 from __future__ import annotations
@@ -35,20 +33,17 @@ import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .astutil import call_name, const, dotted, identifiers, short, words
-from .model import Hit
+from .astutil import call_name, const, dotted, short, words
+from .imports import linked_groups
+from .model import Finding, span
+from .sides import side_of, side_of_words
 from .source import SourceFile
 
-__all__ = ["RULE_ID", "check", "side_of"]
+__all__ = ["RULE_ID", "compare", "needs", "summarise"]
 
 RULE_ID = "one-sided-precision-flag"
 
-ROLLOUT_WORDS = frozenset(
-    {"rollout", "rollouts", "inference", "infer", "generate", "generation", "sampling", "sampler", "vllm", "sglang"}
-)
-TRAINER_WORDS = frozenset({"train", "trainer", "training", "learner", "finetune", "actor"})
-
-_UNKNOWN = object()
+_UNKNOWN = "unknown"
 _BOOL = {True: True, False: False}
 _FP32_PRECISION = {"tf32": True, "ieee": False}
 _MATMUL_PRECISION = {"highest": False, "high": True, "medium": True}
@@ -69,30 +64,88 @@ _CALLS = {
     "set_float32_matmul_precision": ("TF32 for matmuls", _MATMUL_PRECISION),
     "use_deterministic_algorithms": ("deterministic algorithms", _BOOL),
 }
+_FLAG_TOKENS = (
+    b"allow_tf32",
+    b"fp32_precision",
+    b"cudnn",
+    b"reduced_precision_reduction",
+    b"float32_matmul_precision",
+    b"deterministic_algorithms",
+)
+
+
+def needs(text: bytes, path: str) -> bool:
+    """A flag setting (`text` lower-cased). The other side's presence is read from the paths of all linted
+    files and the classes of the files with settings."""
+    return any(token in text for token in _FLAG_TOKENS)
 
 
 @dataclass(frozen=True)
 class _Setting:
-    file: SourceFile
-    node: ast.AST
+    """One flag setting, kept as plain data after its file's tree is dropped."""
+
+    path: str
+    place: tuple[int, int, int, int]  # line, col, end_line, end_col
+    text: str
     flag: str
-    value: object
+    value: object  # True, False or _UNKNOWN (compared with ==: a worker process sends a copy)
     side: str
     why: str
+    suppressed: bool
 
     @property
     def where(self) -> str:
-        return f"{self.file.path}:{self.node.lineno}"
+        return f"{self.path}:{self.place[0]}"
 
     def shown_value(self) -> str:
-        return "unknown" if self.value is _UNKNOWN else ("on" if self.value else "off")
+        return "unknown" if self.value == _UNKNOWN else ("on" if self.value else "off")
 
 
-def check(files: Sequence[SourceFile]) -> Iterator[Hit]:
-    present = _present_sides(files)
+@dataclass(frozen=True)
+class _Facts:
+    path: str
+    settings: tuple[_Setting, ...]
+    classes: dict[str, str]  # side -> the first class of the file named for it (evidence it exists)
+
+
+def summarise(file: SourceFile) -> _Facts:
+    classes: dict[str, str] = {}
+    for node in file.statements:
+        if isinstance(node, ast.ClassDef):
+            side = side_of_words(words(node.name))
+            if side and side not in classes:
+                classes[side] = f"class `{node.name}`, {file.path}:{node.lineno}"
+    return _Facts(file.path, tuple(_settings(file)), classes)
+
+
+def compare(facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]) -> Iterator[Finding]:
+    """The findings across all the linted files (a setting with a suppression comment is not reported)."""
+    for setting, message in _one_sided(facts, linted):
+        if not setting.suppressed:
+            line, col, end_line, end_col = setting.place
+            yield Finding(setting.path, line, col, RULE_ID, message, end_line, end_col)
+
+
+def _one_sided(
+    facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]
+) -> Iterator[tuple[_Setting, str]]:
+    """Per group of files linked by imports (one program): only there can one side miss what the other sets."""
+    if not any(setting.side != "shared" for file_facts in facts for setting in file_facts.settings):
+        return  # settings that no name puts on a side: nothing can be one-sided
+    groups = linked_groups(linted)
+    for group in sorted(set(groups.values())):
+        yield from _one_sided_in(
+            [f for f in facts if groups.get(f.path) == group], [item for item in linted if groups[item[0]] == group]
+        )
+
+
+def _one_sided_in(
+    facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]
+) -> Iterator[tuple[_Setting, str]]:
+    present = _present_sides(facts, linted)
     by_flag: dict[str, list[_Setting]] = {}
-    for file in files:
-        for setting in _settings(file):
+    for file_facts in facts:
+        for setting in file_facts.settings:
             by_flag.setdefault(setting.flag, []).append(setting)
     for flag, settings in by_flag.items():
         groups = {side: [s for s in settings if s.side == side] for side in ("rollout", "trainer", "shared")}
@@ -100,12 +153,12 @@ def check(files: Sequence[SourceFile]) -> Iterator[Hit]:
         for side, other_side in (("rollout", "trainer"), ("trainer", "rollout")):
             if groups[side] and not groups[other_side] and not shared and other_side in present:
                 for setting in groups[side]:
-                    yield Hit(
-                        setting.file,
-                        setting.node,
-                        f"`{short(setting.node, 60)}` sets {flag} on the {side} side only ({setting.why}) while the "
-                        f"{other_side} side ({present[other_side]}) never sets it; set it identically there, or once "
-                        "in a launcher both sides run",
+                    yield (
+                        setting,
+                        f"`{setting.text}` sets {flag} on the {side} side only ({setting.why}), in another process "
+                        f"than the {other_side} side ({present[other_side]}), which never sets it: the two sides "
+                        "multiply (or pick kernels) differently; set it identically there, or once in a launcher "
+                        "both sides run",
                     )
         if not (groups["rollout"] and groups["trainer"]) and not shared:
             continue
@@ -116,29 +169,25 @@ def check(files: Sequence[SourceFile]) -> Iterator[Hit]:
         for side, other_side in (("rollout", "trainer"), ("trainer", "rollout")):
             other = effective[other_side][0]
             for setting in groups[side]:
-                yield Hit(
-                    setting.file,
-                    setting.node,
-                    f"`{short(setting.node, 60)}` gives the {side} side {flag} {setting.shown_value()} "
-                    f"({setting.why}), the {other_side} side has it {other.shown_value()} ({other.where}); set it "
-                    "identically on both sides, or once in a launcher both sides run",
+                yield (
+                    setting,
+                    f"`{setting.text}` gives the {side} side {flag} {setting.shown_value()} ({setting.why}), the "
+                    f"{other_side} side has it {other.shown_value()} ({other.where}); set it identically on both "
+                    "sides, or once in a launcher both sides run",
                 )
 
 
-def _present_sides(files: Sequence[SourceFile]) -> dict[str, str]:
-    """side -> evidence that the linted code has that side at all (a function, class or file named so)."""
+def _present_sides(facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, str]:
+    """side -> evidence that the linted code has that side at all (a class, file or directory named so)."""
     present: dict[str, str] = {}
-    for file in files:
-        for node in file.nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                side = _side_of_words(words(node.name))
-                if side and side not in present:
-                    kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                    present[side] = f"{kind} `{node.name}`, {file.path}:{node.lineno}"
-        for part in file.parts:
-            side = _side_of_words(words(part.removesuffix(".py")))
+    for file_facts in facts:
+        for side, evidence in file_facts.classes.items():
+            present.setdefault(side, evidence)
+    for path, parts in linted:
+        for part in parts:
+            side = side_of_words(words(part.removesuffix(".py")))
             if side and side not in present:
-                present[side] = f"`{file.path}`"
+                present[side] = f"`{path}`"
     return present
 
 
@@ -162,39 +211,13 @@ def _settings(file: SourceFile) -> Iterator[_Setting]:
                 found = (flag, values.get(const(node.args[0], None), _UNKNOWN))
         if found is not None:
             side, why = side_of(file, node)
-            yield _Setting(file, node, found[0], found[1], side, why)
-
-
-def _side_of_words(parts: frozenset[str]) -> str | None:
-    rollout, trainer = bool(parts & ROLLOUT_WORDS), bool(parts & TRAINER_WORDS)
-    return "rollout" if rollout and not trainer else "trainer" if trainer and not rollout else None
-
-
-def side_of(file: SourceFile, node: ast.AST) -> tuple[str, str]:
-    """('rollout' | 'trainer' | 'shared', what decided it)."""
-    child, parent = node, file.parents.get(node)
-    while parent is not None:
-        if isinstance(parent, ast.If) and any(child is stmt for stmt in parent.body):
-            negated = any(isinstance(n, (ast.Not, ast.NotEq, ast.IsNot, ast.NotIn)) for n in ast.walk(parent.test))
-            if not negated:
-                side = _side_of_words(frozenset().union(*(words(i) for i in identifiers(parent.test))))
-                if side:
-                    return side, f"under `if {short(parent.test, 40)}`"
-        elif isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            side = _side_of_words(words(parent.name))
-            if side:
-                kind = "class" if isinstance(parent, ast.ClassDef) else "function"
-                return side, f"in {kind} `{parent.name}`"
-        child, parent = parent, file.parents.get(parent)
-    defined = {
-        _side_of_words(words(n.name))
-        for n in file.nodes
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-    }
-    if {"rollout", "trainer"} <= defined:
-        return "shared", f"file `{file.parts[-1]}` holds both rollout and trainer code"
-    for index, part in enumerate(reversed(file.parts)):
-        side = _side_of_words(words(part.removesuffix(".py")))
-        if side:
-            return side, f"{'file' if index == 0 else 'directory'} `{part}`"
-    return "shared", "shared"
+            yield _Setting(
+                path=file.path,
+                place=span(file, node),
+                text=short(node, 60),
+                flag=found[0],
+                value=found[1],
+                side=side,
+                why=why,
+                suppressed=file.is_suppressed(node, RULE_ID),
+            )

@@ -1,23 +1,32 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`low-precision-latents`: a scheduler step's sample cast to bf16/fp16 or the model's dtype, then kept.
+"""`low-precision-latents`: a sample whose log-prob was computed in float32, rounded to bf16/fp16 (or the
+model's dtype) and then stored, returned or fed on, so the trainer re-scores a latent the rollout never scored.
 
-diffusers' `FlowMatchEulerDiscreteScheduler.step` ends with `prev_sample.to(model_output.dtype)`; Flow-GRPO
-style code computes the log-prob in float32 from the unrounded sample and then stores, returns or feeds on
-the rounded one, so the trainer re-scores a different latent.
+verl-omni's SDE scheduler (before 5120aac9) computed `log_prob` from the float32 `prev_sample`, then returned
+`prev_sample.to(model_output.dtype)`; Flow-GRPO's SD3 pipeline stores the float32 latents and carries the
+rounded ones into the next step, whose log-prob then scores an input the trainer never sees. Inference code
+does the same cast on purpose (diffusers' schedulers end with `prev_sample.to(model_output.dtype)`, its
+pipelines restore the latents' dtype after each step): there no log-prob is computed, so nothing disagrees,
+and nothing is reported.
 
-What counts (per function, statements in source order):
-* a *cast*: `x.to(<dtype>)` (also `dtype=`, `x.to(device, dtype)`), `x.half()`, `x.bfloat16()`,
-  `x.type(<dtype>)`, `x.type_as(y)`, where the dtype is bf16/fp16 or a model dtype (`dtype`,
-  `weight_dtype`, `model_output.dtype`, `self.transformer.dtype`, ...) — not float32/float64, not the
-  sample's own `latents.dtype`;
-* of a *step sample*: `.prev_sample`, a `prev_*`/`next_*` sample or latent, the result of a `*step*(...)`
-  call or a name bound from one, or a `latents`/`sample`-like name inside a loop or a `*step*` function;
-* that is *kept*: returned or yielded, stored (`.append`/`.extend`/`.insert`, assigned into a subscript or
-  an attribute), passed to a `*step*(...)` call, or rebound in a loop as the name the loop carries. A name
-  bound to the cast carries it to a later statement (`.float()` does not undo the rounding).
+The rule follows values through one function (statements in order; a loop's body twice, so what one
+iteration leaves reaches the next):
 
-A cast that only feeds the transformer (`transformer(hidden_states=latents.to(dtype))`, or a name used only
-as a forward's argument) is not kept.
+* a sample is *scored* when a log-prob is computed from it: it is bound from a call that also yields a
+  log-prob (`latents, log_prob, ... = sde_step_with_logprob(...)`, a call whose name says log-prob, a
+  function of the same file that returns a scored sample, `out.prev_sample` of a step result whose
+  `log_prob` is read), or it is read by an assignment to a log-prob name
+  (`log_prob = -((prev_sample.detach() - mean) ** 2) ...`);
+* a *rounded copy* is a cast of a scored sample to bf16/fp16 or a model dtype: `x.to(dtype)` (also
+  `dtype=`, `x.to(device, dtype)`), `x.half()`, `x.bfloat16()`, `x.type(dtype)`, `x.type_as(y)` — not
+  float32/float64, not the sample's own `latents.dtype`;
+* it is reported where the rounded copy is *kept*: returned or yielded, stored (`.append`/`.extend`/
+  `.insert`, a subscript or attribute), passed to a sampler step, or carried by the loop to its next
+  iteration (a name the loop reads before it writes it). `.float()` does not undo the rounding.
+
+A cast before the log-prob is computed (the rounded sample is the one scored and stored: consistent), a cast
+that only feeds the transformer (`transformer(hidden_states=latents.to(dtype))`, `latent_model_input`), and
+a cast whose result is dropped are not reported.
 """
 
 from __future__ import annotations
@@ -30,15 +39,15 @@ from .astutil import bound_names, iter_statements, last_name, own_nodes, short, 
 from .model import Hit
 from .source import SourceFile
 
-__all__ = ["RULE_ID", "check"]
+__all__ = ["RULE_ID", "check", "needs"]
 
 RULE_ID = "low-precision-latents"
 
 _LOW = frozenset({"bfloat16", "float16", "half", "bf16", "fp16"})
 _HIGH = frozenset({"float32", "float", "float64", "double", "fp32", "fp64"})
 _SAMPLE_WORDS = frozenset({"latent", "latents", "sample", "samples"})
-_SAMPLE_NAMES = frozenset({"x_t", "xt", "z_t", "zt"})
-_STEP_OUTPUT_NAMES = frozenset({"x_prev", "x_next", "prev_x", "next_x", "z_prev", "z_next"})
+_NOT_SAMPLE_WORDS = frozenset({"mean", "std", "var", "variance", "sigma", "sigmas", "noise", "eps", "dtype", "model"})
+_SAMPLE_NAMES = frozenset({"x", "z", "x_t", "xt", "z_t", "zt", "x_prev", "x_next", "prev_x", "next_x", "z_prev"})
 #: methods whose result still holds the cast value (the rounding survives them)
 _PASSTHROUGH = frozenset(
     {
@@ -87,24 +96,52 @@ _STEP_FUNCTION_WORDS = frozenset(
         "sdxl",
         "grpo",
         "dance",
+        "ddim",
+        "dpm",
+        "previous",
     }
 )
 _CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "stack", "cat", "concat", "concatenate"})
+_CAST_TOKENS = (b".to(", b".half(", b".bfloat16(", b".type(", b".type_as(")
 
 _FIX = "keep latents float32 and cast only a copy for the transformer forward"
+
+
+def needs(text: bytes, path: str) -> bool:
+    """A finding needs a log-prob and a cast in the file (`text` lower-cased)."""
+    return (b"logp" in text or b"log_prob" in text) and any(token in text for token in _CAST_TOKENS)
 
 
 @dataclass(frozen=True)
 class _Cast:
     call: ast.Call
-    subject: ast.expr
     dtype: str
+    scored_at: ast.AST  # where the log-prob of the uncast sample was computed
 
 
-def check(files) -> Iterator[Hit]:
-    for file in files:
-        for scope in (file.tree, *file.functions):
-            yield from _Scope(file, scope).run()
+@dataclass(frozen=True)
+class _Scored:
+    at: ast.AST  # the call or statement that computed the log-prob
+    loop: ast.stmt | None  # the innermost loop it is in
+
+
+def check(file: SourceFile) -> Iterator[Hit]:
+    scopes = [file.tree, *file.functions]
+    # Functions of this file that return a scored sample: a call to one of them scores what it binds.
+    returns_scored: set[str] = set()
+    for _ in range(2):  # the second pass sees the summaries of functions defined below their callers
+        found = {name for scope in scopes for name in _Scope(file, scope, returns_scored).summary()}
+        if found <= returns_scored:
+            break
+        returns_scored |= found
+    for scope in scopes:
+        yield from _Scope(file, scope, returns_scored).run()
+
+
+def is_log_prob_name(name: str | None) -> bool:
+    """`log_prob`, `all_log_probs`, `logprobs`, `old_logp`, `logProb` (what `needs` looks for, too)."""
+    lowered = (name or "").lower()
+    return "logp" in lowered or "log_prob" in lowered
 
 
 def dtype_kind(node: ast.AST) -> str | None:
@@ -128,24 +165,25 @@ def dtype_kind(node: ast.AST) -> str | None:
     return None
 
 
-def _low_cast(call: ast.Call) -> _Cast | None:
+def _low_cast(call: ast.Call) -> tuple[ast.expr, str] | None:
+    """(the cast value, the dtype as shown) for a down-cast call, else None."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
     if func.attr in ("half", "bfloat16") and not call.args:
-        return _Cast(call, func.value, f"torch.{'float16' if func.attr == 'half' else 'bfloat16'}")
+        return func.value, f"torch.{'float16' if func.attr == 'half' else 'bfloat16'}"
     if func.attr in ("to", "type"):
         candidates = [kw.value for kw in call.keywords if kw.arg == "dtype"] or list(call.args)
         for arg in candidates:
             kind = dtype_kind(arg)
             if kind is not None:
-                return _Cast(call, func.value, short(arg, 40)) if kind != "high" else None
+                return (func.value, short(arg, 40)) if kind != "high" else None
         return None
     if func.attr == "type_as" and call.args:
         other = call.args[0]
         if words(last_name(other)) & _SAMPLE_WORDS:
             return None
-        return _Cast(call, func.value, f"{short(other, 30)}.dtype")
+        return func.value, f"{short(other, 30)}.dtype"
     return None
 
 
@@ -174,94 +212,163 @@ def _is_step_call(node: ast.AST) -> bool:
     return not (receiver is not None and words(last_name(receiver)) & _NOT_STEP_RECEIVERS)
 
 
+def _is_scoring_call(node: ast.AST) -> bool:
+    """A call whose name says it computes a log-prob (`sde_step_with_logprob`, `denoise_with_log_prob`)."""
+    return isinstance(node, ast.Call) and is_log_prob_name(last_name(node.func))
+
+
 def _is_sample_name(name: str | None) -> bool:
-    return bool(words(name) & _SAMPLE_WORDS) or name in _SAMPLE_NAMES
-
-
-def _is_step_output_name(name: str | None) -> bool:
     parts = words(name)
-    return name in _STEP_OUTPUT_NAMES or bool(parts & {"prev", "next"} and parts & _SAMPLE_WORDS)
+    return name in _SAMPLE_NAMES or bool(parts & _SAMPLE_WORDS and not parts & _NOT_SAMPLE_WORDS)
+
+
+def _callee_key(call: ast.Call) -> str | None:
+    """`f(...)` -> 'f', `self.f(...)` -> 'f': the calls resolved to a function of the same file."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+        return func.attr
+    return None
 
 
 class _Scope:
     """One function (or the module's top level), walked statement by statement."""
 
-    def __init__(self, file: SourceFile, scope: ast.AST) -> None:
+    def __init__(self, file: SourceFile, scope: ast.AST, returns_scored: set[str]) -> None:
         self.file = file
         self.scope = scope
-        name_words = words(getattr(scope, "name", ""))
-        self.step_function = "step" in name_words and not name_words & {"train", "training", "optimizer"}
-        self.step_bound: dict[str, ast.stmt | None] = {}  # name bound from a step call -> its innermost loop
-        self.tainted: dict[str, _Cast] = {}  # names holding a cast sample
+        self.returns_scored = returns_scored
+        self.scored: dict[str, _Scored] = {}  # name -> where its current value was scored
+        self.rounded: dict[str, _Cast] = {}  # name -> the rounded copy of a scored sample it holds
         self.reported: set[int] = set()
+        self.hits: list[Hit] = []
+        self.returns_a_scored_sample = False
+        self.results_with_log_prob = _results_with_log_prob(scope)
 
     def run(self) -> Iterator[Hit]:
-        for stmt, loops in iter_statements(self.scope.body):
-            yield from self._statement(stmt, loops)
+        self._block(self.scope.body, ())
+        yield from self.hits
 
-    def _statement(self, stmt: ast.stmt, loops: tuple) -> Iterator[Hit]:
-        self._record_step_bound(stmt, loops)
+    def summary(self) -> Iterator[str]:
+        """The name of this function if it returns a scored (unrounded) sample first."""
+        self._block(self.scope.body, ())
+        if self.returns_a_scored_sample and isinstance(self.scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield self.scope.name
+
+    def _block(self, body: list[ast.stmt], loops: tuple[ast.stmt, ...]) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue  # a scope of its own
+            self._statement(stmt, loops)
+            if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                for _ in range(2):  # what one iteration leaves reaches the next
+                    self._block(stmt.body, (*loops, stmt))
+                self._block(stmt.orelse, loops)
+                continue
+            if isinstance(stmt, ast.If):  # each branch from the same state; after it, what either left
+                before = (dict(self.scored), dict(self.rounded))
+                self._block(stmt.body, loops)
+                after_body = (self.scored, self.rounded)
+                self.scored, self.rounded = before
+                self._block(stmt.orelse, loops)
+                self.scored = {**self.scored, **after_body[0]}
+                self.rounded = {**self.rounded, **after_body[1]}
+                continue
+            for name, value in ast.iter_fields(stmt):
+                if isinstance(value, list) and name != "targets":
+                    for item in value:
+                        if isinstance(item, ast.stmt):
+                            self._block([item], loops)
+                        elif isinstance(item, (ast.ExceptHandler, ast.match_case)):
+                            self._block(item.body, loops)
+
+    def _statement(self, stmt: ast.stmt, loops: tuple[ast.stmt, ...]) -> None:
         bound: dict[str, _Cast] = {}
         for node in self.file.own_nodes(stmt):
             origin = None
             if isinstance(node, ast.Call):
                 cast = _low_cast(node)
-                if cast is not None and self._is_step_sample(cast.subject, loops):
-                    origin = cast
+                if cast is not None:
+                    scored = self._scored_at(cast[0])
+                    # Scored inside a loop the cast is not in: the loop's final result (decoded, not re-scored).
+                    if scored is not None and (scored.loop is None or any(scored.loop is loop for loop in loops)):
+                        origin = _Cast(node, cast[1], scored.at)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                origin = self.tainted.get(node.id)
+                origin = self.rounded.get(node.id)
             if origin is None:
                 continue
-            sink, names = self._follow(node, origin, loops)
+            sink, names = self._follow(node, loops)
             for name in names:
                 bound.setdefault(name, origin)
             if sink is not None and id(origin.call) not in self.reported:
                 self.reported.add(id(origin.call))
-                yield Hit(
-                    self.file,
-                    origin.call,
-                    f"`{short(origin.call)}` rounds the step's sample to {origin.dtype} and the rounded value is "
-                    f"{sink}, but its log-prob came from the float32 sample; {_FIX}",
-                )
+                self.hits.append(Hit(self.file, origin.call, self._message(origin, sink)))
+        if isinstance(stmt, ast.Return) and stmt.value is not None:
+            first = stmt.value.elts[0] if isinstance(stmt.value, ast.Tuple) and stmt.value.elts else stmt.value
+            first = _strip(first)
+            if isinstance(first, ast.Name) and first.id in self.scored and first.id not in self.rounded:
+                self.returns_a_scored_sample = True
+        newly_scored = self._scores(stmt)
         for target in _assigned_names(stmt):
+            self.rounded.pop(target, None)
+            self.scored.pop(target, None)
             if target in bound:
-                self.tainted[target] = bound[target]
-            else:
-                self.tainted.pop(target, None)
+                self.rounded[target] = bound[target]
+        for name, where in newly_scored.items():
+            self.scored[name] = _Scored(where, loops[-1] if loops else None)
+            self.rounded.pop(name, None)  # a rounded copy scored from here on is consistent with its log-prob
 
-    def _record_step_bound(self, stmt: ast.stmt, loops: tuple) -> None:
-        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
-            return
-        if _is_step_call(_strip(stmt.value)):
-            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
-                first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
-                if isinstance(first, ast.Name):
-                    self.step_bound[first.id] = loops[-1] if loops else None
-
-    def _is_step_sample(self, subject: ast.AST, loops: tuple) -> bool:
+    def _scored_at(self, subject: ast.AST) -> _Scored | None:
+        """Where the log-prob of the value `subject` holds was computed, if it was."""
         node = _strip(subject)
-        if isinstance(node, ast.Call):
-            return _is_step_call(node)
-        name = last_name(node)
-        if name is None:
-            return False
-        if name == "prev_sample" or _is_step_output_name(name):
-            return True
-        if isinstance(node, ast.Name) and name in self.step_bound:
-            # bound in this loop (or in straight-line code): the step's output, not the loop's final result
-            loop = self.step_bound[name]
-            return loop is None or any(loop is outer for outer in loops)
-        if not _is_sample_name(name):
-            return False
-        # A latents-like name inside a loop is the step's sample when the loop feeds it to a step call or binds
-        # it from one (the conditioning latents of the same loop are not); inside a step function it always is.
-        return self.step_function or (
-            bool(loops)
-            and isinstance(node, ast.Name)
-            and (_passed_to_step(node.id, loops[-1]) or _bound_from_step(node.id, loops[-1]))
-        )
+        if _is_scoring_call(node):
+            return _Scored(node, None)
+        if isinstance(node, ast.Name):
+            return self.scored.get(node.id)
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "prev_sample"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in self.results_with_log_prob
+        ):
+            return _Scored(self.results_with_log_prob[node.value.id], None)
+        return None
 
-    def _follow(self, node: ast.AST, origin: _Cast, loops: tuple) -> tuple[str | None, list[str]]:
+    def _scores(self, stmt: ast.stmt) -> dict[str, ast.AST]:
+        """The names whose value this statement scores (binds together with a log-prob, or reads to compute one)."""
+        if isinstance(stmt, ast.AugAssign):
+            targets, value = [stmt.target], stmt.value
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets, value = (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]), stmt.value
+        else:
+            return {}
+        elements = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+        log_prob_targets = [e for e in elements if is_log_prob_name(last_name(e))]
+        source = _strip(value)
+        first = elements[0] if elements else None
+        first_name = first.id if isinstance(first, ast.Name) else None
+        if isinstance(source, ast.Call) and first_name is not None and not is_log_prob_name(first_name):
+            key = _callee_key(source)
+            if log_prob_targets or _is_scoring_call(source) or (key is not None and key in self.returns_scored):
+                return {first_name: source}  # `latents, log_prob, ... = sde_step_with_logprob(...)`
+        if (
+            isinstance(source, ast.Attribute)
+            and source.attr == "prev_sample"
+            and isinstance(source.value, ast.Name)
+            and source.value.id in self.results_with_log_prob
+            and first_name is not None
+        ):
+            return {first_name: self.results_with_log_prob[source.value.id]}
+        if log_prob_targets and len(log_prob_targets) == len(elements):  # `log_prob = -((prev_sample - ...`
+            return {
+                n.id: stmt
+                for n in ast.walk(value)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and _is_sample_name(n.id)
+            }
+        return {}
+
+    def _follow(self, node: ast.AST, loops: tuple) -> tuple[str | None, list[str]]:
         """Where the value of `node` goes: (the sink phrase or None, the names it is bound to)."""
         parents = self.file.parents
         path = [node]
@@ -287,15 +394,15 @@ class _Scope:
                 break
             node = parent
             path.append(node)
-        at = self._where(parent, origin)
+        at = self._where(parent)
         if isinstance(parent, (ast.Return, ast.Yield, ast.YieldFrom)):
             return f"returned{at}", []
         if isinstance(parent, ast.Call) and node is not parent.func:
             func = parent.func
             if isinstance(func, ast.Attribute) and func.attr in _STORE_METHODS:
                 return f"stored with `{short(func, 40)}(...)`{at}", []
-            if _is_step_call(parent):
-                return f"fed to `{short(func, 40)}(...)`{at}", []
+            if _is_step_call(parent) or _is_scoring_call(parent):
+                return f"fed to `{short(func, 40)}(...)`{at} as the sample it scores", []
             return None, []
         if isinstance(parent, (ast.Assign, ast.AnnAssign)) and node is parent.value:
             targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -307,41 +414,56 @@ class _Scope:
                     if isinstance(element, ast.Name):
                         names.append(element.id)
             for name in names:
-                if loops and self._carried_by_loop(name, origin, loops[-1]):
+                if loops and (_read_before_written(name, loops[-1]) or _passed_to_step(name, loops[-1])):
                     return f"carried to the next step as `{name}`{at}", names
             return None, names
         return None, []
 
-    def _carried_by_loop(self, name: str, origin: _Cast, loop: ast.stmt) -> bool:
-        """A name the loop reads before it writes it (`latents = latents.to(dtype)` at the end of the body), or
-        one it passes to a step call; not a forward's input rebuilt every iteration (`latent_model_input`)."""
-        return _read_before_written(name, loop) or _passed_to_step(name, loop)
-
-    def _where(self, node: ast.AST, origin: _Cast) -> str:
+    def _where(self, node: ast.AST) -> str:
         line = getattr(self.file.statement_of(node), "lineno", None)
-        return f" (line {line})" if line is not None and line != origin.call.lineno else ""
+        return f" (line {line})" if line is not None else ""
+
+    def _message(self, origin: _Cast, sink: str) -> str:
+        scored = origin.scored_at
+        if isinstance(scored, ast.Call):
+            how = f"`{short(scored.func, 40)}(...)` at line {scored.lineno}"
+        else:
+            how = f"line {scored.lineno}"
+        return (
+            f"`{short(origin.call)}` rounds to {origin.dtype} a sample whose log-prob was computed in float32 "
+            f"({how}), and the rounded value is {sink}: the trainer re-scores a latent the rollout never scored; "
+            f"{_FIX}"
+        )
+
+
+def _results_with_log_prob(scope: ast.AST) -> dict[str, ast.AST]:
+    """Names bound from a step call whose log-prob is read (`out.log_prob`, `out["log_prob"]`) in the scope."""
+    from_step: dict[str, ast.AST] = {}
+    read: set[str] = set()
+    for stmt, _ in iter_statements(scope.body):
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and _is_step_call(stmt.value)
+        ):
+            from_step[stmt.targets[0].id] = stmt.value
+        for node in own_nodes(stmt):
+            if (
+                isinstance(node, (ast.Attribute, ast.Subscript))
+                and isinstance(node.value, ast.Name)
+                and is_log_prob_name(last_name(node))
+            ):
+                read.add(node.value.id)
+    return {name: call for name, call in from_step.items() if name in read}
 
 
 def _passed_to_step(name: str, loop: ast.stmt) -> bool:
     for node in ast.walk(loop):
-        if _is_step_call(node):
+        if _is_step_call(node) or _is_scoring_call(node):
             for arg in [*node.args, *(kw.value for kw in node.keywords)]:
                 stripped = _strip(arg)
                 if isinstance(stripped, ast.Name) and stripped.id == name:
-                    return True
-    return False
-
-
-def _bound_from_step(name: str, loop: ast.stmt) -> bool:
-    for node in ast.walk(loop):
-        if (
-            isinstance(node, (ast.Assign, ast.AnnAssign))
-            and node.value is not None
-            and _is_step_call(_strip(node.value))
-        ):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                first = target.elts[0] if isinstance(target, (ast.Tuple, ast.List)) and target.elts else target
-                if isinstance(first, ast.Name) and first.id == name:
                     return True
     return False
 

@@ -3,7 +3,8 @@
 the forward's RNG state, so dropout draws a new mask and the gradients belong to another network.
 
 What counts:
-* a subclass of `torch.autograd.Function` whose `backward` calls something the forward saved on `ctx`
+* a subclass of `torch.autograd.Function` named for checkpointing (`CheckpointFunction`, `BlockRecompute`,
+  `RematFn`: a checkpoint/recompute/remat word) whose `backward` calls something the forward saved on `ctx`
   (`ctx.run_function(*inputs)`, `ctx.module(x)`, or a name bound from a `ctx` attribute) under
   `torch.enable_grad()` / `set_grad_enabled(True)`, or in a backward that then calls
   `torch.autograd.backward`/`grad` — and restores no RNG state in `backward`;
@@ -16,18 +17,23 @@ An RNG restore is a call whose name is `set_rng_state`, `set_rng_state_all`, `se
 `fork_rng`, `setstate` or `set_state`, or has the words rng/random together with restore/set/load/fork/
 isolated (`restore_rng_state`, `isolated_rng`). `torch.utils.checkpoint.checkpoint` itself restores the RNG
 (`preserve_rng_state=True` by default) and is left alone.
+
+A Function named for something else that re-runs a computation in backward (verl's `TiledMLP` recomputes an
+MLP shard to save memory) re-runs a fixed, dropout-free computation: a checkpoint wrapper takes any block,
+dropout included, and says so in its name.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from .astutil import call_name, const, dotted, last_name, short, words
 from .model import Hit
 from .source import SourceFile
 
-__all__ = ["RULE_ID", "check"]
+__all__ = ["RULE_ID", "check", "needs"]
 
 RULE_ID = "rng-unsafe-recompute"
 
@@ -52,9 +58,24 @@ _FIX = (
 )
 
 
-def check(files) -> Iterator[Hit]:
-    for file in files:
-        yield from _check_file(file)
+_HELPER_DEFINITION = re.compile(rb"def [a-z0-9_]*(?:checkpoint|recompute|remat)")
+
+
+def needs(text: bytes, path: str) -> bool:
+    """`preserve_rng_state`, an autograd.Function's backward, or a function named like a checkpoint helper
+    (`text` lower-cased)."""
+    return (
+        b"preserve_rng_state" in text
+        or (b"autograd" in text and b"backward" in text)
+        or (
+            (b"checkpoint" in text or b"recompute" in text or b"remat" in text)
+            and bool(_HELPER_DEFINITION.search(text))
+        )
+    )
+
+
+def check(file: SourceFile) -> Iterator[Hit]:
+    yield from _check_file(file)
 
 
 def _is_function_class(cls: ast.ClassDef, aliases) -> bool:
@@ -105,8 +126,8 @@ def _inside(node: ast.AST, blocks: list[ast.AST], file: SourceFile) -> bool:
 
 def _check_file(file: SourceFile) -> Iterator[Hit]:
     in_function_class: set[int] = set()
-    for cls in file.nodes:
-        if isinstance(cls, ast.ClassDef) and _is_function_class(cls, file.aliases):
+    for cls in file.statements:
+        if isinstance(cls, ast.ClassDef) and _is_function_class(cls, file.aliases) and words(cls.name) & _HELPER_WORDS:
             for item in cls.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     in_function_class.add(id(item))
@@ -115,6 +136,8 @@ def _check_file(file: SourceFile) -> Iterator[Hit]:
     for function in file.functions:
         if id(function) not in in_function_class and words(function.name) & _HELPER_WORDS:
             yield from _check_helper(file, function)
+    if not any("preserve_rng_state" in line for line in file.lines):
+        return
     for node in file.nodes:
         if isinstance(node, ast.Call):
             value = next((kw.value for kw in node.keywords if kw.arg == "preserve_rng_state"), None)
@@ -132,10 +155,21 @@ def _check_backward(file: SourceFile, backward: ast.FunctionDef) -> Iterator[Hit
         return
     ctx = backward.args.args[0].arg
     saved = {ctx}
-    for node in ast.walk(backward):  # names bound from ctx attributes: fn = ctx.run_function
-        value = node.value if isinstance(node, ast.Assign) else None
-        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == ctx:
-            saved.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(backward):  # names bound from ctx attributes: `fn = ctx.run_function`, `fn, m = ctx.f, ctx.m`
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = [(target, node.value)]
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs = list(zip(target.elts, node.value.elts, strict=False))
+            for name, value in pairs:
+                if (
+                    isinstance(name, ast.Name)
+                    and isinstance(value, ast.Attribute)
+                    and isinstance(value.value, ast.Name)
+                    and value.value.id == ctx
+                ):
+                    saved.add(name.id)
     blocks = _grad_enabled_blocks(backward)
     differentiates = any(
         isinstance(node, ast.Call) and call_name(node, file.aliases).endswith(("autograd.backward", "autograd.grad"))

@@ -16,7 +16,7 @@ import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .astutil import own_nodes
+from .astutil import children, own_nodes
 
 __all__ = ["SUPPRESSION_PATTERN", "SourceFile", "SyntaxProblem", "parse_source"]
 
@@ -38,24 +38,44 @@ class SourceFile:
             (when relative; none of `.`/`..`), the directories below it, then the file name.
         lines: the source text, one entry per line (no line ends).
         tree: the module.
-        nodes: every node of `tree` (`ast.walk` order), walked once for all the rules.
-        functions: the function definitions among `nodes`.
-        parents: child node -> parent node, for every node of `tree`.
+        statements: every statement of `tree`, nested bodies included, in source order.
+        functions: every function definition among `statements`.
         aliases: local name -> the dotted name it was imported as (`np` -> `numpy`, `randint` ->
             `random.randint`, `dist` -> `torch.distributed`).
         suppressions: line -> rule ids silenced on that line.
+
+    `nodes` (every node but contexts and operators) and `parents` are built on first use, once for all the
+    rules: most files a rule parses need neither.
     """
 
     path: str
     parts: tuple[str, ...]
     lines: tuple[str, ...]
     tree: ast.Module
-    nodes: tuple[ast.AST, ...] = field(repr=False)
+    statements: tuple[ast.stmt, ...] = field(repr=False)
     functions: tuple[ast.FunctionDef | ast.AsyncFunctionDef, ...] = field(repr=False)
-    parents: Mapping[ast.AST, ast.AST] = field(repr=False)
     aliases: Mapping[str, str] = field(repr=False)
     suppressions: Mapping[int, frozenset[str]] = field(repr=False)
     _own_nodes: dict[int, tuple[ast.AST, ...]] = field(default_factory=dict, repr=False)
+    _index: dict[str, object] = field(default_factory=dict, repr=False)
+
+    @property
+    def nodes(self) -> tuple[ast.AST, ...]:
+        """Every node of `tree` but contexts and operators, depth first."""
+        if "nodes" not in self._index:
+            self._index["nodes"], self._index["parents"] = _index(self.tree)
+        return self._index["nodes"]  # type: ignore[return-value]
+
+    @property
+    def parents(self) -> Mapping[ast.AST, ast.AST]:
+        """Child node -> parent node, for every node of `nodes`."""
+        if "parents" not in self._index:
+            self._index["nodes"], self._index["parents"] = _index(self.tree)
+        return self._index["parents"]  # type: ignore[return-value]
+
+    def text_of(self, node: ast.AST) -> str:
+        """The source lines `node` spans, joined (for cheap word tests before walking a scope)."""
+        return "\n".join(self.lines[node.lineno - 1 : (getattr(node, "end_lineno", None) or node.lineno)])
 
     def own_nodes(self, stmt: ast.stmt) -> tuple[ast.AST, ...]:
         """`astutil.own_nodes(stmt)`, computed once per statement for all the rules."""
@@ -114,27 +134,53 @@ def parse_source(data: bytes, path: str, parts: tuple[str, ...] = ()) -> SourceF
         return SyntaxProblem(path, error.lineno or 1, error.offset or 1, f"cannot parse: {error.msg}")
     except (UnicodeDecodeError, LookupError, ValueError) as error:  # bad encoding, NUL bytes
         return SyntaxProblem(path, 1, 1, f"cannot parse: {error}")
-    nodes = tuple(ast.walk(tree))
-    parents: dict[ast.AST, ast.AST] = {}
-    for node in nodes:
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
+    except (RecursionError, MemoryError):  # CPython's parser gives up on very deep nesting this way
+        return SyntaxProblem(path, 1, 1, "cannot parse: nested too deeply for Python's parser")
+    statements = _all_statements(tree)
     return SourceFile(
         path=path,
         parts=parts or (path.replace("\\", "/").rsplit("/", 1)[-1],),
         lines=tuple(text.splitlines()),
         tree=tree,
-        nodes=nodes,
-        functions=tuple(n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
-        parents=parents,
-        aliases=_import_aliases(nodes),
+        statements=tuple(statements),
+        functions=tuple(s for s in statements if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))),
+        aliases=_import_aliases(statements),
         suppressions=_suppressions(text),
     )
 
 
-def _import_aliases(nodes: tuple[ast.AST, ...]) -> dict[str, str]:
+def _all_statements(tree: ast.Module) -> list[ast.stmt]:
+    """Every statement of the module, nested bodies (functions, classes, loops, handlers) included."""
+    found: list[ast.stmt] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.stmt):
+            found.append(node)
+        inner = [
+            item for name in ("body", "orelse", "finalbody", "handlers", "cases") for item in getattr(node, name, ())
+        ]
+        stack.extend(reversed(inner))
+    return found
+
+
+def _index(tree: ast.Module) -> tuple[tuple[ast.AST, ...], dict[ast.AST, ast.AST]]:
+    """Every node (depth first, contexts and operators left out) and each one's parent, in one pass."""
+    nodes: list[ast.AST] = []
+    parents: dict[ast.AST, ast.AST] = {}
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        for child in children(node):
+            parents[child] = node
+            stack.append(child)
+    return tuple(nodes), parents
+
+
+def _import_aliases(statements: list[ast.stmt]) -> dict[str, str]:
     aliases: dict[str, str] = {}
-    for node in nodes:
+    for node in statements:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:

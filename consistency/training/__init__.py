@@ -22,6 +22,7 @@ _LAZY = {
     "checkpoint": "checkpointing",
     "check_checkpointing": "checkpoint_check",
     "CheckpointingReport": "checkpoint_check",
+    "CheckpointingSettings": "checkpoint_check",
     "GradientDiff": "checkpoint_check",
     "NanCapture": "nan_capture",
     "replay": "nan_capture",

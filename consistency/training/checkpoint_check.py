@@ -28,7 +28,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from rollout_consistency.training.checkpointing import checkpoint as safe_checkp
 from rollout_consistency.training.nan_capture import bitwise_equal
 from rollout_consistency.training.rng_state import isolated_rng
 
-__all__ = ["CheckpointingReport", "GradientDiff", "check_checkpointing"]
+__all__ = ["CheckpointingReport", "CheckpointingSettings", "GradientDiff", "check_checkpointing"]
 
 CheckpointFn = Callable[..., Any]
 SetCheckpointing = Callable[[nn.Module, "CheckpointFn | None"], None]
@@ -160,6 +160,36 @@ class CheckpointingReport:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class CheckpointingSettings:
+    """How `check_checkpointing` runs and judges its three training steps (checked when built).
+
+    Args:
+        seed: seed for all three runs, 0 <= seed < 2**32.
+        rtol, atol: a gradient agrees when max|Δ| <= atol + rtol · max|g_reference| (per gradient); the
+            loss agrees when |Δloss| <= atol + rtol · |loss_reference|. The default rtol=1e-6 admits
+            only rounding (e.g. accumulation order of a weight shared by several segments); an RNG
+            mismatch is orders of magnitude larger. Use rtol=0 to demand bit equality.
+        train: put the module in training mode for the runs (dropout active), restoring modes after.
+        baseline: also repeat the reference run and fail if it does not reproduce itself (then the
+            check cannot tell checkpointing apart from nondeterministic kernels).
+    """
+
+    seed: int = 0
+    rtol: float = 1e-6
+    atol: float = 0.0
+    train: bool = True
+    baseline: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rtol < 0 or self.atol < 0:
+            raise ValueError(f"rtol and atol must be >= 0, got rtol={self.rtol}, atol={self.atol}")
+
+    def allows(self, diff: float, scale: float) -> bool:
+        """Whether a difference `diff` is within tolerance of a reference of size `scale`."""
+        return diff <= self.atol + self.rtol * scale
+
+
 def check_checkpointing(
     module: nn.Module,
     inputs: Any,
@@ -168,11 +198,8 @@ def check_checkpointing(
     segments: Sequence[str | nn.Module] | None = None,
     set_checkpointing: SetCheckpointing | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    seed: int = 0,
-    rtol: float = 1e-6,
-    atol: float = 0.0,
-    train: bool = True,
-    baseline: bool = True,
+    settings: CheckpointingSettings | None = None,
+    **overrides: Any,
 ) -> CheckpointingReport:
     """Compare one training step of `module` without and with gradient checkpointing.
 
@@ -195,14 +222,9 @@ def check_checkpointing(
             model's own checkpointing on with `fn`; `set_checkpointing(module, None)` switches it off.
         loss_fn: maps the module's output to a scalar loss tensor. Default: the sum over the floating
             tensors in the output (a tensor, or a tuple/list/mapping of them) of `mean(out.float()**2)`.
-        seed: seed for all three runs, 0 <= seed < 2**32.
-        rtol, atol: a gradient agrees when max|Δ| <= atol + rtol · max|g_reference| (per gradient); the
-            loss agrees when |Δloss| <= atol + rtol · |loss_reference|. The default rtol=1e-6 admits
-            only rounding (e.g. accumulation order of a weight shared by several segments); an RNG
-            mismatch is orders of magnitude larger. Use rtol=0 to demand bit equality.
-        train: put the module in training mode for the runs (dropout active), restoring modes after.
-        baseline: also repeat the reference run and fail if it does not reproduce itself (then the
-            check cannot tell checkpointing apart from nondeterministic kernels).
+        settings ([`CheckpointingSettings`], *optional*): seed, tolerances (`rtol`, `atol`), train mode and
+            the baseline run; default `CheckpointingSettings()`.
+        **overrides: `CheckpointingSettings` fields by name, applied over `settings` (``seed=0``, ``rtol=0``).
 
     Returns:
         CheckpointingReport; `report.passed` is the verdict, `print(report.format())` explains it.
@@ -216,10 +238,17 @@ def check_checkpointing(
             non-scalar loss, a loss that does not depend on any parameter, a diffusers model that
             already has checkpointing enabled), each message naming the fix.
     """
+    settings = CheckpointingSettings() if settings is None else settings
+    unknown = sorted(set(overrides) - {f.name for f in fields(CheckpointingSettings)})
+    if unknown:
+        raise TypeError(
+            f"check_checkpointing() got unknown setting(s) {', '.join(map(repr, unknown))}; the settings are "
+            f"CheckpointingSettings' fields: {', '.join(f.name for f in fields(CheckpointingSettings))}."
+        )
+    settings = replace(settings, **overrides) if overrides else settings
+    seed, train, baseline = settings.seed, settings.train, settings.baseline
     if segments is not None and set_checkpointing is not None:
         raise ValueError("pass either segments= or set_checkpointing=, not both")
-    if rtol < 0 or atol < 0:
-        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
     checkpoint_fn = safe_checkpoint if checkpoint_fn is None else checkpoint_fn
     loss_fn = _default_loss if loss_fn is None else loss_fn
 
@@ -260,9 +289,8 @@ def check_checkpointing(
             loss_ckpt, grads_ckpt = torch.tensor(math.nan), dict.fromkeys(grads_ref)
 
     checkpoint_name = _describe(checkpoint_fn)
-    tolerance = _Tolerance(rtol=rtol, atol=atol)
-    diffs = _compare_all(grads_ref, grads_ckpt, tolerance)
-    baseline_diffs = None if baseline_grads is None else _compare_all(grads_ref, baseline_grads, tolerance)
+    diffs = _compare_all(grads_ref, grads_ckpt, settings)
+    baseline_diffs = None if baseline_grads is None else _compare_all(grads_ref, baseline_grads, settings)
 
     if crash is not None:
         reasons = [
@@ -274,7 +302,7 @@ def check_checkpointing(
             loss_ref=float(loss_ref),
             loss_ckpt=float(loss_ckpt),
             diffs=diffs,
-            tolerance=tolerance,
+            tolerance=settings,
             calls=calls[0],
             baseline_diffs=baseline_diffs,
             checkpoint_name=checkpoint_name,
@@ -287,8 +315,8 @@ def check_checkpointing(
         segments=segment_names,
         checkpoint_calls=calls[0],
         seed=seed,
-        rtol=rtol,
-        atol=atol,
+        rtol=settings.rtol,
+        atol=settings.atol,
         loss_reference=float(loss_ref),
         loss_checkpointed=float(loss_ckpt),
         gradients=tuple(diffs),
@@ -534,17 +562,8 @@ def _checkpointed_forward(original: Callable[..., Any], fn: CheckpointFn) -> Cal
 # comparing
 
 
-@dataclass(frozen=True)
-class _Tolerance:
-    rtol: float
-    atol: float
-
-    def allows(self, diff: float, scale: float) -> bool:
-        return diff <= self.atol + self.rtol * scale
-
-
 def _compare_all(
-    reference: dict[str, torch.Tensor | None], other: dict[str, torch.Tensor | None], tolerance: _Tolerance
+    reference: dict[str, torch.Tensor | None], other: dict[str, torch.Tensor | None], tolerance: CheckpointingSettings
 ) -> list[GradientDiff]:
     """Per-gradient comparison, worst (largest relative difference) first."""
     diffs = [_compare(name, reference[name], other[name], tolerance) for name in reference]
@@ -552,7 +571,7 @@ def _compare_all(
 
 
 def _compare(
-    name: str, reference: torch.Tensor | None, other: torch.Tensor | None, tolerance: _Tolerance
+    name: str, reference: torch.Tensor | None, other: torch.Tensor | None, tolerance: CheckpointingSettings
 ) -> GradientDiff | None:
     if reference is None and other is None:
         return None  # parameter unused in this step
@@ -621,7 +640,7 @@ def _reasons(
     loss_ref: float,
     loss_ckpt: float,
     diffs: list[GradientDiff],
-    tolerance: _Tolerance,
+    tolerance: CheckpointingSettings,
     calls: int,
     baseline_diffs: list[GradientDiff] | None,
     checkpoint_name: str,

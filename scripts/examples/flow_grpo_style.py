@@ -29,7 +29,7 @@ from rollout_consistency import CheckConfig
 from rollout_consistency.adapters import BatchRequests, SamplingSettings, get_family
 from rollout_consistency.adapters import rollout as sample_with_logprob
 from rollout_consistency.adapters.tiny import load_qwen_image, load_qwen_image_scheduler_config
-from rollout_consistency.gate.plugins import PluginRollout, RolloutRequest
+from rollout_consistency.gate import PluginRollout, RolloutRequest
 
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 
@@ -62,6 +62,7 @@ class FlowGRPORollout:
                     windows=request.windows,
                     prompt_groups=request.prompt_groups,
                     global_step=self.config.global_step,
+                    denoise_to_end=False,
                 ),
                 sampling=SamplingSettings(
                     noise_level=self.config.noise_level,
@@ -69,7 +70,6 @@ class FlowGRPORollout:
                     guidance_scale=request.guidance_scale,
                 ),
                 options=request.options,
-                denoise_to_end=False,
             )
         samples = {
             "prompt_embeds": trajectory.conditioning["prompt_embeds"],

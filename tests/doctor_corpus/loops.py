@@ -32,8 +32,8 @@ from rollout_consistency import CheckConfig
 from rollout_consistency.adapters import get_family
 from rollout_consistency.adapters.packing import pack_latents
 from rollout_consistency.adapters.tiny import load_flux, load_qwen_image, load_sd3, tiny_sd3_prompt_encoder
-from rollout_consistency.gate.backends import pipeline_settings
-from rollout_consistency.gate.plugins import PluginRollout, RolloutRequest
+from rollout_consistency.gate.sides.backends import pipeline_settings
+from rollout_consistency.gate.sides.plugins import PluginRollout, RolloutRequest
 
 
 def generators_for(seeds) -> list[torch.Generator]:

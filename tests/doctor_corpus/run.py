@@ -67,8 +67,8 @@ def config_of(path: Path, case: dict[str, Any]):
 
 def tables(config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Both sides' log-prob tables and the timesteps, as the check's workers compute them."""
-    from rollout_consistency.gate.backends import build_backend, run_batch
-    from rollout_consistency.gate.plan import make_plan
+    from rollout_consistency.gate.sides.backends import build_backend, run_batch
+    from rollout_consistency.gate.sides.plan import make_plan
 
     backend = build_backend(config)
     results = [run_batch(backend, batch) for batch in make_plan(config)]

@@ -27,7 +27,7 @@ class CheckpointFunction(torch.autograd.Function):
 class BlockRecompute(Function):
     @staticmethod
     def forward(ctx, block, hidden):
-        ctx.block = block
+        ctx.block, ctx.scale = block, 1.0
         ctx.save_for_backward(hidden)
         with torch.no_grad():
             return block(hidden)
@@ -35,11 +35,11 @@ class BlockRecompute(Function):
     @staticmethod
     def backward(ctx, grad):
         (hidden,) = ctx.saved_tensors
-        block = ctx.block
+        block, scale = ctx.block, ctx.scale
         hidden = hidden.detach().requires_grad_()
         out = block(hidden)  # expect: rng-unsafe-recompute
         (grad_hidden,) = torch.autograd.grad(out, hidden, grad)
-        return None, grad_hidden
+        return None, grad_hidden * scale
 
 
 def hook_checkpoint(function, hidden):

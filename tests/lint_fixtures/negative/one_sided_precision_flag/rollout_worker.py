@@ -7,3 +7,7 @@ import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.use_deterministic_algorithms(True)
+
+
+def build_engine(model_path):
+    return torch.load(model_path)

@@ -58,7 +58,8 @@ def sample_reference_model(args, device, transformer, encoder_hidden_states, poo
         (1, 16, args.h // 8, args.w // 8),
         device=device,
         dtype=torch.bfloat16,
-        generator=torch.Generator(device=device).manual_seed(args.seed + dist.get_rank() // sp_size),  # expect: non-launcher-seed
+        # per-rank initial noise: stored with the trajectory, so the trainer reads it back (not reported)
+        generator=torch.Generator(device=device).manual_seed(args.seed + dist.get_rank() // sp_size),
     )
     return input_latents
 

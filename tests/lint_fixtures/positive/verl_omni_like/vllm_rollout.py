@@ -32,6 +32,6 @@ class vLLMDiffusionRollout:
     def generate_sequences(self, prompts):
         outputs = []
         for request_id, prompt in enumerate(prompts):
-            window = self._sde_window(str(request_id), self.config.num_inference_steps)
+            window = self._sde_window(str(request_id), self.config.num_inference_steps)  # expect: non-launcher-seed
             outputs.append(self.engine.generate(prompt, sde_window=window))
         return outputs

@@ -19,7 +19,8 @@ def main(config, pipeline, train_dataloader, optimizer, transformer):
     for epoch in range(config.num_epochs):
         samples = []
         for prompts, prompt_metadata in train_dataloader:
-            sde_window_start = random.randint(0, config.sample.num_steps - config.sample.sde_window_size)  # expect: non-launcher-seed
+            # The window comes from the global generator that set_seed seeded per device (reported there).
+            sde_window_start = random.randint(0, config.sample.num_steps - config.sample.sde_window_size)
             images, latents, log_probs = pipeline(prompts, sde_window_start=sde_window_start)
             samples.append({"latents": latents, "log_probs": log_probs})
 

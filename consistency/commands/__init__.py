@@ -1,0 +1,21 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The sub-commands of `rollout-consistency`, one module each, registered in one table (`rollout_consistency.cli`).
+
+Every command module exposes the same two functions::
+
+    add_parser(subparsers) -> argparse.ArgumentParser    its parser; cheap (torch and the checks are imported in run)
+    run(args) -> int                                     0 PASS / done, 1 FAIL; bad input raises UsageError (exit 2)
+
+`check` (the step-1 check), `gate` (a log-prob dump), `checkpointing` (old name `recompute`), `precision`,
+`lint` and `doctor` (their commands live in their packages; these modules turn their input errors into
+`UsageError`). Shared by them: `usage` (`UsageError`, output paths, JSON files), `report_outputs` (the report
+flags and writing of `check` and `gate`), `factories` (a user's ``SPEC`` and its ``--arg`` keywords).
+
+A new command is one module here plus one entry in `rollout_consistency.cli.COMMANDS`.
+"""
+
+from __future__ import annotations
+
+from .usage import UsageError
+
+__all__ = ["UsageError"]

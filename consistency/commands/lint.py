@@ -1,0 +1,26 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""`rollout-consistency lint PATH...`: the command lives in `rollout_consistency.lint.cli` (the lint package
+imports nothing of the checker); here its bad input becomes a `UsageError`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rollout_consistency.lint import LintUsageError
+from rollout_consistency.lint import cli as lint_cli
+
+from .usage import UsageError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    return lint_cli.add_parser(subparsers)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return lint_cli.run(args)
+    except LintUsageError as error:
+        raise UsageError(str(error)) from error

@@ -1,0 +1,397 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The doctor: a ranked list of likely causes, each with its evidence and its fix, for every FAIL (and for a
+PASS close to its limits).
+
+Three sources of evidence, strongest first:
+
+* **guards** that failed (windows, NaN/Inf, missing steps, dead workers, a mixed-dtype batch);
+* **localisation**: both sides' own code replayed on the batch that holds the worst sample, their models
+  watched, their forwards compared call by call for the same (sample, step)
+  (`rollout_consistency.gate.diagnosis.replay`, `rollout_consistency.gate.diagnosis.localise`); the first stage
+  where they part names the cause, and when every forward agrees, the step setting that reproduces each side's
+  log-probs does (`rollout_consistency.gate.diagnosis.step_fit`);
+* **figures**: the two tables' signature where the doctor runs beside them (`gate()`, the check), the report's
+  metrics and the settings it records (`rollout_consistency.gate.diagnosis.figure_causes`).
+
+Every FAIL gets a diagnosis; where the evidence cannot separate causes, the candidates share one confidence
+and the evidence names the command that separates them. Cause ids, fixes and what a confidence means:
+`rollout_consistency.gate.diagnosis.catalogue`; the record a report carries, `Diagnosis`:
+`rollout_consistency.gate.judging.causes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
+
+from .catalogue import LOCALISE_HINT, make
+from .figure_causes import from_figures
+from .localised_causes import from_localisation
+
+__all__ = [
+    "NEAR_LIMIT_FRACTION",
+    "DoctorInputError",
+    "attach_diagnosis",
+    "diagnose",
+    "diagnose_check",
+    "needs_diagnosis",
+]
+
+#: A PASS whose worst figure reaches this fraction of its limit gets a diagnosis too.
+NEAR_LIMIT_FRACTION = 0.5
+
+
+# ----------------------------------------------------------------------------------------------------
+def needs_diagnosis(report: Any) -> bool:
+    """A FAIL, or a PASS whose worst gated figure reaches `NEAR_LIMIT_FRACTION` of its limit."""
+    return not report.passed or _near_limit(report) is not None
+
+
+def diagnose(
+    report: Any, localisation: Any = None, *, tables: Any = None, not_localised: str | None = None
+) -> tuple[Diagnosis, ...]:
+    """Ranked likely causes of `report`'s disagreement (empty for a clean PASS; never empty for a FAIL).
+
+    Args:
+        report: a `rollout_consistency.gate.judging.report.Report` (a `gate()` report too).
+        localisation: a `rollout_consistency.gate.diagnosis.localise.Localisation` of the same setup, if one ran.
+        tables: ``(rollout, trainer[, timesteps])`` log-prob tables the report's figures come from, if at hand.
+        not_localised: why no localisation ran (said in the evidence of the figures' causes).
+    """
+    if not needs_diagnosis(report):
+        return ()
+    config = dict(report.config or {})
+    found: list[Diagnosis] = _from_guards(report)
+    if localisation is not None:
+        found.append(from_localisation(localisation, config))
+    signature = _signature(tables)
+    figures = from_figures(report, config, signature)
+    if localisation is not None:  # the replay ran: the figures' pointer to it is moot
+        figures = [dataclasses.replace(d, evidence=tuple(e for e in d.evidence if e != LOCALISE_HINT)) for d in figures]
+    if not_localised and figures:
+        figures = [dataclasses.replace(d, evidence=(*d.evidence, f"not localised: {not_localised}")) for d in figures]
+    found += figures
+    near = _near_limit(report)
+    if report.passed and near is not None:
+        found.append(near)
+    if not report.passed and not found:
+        found.append(_undetermined(report, not_localised))
+    return _rank(found)
+
+
+def attach_diagnosis(report: Any, localisation: Any = None, **options: Any) -> Any:
+    """`report` with its ``diagnosis`` filled (a copy; the report is frozen). `options`: see [`diagnose`]."""
+    causes = diagnose(report, localisation, **options)
+    return dataclasses.replace(report, diagnosis=tuple(d.to_dict() for d in causes))
+
+
+def diagnose_check(report: Any, config: Any, plan: Sequence[Any], results: Sequence[Any] = ()) -> Any:
+    """The check's hook: diagnose a FAIL (or near-limit PASS), localising it by replaying both sides' own code
+    on the batch that holds the worst sample (`rollout_consistency.gate.diagnosis.localise.localise_check`).
+
+    Args:
+        results: the check's `BatchResult`s (their tables feed the figures and check the replay's faithfulness).
+    """
+    if not needs_diagnosis(report):
+        return report
+    tables = _stack(results)
+    localisation, why = None, None
+    metrics = report.metrics
+    if metrics is not None and metrics.overall.count and metrics.overall.max_abs_dlogp > 0:
+        worst = max(metrics.by_sample, key=lambda s: _finite(s.values.max_abs_dlogp)).index
+        batch = next((b for b in plan if worst in b.sample_indices), None)
+        if batch is not None:
+            from .localise import localise_check
+
+            found = localise_check(config, batch, _batch_tables(results, batch.index))
+            if isinstance(found, str):
+                why = found
+            else:
+                localisation = found
+    return attach_diagnosis(report, localisation, tables=tables, not_localised=why)
+
+
+# ----------------------------------------------------------------------------------------------------
+def _rank(found: list[Diagnosis]) -> tuple[Diagnosis, ...]:
+    """Highest confidence first (ties keep their order); one entry per cause (its best, others' evidence appended)."""
+    best: dict[str, Diagnosis] = {}
+    for d in sorted(found, key=lambda d: -d.confidence):
+        if d.cause not in best:
+            best[d.cause] = d
+        else:
+            kept = best[d.cause]
+            extra = tuple(e for e in d.evidence if e not in kept.evidence)
+            details = kept.details if kept.details is not None else d.details
+            best[d.cause] = dataclasses.replace(kept, evidence=kept.evidence + extra, details=details)
+    return tuple(sorted(best.values(), key=lambda d: -d.confidence))
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else math.inf
+
+
+def _signature(tables: Any) -> dict[str, Any] | None:
+    if tables is None:
+        return None
+    from .table_signatures import read_tables
+
+    rollout, trainer, *rest = tables
+    signature = read_tables(rollout, trainer, rest[0] if rest else None)
+    return None if signature.get("kind") in (None, "none") else signature
+
+
+def _stack(results: Sequence[Any]) -> tuple[Any, Any, Any] | None:
+    import numpy as np
+
+    parts = [r for r in results if r is not None and not r.problems]
+    if not parts or len({r.rollout_log_probs.shape[1] for r in parts}) != 1:
+        return None
+    return tuple(
+        np.concatenate([getattr(r, name) for r in parts])
+        for name in ("rollout_log_probs", "trainer_log_probs", "timesteps")
+    )
+
+
+def _batch_tables(results: Sequence[Any], index: int) -> tuple[Any, Any] | None:
+    result = next((r for r in results if r is not None and r.batch == index and not r.problems), None)
+    return None if result is None else (result.rollout_log_probs, result.trainer_log_probs)
+
+
+def _failed(report: Any) -> dict[str, Any]:
+    return {c.name: c for c in report.verdict.checks if not c.passed}
+
+
+def _from_guards(report: Any) -> list[Diagnosis]:
+    failed = _failed(report)
+    out = []
+    if "windows" in failed:
+        out.append(
+            make(
+                "per-request-window",
+                "The SDE window is drawn per request, not per prompt group from the launcher's seed.",
+                [f"windows guard: {failed['windows'].message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    rollout = failed.get("rollout")
+    if rollout is not None and "Mixed dtypes" in rollout.message:
+        out.append(
+            make(
+                "stepwise-bf16",
+                "The step-wise engine keeps per-request latents in the model's low precision; a fresh float32 "
+                "request cannot join them.",
+                [f"rollout failed: {rollout.message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    elif rollout is not None:
+        out.append(
+            make(
+                "worker-failure",
+                "The rollout engine failed on a batch: those samples were never compared.",
+                [f"rollout failed: {rollout.message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    if "experts" in failed:  # both sides' records say which network scored each step: no guessing
+        out.append(
+            make(
+                "expert-switch",
+                "The rollout and the trainer scored some steps with different experts (Wan 2.2's transformer / "
+                "transformer_2): one side switches at another step, or holds one expert throughout.",
+                [f"experts guard: {failed['experts'].message[:400]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    if "finite" in failed and _nonfinite_log_probs(report):
+        out.append(
+            make("nonfinite", "A log-prob is NaN or Inf.", [failed["finite"].message[:300]], "guard", source="guard")
+        )
+    for name in ("complete", "shapes", "nonempty"):
+        if name in failed and not (name == "nonempty" and rollout is not None):
+            out.append(
+                make(
+                    "incomplete",
+                    "The two sides did not score the same (samples, window steps).",
+                    [f"{name} guard: {failed[name].message[:300]}"],
+                    "guard",
+                    source="guard",
+                )
+            )
+            break
+    if "workers" in failed:
+        out.append(
+            make(
+                "worker-failure", "A worker died or failed.", [failed["workers"].message[:300]], "guard", source="guard"
+            )
+        )
+    if "calibration" in failed:
+        out.append(
+            make(
+                "calibration", "The calibration floor could not be measured.", [failed["calibration"].message], "guard"
+            )
+        )
+    if "weights" in failed:
+        out.append(
+            make(
+                "different-weights",
+                "The two sides' weights differ.",
+                [f"weights guard: {failed['weights'].message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    return out
+
+
+def _nonfinite_log_probs(report: Any) -> bool:
+    """NaN/Inf in a log-prob itself (not a ratio exp(Δlogp) that overflowed from finite log-probs)."""
+    metrics = report.metrics
+    return metrics is None or bool(metrics.nonfinite) or not math.isfinite(metrics.overall.max_abs_dlogp)
+
+
+def _undetermined(report: Any, not_localised: str | None) -> Diagnosis:
+    reasons = "; ".join(report.reasons[:2])[:300]
+    evidence = [f"the check failed: {reasons}" if reasons else "the check failed", LOCALISE_HINT]
+    if not_localised:
+        evidence.append(f"not localised: {not_localised}")
+    return make(
+        "different-computation",
+        "The sides disagree and nothing recorded or measured says where.",
+        evidence,
+        "unknown",
+    )
+
+
+def _near_limit(report: Any) -> Diagnosis | None:
+    from rollout_consistency.gate.judging.tolerances import deviation
+
+    m = report.metrics
+    if m is None or not report.passed:
+        return None
+    worst = None
+    for metric, limit in report.tolerance.limits.items():
+        if not limit:
+            continue
+        fraction = deviation(metric, m.overall.get(metric)) / limit
+        if fraction >= NEAR_LIMIT_FRACTION and (worst is None or fraction > worst[1]):
+            worst = (metric, fraction, limit)
+    if worst is None:
+        return None
+    metric, fraction, limit = worst
+    return make(
+        "near-limit",
+        f"PASS, but {metric} is at {fraction:.0%} of its limit.",
+        [f"{metric} = {m.overall.get(metric):.3g}, {report.tolerance.profile} limit {limit:.3g}"],
+        "near-limit",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# `rollout-consistency doctor REPORT.json` (its command module: rollout_consistency.commands.doctor)
+def add_parser(subparsers: Any) -> Any:
+    """The ``doctor`` sub-command's parser (its ``run`` default is set by the caller)."""
+    parser = subparsers.add_parser(
+        "doctor",
+        help="name the likely causes of a step-1 report's FAIL (a report written earlier with --json)",
+        description=(
+            "Read a step-1 report (rollout-consistency check --json) and print its ranked likely causes, each "
+            "with evidence and fix. The figures' signatures are re-read; a localisation or a tables' signature "
+            "stored in the report is kept. Exit 0 with a diagnosis, 2 on bad input."
+        ),
+    )
+    parser.add_argument("report", metavar="REPORT.json", help="a step-1 report written by check --json")
+    parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON (a list of causes)")
+    return parser
+
+
+class DoctorInputError(ValueError):
+    """The doctor's input is not a readable step-1 report."""
+
+
+#: Top-level keys every step-1 report holds (rollout_consistency.gate.judging.report's schema).
+_REPORT_KEYS = ("schema", "schema_version", "verdict", "tolerance", "metrics", "samples", "config", "notes", "run")
+
+
+def read_report(path: str) -> tuple[Any, list[Diagnosis]]:
+    """The step-1 report at `path` and the diagnosis stored in it; `DoctorInputError` naming what is wrong
+    and the fix for anything else (a JSON list, another schema or version, missing keys, malformed entries)."""
+    import json
+
+    from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION, Report
+
+    write_one = "write one with `rollout-consistency check --json` (or `gate ... --json`)"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError as error:
+        raise DoctorInputError(f"{path}: no such file; {write_one}") from error
+    except IsADirectoryError as error:
+        raise DoctorInputError(f"cannot read {path}: it is a directory; pass the report file itself") from error
+    except OSError as error:
+        raise DoctorInputError(f"cannot read {path}: {error.strerror or error}") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DoctorInputError(f"{path} is not JSON ({error}); {write_one}") from error
+    if not isinstance(data, dict):
+        raise DoctorInputError(
+            f"{path} holds a JSON {type(data).__name__}, not a step-1 report (a JSON object with schema "
+            f"{SCHEMA_NAME!r}); {write_one}"
+        )
+    if data.get("schema") != SCHEMA_NAME:
+        raise DoctorInputError(
+            f"{path} has schema {data.get('schema')!r}, not a step-1 report ({SCHEMA_NAME!r}); {write_one}"
+        )
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise DoctorInputError(
+            f"{path} is a step-1 report of schema_version {data.get('schema_version')!r}; this version reads "
+            f"{SCHEMA_VERSION}: run the check again with this version to write one it can read"
+        )
+    missing = [key for key in _REPORT_KEYS if key not in data]
+    if missing:
+        raise DoctorInputError(
+            f"{path} lacks {', '.join(missing)}: not a whole step-1 report (truncated or edited?); {write_one}"
+        )
+    try:
+        report = Report.from_dict(data)
+        stored = [Diagnosis.from_dict(d) for d in report.diagnosis]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        what = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
+        raise DoctorInputError(f"{path} is a malformed step-1 report ({what[:200]}); {write_one}") from error
+    return report, stored
+
+
+def run(args: Any) -> int:
+    """Print the diagnosis of ``args.report``; 0 when done (DoctorInputError for bad input)."""
+    import json
+    from pathlib import Path
+
+    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
+
+    try:
+        check_output_paths({"--json": args.json}, {"REPORT.json": args.report})
+    except OutputPathError as error:
+        raise DoctorInputError(str(error)) from error
+    report, stored = read_report(args.report)
+    # What cannot be re-derived from the report (a replay, the tables' signature) is kept as it was stored.
+    kept = [d for d in stored if d.source in ("localisation", "tables")]
+    diagnoses = _rank([*kept, *diagnose(report)]) if needs_diagnosis(report) else ()
+    print(f"rollout-consistency doctor: {args.report}: {report.status}")
+    if diagnoses:
+        print("\n".join(format_diagnosis(diagnoses, limit=len(diagnoses))))
+    else:
+        print("  nothing to diagnose: a PASS well within its limits")
+    if args.json:
+        text = json.dumps([d.to_dict() for d in diagnoses], indent=2, allow_nan=False) + "\n"
+        try:
+            write_all([(args.json, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))])
+        except OSError as error:
+            raise DoctorInputError(f"cannot write {args.json}: {error.strerror or error}") from error
+    return 0

@@ -1,0 +1,459 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The working table of one comparison and its views, vectorised: no Python loop over entries or cells.
+
+[`Entries`] is what a metric's ``values`` function reads: ``Δlogp = trainer − rollout`` of every (sample, step)
+entry as one ``(B, W)`` float64 table (the only float64 copy of the inputs), its ``ratio = exp(Δlogp)``, and the
+clip ranges. [`Layout`] knows which entries are compared and how they group — micro-batch cells per window
+position, the exact timestep values, the samples — and pools a per-entry table into every view at once
+([`Layout.pool`]).
+
+Summation order is part of the contract: every figure is the same float64 number the reference loop (a
+trainer's ``for step: for micro-batch: log(mean(...))``) gives, bit for bit:
+
+* a cell's sum adds its entries one at a time in (sample, step) order, starting from 0.0;
+* a view's figure adds its cells' values one at a time (micro-batch order; the overall figure in (micro-batch,
+  position) order), starting from 0.0, and divides by the number of cells;
+* a sample's figure adds its steps in order.
+
+NumPy adds row by row when it reduces an axis that is not the contiguous one (`column_sums`), and
+``np.add.accumulate`` is sequential by definition; both are used only where that order is the one above
+(tests/test_judging_views.py holds them to a plain Python loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["POOLS", "Entries", "Layout", "Pooled", "cell_sums", "column_sums", "sequential_sum"]
+
+#: How a per-entry quantity becomes a figure: the unweighted mean over cells of each cell's mean, the same
+#: with each cell's population standard deviation, or the maximum over entries.
+POOLS: tuple[str, ...] = ("mean", "std", "max")
+#: Rows per block of the per-sample sums (a block of every column stays in cache).
+_ROW_BLOCK = 8192
+#: Elements per block of a sequential sum (bounded scratch memory).
+_FLAT_BLOCK = 1 << 16
+
+
+class Entries:
+    """The entries a metric reads, as ``(B, W)`` float64 tables (entries that are not compared hold ``Δ = 0``).
+
+    Attributes:
+        delta: ``Δlogp = logp_trainer − logp_rollout`` (float64: exact for float32 inputs).
+        clip_ratio_low, clip_ratio_high: the PPO clip ranges ε_low, ε_high.
+    """
+
+    def __init__(self, delta: np.ndarray, clip_ratio_low: float, clip_ratio_high: float) -> None:
+        self.delta = delta
+        self.clip_ratio_low = clip_ratio_low
+        self.clip_ratio_high = clip_ratio_high
+        self._ratio: np.ndarray | None = None
+        self._derived: dict[str, np.ndarray] = {}  # boolean tables of the ratio, kept with it
+        self._read = False
+
+    @property
+    def ratio(self) -> np.ndarray:
+        """``exp(Δlogp)``, computed once and kept while consecutive metrics read it (`settle`)."""
+        self._read = True
+        if self._ratio is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._ratio = np.exp(self.delta)
+        return self._ratio
+
+    def settle(self) -> None:
+        """After a metric: a ratio that metric did not read is dropped (one table less while the next runs)."""
+        if not self._read:
+            self._ratio = None
+            self._derived.clear()
+        self._read = False
+
+    def _flag(self, name: str, make: Any) -> np.ndarray:
+        ratio = self.ratio
+        if name not in self._derived:
+            self._derived[name] = make(ratio)
+        return self._derived[name]
+
+    @property
+    def clipped_higher(self) -> np.ndarray:
+        """``ratio − 1 > ε_high`` (bool): clipped on the higher side (False where the ratio is NaN)."""
+        return self._flag("higher", lambda ratio: ratio - 1.0 > self.clip_ratio_high)
+
+    @property
+    def clipped_lower(self) -> np.ndarray:
+        """``1 − ratio > ε_low`` (bool): clipped on the lower side (False where the ratio is NaN)."""
+        return self._flag("lower", lambda ratio: 1.0 - ratio > self.clip_ratio_low)
+
+    def indicator(self, condition: np.ndarray) -> np.ndarray:
+        """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
+        undefined = self._flag("undefined", np.isnan)
+        out = condition.astype(np.float64)
+        out[undefined] = np.nan
+        return out
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One quantity pooled into every view.
+
+    Attributes:
+        overall: the figure over all cells.
+        positions: one figure per window position that has an entry (`Layout.positions` order).
+        timesteps: one figure per timestep value (`Layout.timestep_values` order: large t first).
+        samples: one figure per sample (NaN for a sample without entries).
+    """
+
+    overall: float
+    positions: np.ndarray
+    timesteps: np.ndarray
+    samples: np.ndarray
+
+
+class Layout:
+    """Which entries are compared and how they group into cells and views.
+
+    Args:
+        valid (`(B, W)` bool or None): entries compared (None: all).
+        shape: ``(B, W)``.
+        micro_batch_size: the trainer's micro-batch (samples, in global order, cut into runs of this size).
+        timesteps (`(B, W)` float or None): the exact timestep value of each entry (``by_timestep``).
+    """
+
+    def __init__(
+        self, valid: np.ndarray | None, shape: tuple[int, int], micro_batch_size: int, timesteps: np.ndarray | None
+    ) -> None:
+        batch, width = shape
+        self.shape = shape
+        self.valid = None if valid is None or valid.all() else valid
+        self.micro = max(1, min(micro_batch_size, max(batch, 1)))
+        self.full_micro = batch // self.micro  # micro-batches of exactly `micro` rows; one shorter may follow
+        self.cells_rows = self.full_micro + (batch % self.micro > 0)
+        if self.valid is None:
+            self.sample_counts = np.full(batch, width, dtype=np.int64)
+            self.column_counts = np.full(width, batch, dtype=np.int64)
+            self._cells_per_position = np.full(width, self.cells_rows, dtype=np.int64)
+        else:
+            self.sample_counts = self.valid.sum(axis=1)
+            self.column_counts = self.valid.sum(axis=0)
+            self._cells_per_position = np.zeros(width, dtype=np.int64)  # cells with an entry, per position
+            for rows in _row_blocks(batch, self.micro):
+                self._cells_per_position += (self._block_counts(rows) > 0).sum(axis=0)
+        self._cells = int(self._cells_per_position.sum())
+        self.count = int(self.sample_counts.sum())
+        self.positions = np.flatnonzero(self.column_counts)
+        self._timesteps = None if timesteps is None else _TimestepGroups(timesteps, self)
+
+    # -- labels ------------------------------------------------------------------------------------
+    @property
+    def timestep_values(self) -> np.ndarray:
+        """The distinct timestep values with an entry, large t first (empty without timesteps)."""
+        return np.zeros(0) if self._timesteps is None else self._timesteps.values
+
+    def position_timesteps(self) -> list[float | None]:
+        """Per position in `positions`: its timestep value when every entry there has the same one, else None."""
+        if self._timesteps is None:
+            return [None] * len(self.positions)
+        return self._timesteps.position_labels(self.positions)
+
+    def timestep_positions(self) -> list[int | None]:
+        """Per value in `timestep_values`: its window position when every entry with it sits there, else None."""
+        return [] if self._timesteps is None else self._timesteps.value_positions()
+
+    def timestep_counts(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64) if self._timesteps is None else self._timesteps.counts
+
+    # -- pooling -----------------------------------------------------------------------------------
+    def pool(self, how: str, values: np.ndarray) -> Pooled:
+        """Pool the per-entry table `values` (``(B, W)``, float64) into every view (`POOLS` says how)."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        if values.shape != self.shape:
+            raise ValueError(f"a metric's per-entry values have shape {values.shape}, expected {self.shape}.")
+        if self.count == 0:
+            empty = np.zeros(0)
+            return Pooled(
+                math.nan, empty, np.full(len(self.timestep_values), math.nan), np.full(self.shape[0], math.nan)
+            )
+        if how not in POOLS:
+            raise ValueError(f"unknown pool {how!r}; expected one of {', '.join(POOLS)}.")
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf propagate on purpose
+            if how == "max":
+                return self._pool_max(values)
+            return self._pool_cells(values, spread=how == "std")
+
+    def _pool_cells(self, values: np.ndarray, *, spread: bool) -> Pooled:
+        """The cells' means (or population standard deviations) into the position, overall and sample views, one
+        block of whole micro-batches at a time: no table the size of the inputs beyond `values`."""
+        batch, width = values.shape
+        positions = np.zeros(width)  # each position's cell values so far, added in micro-batch order from 0.0
+        overall = 0.0  # every cell value so far, added in (micro-batch, position) order from 0.0
+        samples = np.empty(batch)
+        for rows in _row_blocks(batch, self.micro):
+            block = values[rows] if self.valid is None else np.where(self.valid[rows], values[rows], 0.0)
+            counts = self._block_counts(rows)
+            whole = (rows.stop - rows.start) // self.micro
+            cells = self._cell_means(cell_sums(block, self.micro, whole), counts)
+            sample_counts = self.sample_counts[rows]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sample_means = row_sums(block) / sample_counts
+            if spread:
+                deviation = _minus_cells(block, cells, self.micro)
+                deviation *= deviation
+                if self.valid is not None:
+                    deviation[~self.valid[rows]] = 0.0
+                cells = np.sqrt(self._cell_means(cell_sums(deviation, self.micro, whole), counts))
+                del deviation
+                deviation = block - np.where(sample_counts == 0, 0.0, sample_means)[:, None]
+                deviation *= deviation
+                if self.valid is not None:
+                    deviation[~self.valid[rows]] = 0.0
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    sample_means = np.sqrt(row_sums(deviation) / sample_counts)
+                del deviation
+            samples[rows] = sample_means + 0.0  # a view of one cell: (0.0 + value) / 1
+            positions = column_sums(np.concatenate([positions[None, :], cells]))
+            overall = sequential_sum(cells.ravel(), start=overall)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            positions = (positions / self._cells_per_position)[self.positions]
+        if self._timesteps is None:
+            timesteps = np.zeros(0)
+        else:
+            pooled = self._timesteps.pool_std(values) if spread else self._timesteps.pool_mean(values)
+            timesteps = positions[self._timesteps.order] if pooled is None else pooled
+        return Pooled(float(overall / self._cells), positions, timesteps, samples)
+
+    def _pool_max(self, values: np.ndarray) -> Pooled:
+        if self.valid is not None:
+            values = np.where(self.valid, values, -np.inf)
+        columns = np.max(values, axis=0)  # a max is exact in any order; NaN propagates
+        samples = np.max(values, axis=1) if values.shape[1] else np.full(values.shape[0], -np.inf)
+        timesteps = None if self._timesteps is None else self._timesteps.pool_max(values, columns)
+        return Pooled(
+            float(np.max(columns[self.positions])),
+            columns[self.positions],
+            np.zeros(0) if timesteps is None else timesteps,
+            np.where(self.sample_counts > 0, samples, np.nan),
+        )
+
+    # -- the arithmetic, in the reference order ------------------------------------------------------
+    def _block_counts(self, rows: slice) -> np.ndarray:
+        """Entries per cell of a block of whole micro-batches: ``(cells, W)``, or ``(cells, 1)`` when all are full."""
+        whole = (rows.stop - rows.start) // self.micro
+        if self.valid is None:
+            counts = np.full((whole + (whole * self.micro < rows.stop - rows.start), 1), self.micro, dtype=np.int64)
+            if whole * self.micro < rows.stop - rows.start:
+                counts[-1] = rows.stop - rows.start - whole * self.micro
+            return counts
+        return _integer_cell_sums(self.valid[rows].astype(np.int32), self.micro, whole)
+
+    def _cell_means(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Each cell's sum over its count, in place (an empty cell: 0.0, it adds nothing and is not counted)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            np.divide(sums, counts, out=sums)
+        if self.valid is not None:
+            sums[np.broadcast_to(counts == 0, sums.shape)] = 0.0
+        return sums
+
+
+class _TimestepGroups:
+    """The ``by_timestep`` view: cells (micro-batch, exact timestep value), values large t first.
+
+    When every window position holds one timestep value and no two positions share one (all samples share the
+    window), the view is ``by_position`` relabelled, entry for entry. Otherwise (windows drawn per prompt group)
+    each block of whole micro-batches sums its cells with ``np.bincount`` — which adds in entry order, as the
+    reference does — and the running sums over cells are carried from block to block, in micro-batch order.
+    """
+
+    def __init__(self, timesteps: np.ndarray, layout: Layout) -> None:
+        self.layout = layout
+        valid = layout.valid
+        width = layout.shape[1]
+        columns = layout.positions
+        self.column_value: np.ndarray | None = None
+        if len(columns):
+            first_row = np.zeros(width, dtype=np.int64) if valid is None else np.argmax(valid, axis=0)
+            first = timesteps[first_row, np.arange(width)]
+            same = timesteps == first[None, :]
+            uniform = bool(same.all() if valid is None else (same | ~valid).all())
+            values = first[columns].astype(np.float64)
+            if uniform and np.unique(values).size == values.size:
+                self.column_value = values
+        if self.column_value is not None:
+            self.order = np.argsort(-self.column_value, kind="stable")
+            self.values = self.column_value[self.order]
+            self.counts = layout.column_counts[columns][self.order]
+            return
+        self.keys, self.key_of = key_table(timesteps, valid)  # not compared: key_of == len(keys)
+        size = self.keys.size
+        present = np.bincount(
+            (self.key_of.astype(np.int64) * width + np.arange(width)).ravel(), minlength=(size + 1) * width
+        ).reshape(size + 1, width)[:size]
+        self._present = present > 0  # (key, position): does an entry with that key sit there
+        self.order = np.argsort(-self.keys, kind="stable")
+        self.values = self.keys[self.order]
+        self.counts = present.sum(axis=1)[self.order]
+
+    def position_labels(self, positions: np.ndarray) -> list[float | None]:
+        if self.column_value is not None:
+            return [float(v) for v in self.column_value]
+        labels: list[float | None] = []
+        for position in positions:
+            seen = np.flatnonzero(self._present[:, position])
+            labels.append(float(self.keys[seen[0]]) if seen.size == 1 else None)
+        return labels
+
+    def value_positions(self) -> list[int | None]:
+        if self.column_value is not None:
+            return [int(p) for p in self.layout.positions[self.order]]
+        labels: list[int | None] = []
+        for key in self.order:
+            where = np.flatnonzero(self._present[key])
+            labels.append(int(where[0]) if where.size == 1 else None)
+        return labels
+
+    def _pooled(self, values: np.ndarray, *, spread: bool) -> np.ndarray:
+        layout, size = self.layout, self.keys.size
+        totals = np.zeros(size)  # each key's cell values so far, added in micro-batch order from 0.0
+        cells = np.zeros(size, dtype=np.int64)
+        for rows in _row_blocks(layout.shape[0], layout.micro):
+            micro = (np.arange(rows.start, rows.stop) - rows.start) // layout.micro
+            keys = self.key_of[rows].astype(np.intp)
+            ids = np.where(keys < size, micro[:, None] * size + keys, micro[-1] * size + size).ravel()
+            block = values[rows].ravel()
+            counts = np.bincount(ids, minlength=(micro[-1] + 1) * size + 1)
+            means = _bincount_means(ids, block, counts)
+            if spread:
+                deviation = block - means[ids]
+                deviation *= deviation
+                means = np.sqrt(_bincount_means(ids, deviation, counts))
+            shaped = means[:-1].reshape(-1, size)
+            totals = column_sums(np.concatenate([totals[None, :], shaped]))
+            cells += (counts[:-1].reshape(-1, size) > 0).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (totals / cells)[self.order]
+
+    def pool_mean(self, values: np.ndarray) -> np.ndarray | None:
+        return None if self.column_value is not None else self._pooled(values, spread=False)
+
+    def pool_std(self, values: np.ndarray) -> np.ndarray | None:
+        return None if self.column_value is not None else self._pooled(values, spread=True)
+
+    def pool_max(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        if self.column_value is not None:
+            return columns[self.layout.positions][self.order]
+        maxima = np.full(self.keys.size + 1, -np.inf)
+        np.maximum.at(maxima, self.key_of.ravel().astype(np.intp), values.ravel())  # a max: any order
+        return maxima[:-1][self.order]
+
+
+def _bincount_means(ids: np.ndarray, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per id: its values added in entry order from 0.0, over its count (0.0 for an id without entries; the last
+    id collects the entries not compared)."""
+    sums = np.bincount(ids, weights=values, minlength=counts.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sums /= counts
+    sums[counts == 0] = 0.0
+    sums[-1] = 0.0
+    return sums
+
+
+def key_table(values: np.ndarray, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values among the compared entries (sorted), and each entry's index into them (the number of
+    values where an entry is not compared), in the smallest integer type that holds it."""
+    keys = np.unique(values if valid is None else values[valid])  # NaN, if any, is one key, the last
+    index = np.empty(values.shape, dtype=np.int16 if keys.size < np.iinfo(np.int16).max else np.int64)
+    for rows in _row_blocks(values.shape[0], 1):
+        index[rows] = np.searchsorted(keys, values[rows])  # exact: every compared value is a key
+    if valid is not None:
+        index[~valid] = keys.size
+    return keys.astype(np.float64), index
+
+
+# ----------------------------------------------------------------------------------------------------
+def column_sums(table: np.ndarray) -> np.ndarray:
+    """Sums down each column, rows added one at a time from 0.0.
+
+    NumPy reduces a non-contiguous axis row by row (pairwise summation only runs along the contiguous axis), so
+    a C-contiguous table of two columns or more is reduced directly; one column is accumulated.
+    """
+    table = np.ascontiguousarray(table)
+    if table.shape[0] == 0:
+        return np.zeros(table.shape[1:])
+    if table.ndim == 2 and table.shape[1] >= 2:
+        return np.add.reduce(table, axis=0) + 0.0
+    return np.add.accumulate(table, axis=0)[-1] + 0.0
+
+
+def cell_sums(values: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
+    """``(micro-batches, W)`` sums of each micro-batch's rows, added in row order from 0.0."""
+    batch, width = values.shape
+    full = full_micro * micro
+    sums = np.empty((full_micro + (full < batch), width))
+    if full_micro:
+        shaped = values[:full].reshape(full_micro, micro, width)
+        if width >= 2:
+            np.add.reduce(shaped, axis=1, out=sums[:full_micro])  # row by row: the reduced axis is not contiguous
+        else:
+            sums[:full_micro] = np.add.accumulate(shaped, axis=1)[:, -1, :]
+    if full < batch:
+        sums[-1] = column_sums(values[full:])
+    sums += 0.0  # the reference starts from 0.0: a sum of -0.0 entries is +0.0
+    return sums
+
+
+def _integer_cell_sums(ones: np.ndarray, micro: int, full_micro: int) -> np.ndarray:
+    batch, width = ones.shape
+    full = full_micro * micro
+    parts = [ones[:full].reshape(full_micro, micro, width).sum(axis=1)] if full_micro else []
+    if full < batch:
+        parts.append(ones[full:].sum(axis=0, keepdims=True))
+    return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
+
+
+def _minus_cells(block: np.ndarray, cells: np.ndarray, micro: int) -> np.ndarray:
+    """Each entry of a block of whole micro-batches (the last may be shorter) minus its cell's value."""
+    rows, width = block.shape
+    whole = rows // micro
+    out = np.empty_like(block)
+    if whole:
+        shape = (whole, micro, width)
+        np.subtract(
+            block[: whole * micro].reshape(shape), cells[:whole, None, :], out=out[: whole * micro].reshape(shape)
+        )
+    if whole * micro < rows:
+        np.subtract(block[whole * micro :], cells[whole], out=out[whole * micro :])
+    return out
+
+
+def _row_blocks(rows: int, unit: int) -> list[slice]:
+    """Consecutive runs of whole `unit`s of rows (the last may be shorter), about `_ROW_BLOCK` rows each."""
+    step = unit * max(1, _ROW_BLOCK // unit)
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def row_sums(values: np.ndarray) -> np.ndarray:
+    """Each row's entries added in column order from 0.0 (column by column over blocks of rows)."""
+    batch, width = values.shape
+    out = np.zeros(batch)
+    for start in range(0, batch, _ROW_BLOCK):
+        block = values[start : start + _ROW_BLOCK]
+        acc = out[start : start + _ROW_BLOCK]
+        for column in range(width):
+            np.add(acc, block[:, column], out=acc)
+    return out
+
+
+def sequential_sum(values: np.ndarray, start: float = 0.0) -> float:
+    """``values`` added one at a time to `start` (in blocks, each carrying the running total)."""
+    total = start
+    for first in range(0, values.size, _FLAT_BLOCK):
+        block = np.concatenate(([total], values[first : first + _FLAT_BLOCK]))
+        total = float(np.add.accumulate(block)[-1])
+    return total
+
+
+def as_table(value: Any) -> np.ndarray:
+    """`value` as a NumPy array (a torch tensor through ``.detach().cpu().numpy()``, without importing torch)."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value

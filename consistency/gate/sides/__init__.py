@@ -1,0 +1,54 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Running the sides: which samples the check draws, both halves (built in, or a user's own plug-in), the
+trainer's recomputation, the work over Ray actors, and the step-2 weight-sync check.
+
+    plan               which prompt, group, seed and SDE window each sample gets, and the rollout batches
+    shared             a worker's state (`Backend`), one batch's result (`BatchResult`), `BackendError`, the
+                       attention-kernel switch: what the modules below share
+    trainer            the trainer side: every stored window step recomputed (`score_trajectory`), the floor's tables,
+                       and the registered ``torch`` trainer backend
+    torch_rollout      the registered ``torch`` rollout backend: the diffusers adapters in the worker's process
+    vllm_omni_rollout  the registered ``vllm-omni`` rollout backend: one engine per worker
+    plugins            a user's own rollout or trainer as a side (``"package.module:factory"``): the protocol
+    backends           both sides from the config (`build_backend`, once per worker: the registered backends'
+                       factories, `rollout_consistency.gate.backend_registry`, or plug-ins) and one batch (`run_batch`)
+    distributed        batches over Ray actors, or in this process (`run_sharded`); `ray_connect` fails fast
+                       on a cluster nobody answers at
+    weight_sync        step 2: one optimizer update, the user's weight sync, the check again
+    trajectory_checks  a saved trajectory's model family and options against the settings
+
+Torch and diffusers are imported when a side runs, not here.
+"""
+
+from __future__ import annotations
+
+from .backends import build_backend, run_batch
+from .distributed import run_sharded
+from .plan import BatchSpec, SampleSpec, make_plan
+from .plugins import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, TrainerPlugin
+from .ray_connect import DistributedError
+from .shared import Backend, BackendError, BatchResult
+from .trainer import score_trajectory
+from .weight_sync import SideHandle, Step2Result, run_weight_sync_check
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BatchResult",
+    "BatchSpec",
+    "DistributedError",
+    "PluginError",
+    "PluginRollout",
+    "RolloutPlugin",
+    "RolloutRequest",
+    "SampleSpec",
+    "SideHandle",
+    "Step2Result",
+    "TrainerPlugin",
+    "build_backend",
+    "make_plan",
+    "run_batch",
+    "run_sharded",
+    "run_weight_sync_check",
+    "score_trajectory",
+]

@@ -1,0 +1,455 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Plug-in backends: the user's own sampling and log-prob code inside the checker's plan.
+
+``rollout_backend`` and ``trainer_backend`` take, besides the built-in names, an object spec
+``"package.module:factory"`` (or ``"path/to/file.py:factory"``; `rollout_consistency.object_spec`). The
+factory is called once per worker (in this process, or on each Ray actor) as ``factory(config=CheckConfig)``
+(``config`` only if its signature takes it) and returns the side:
+
+**Rollout plug-in** — ``rollout(request: RolloutRequest) -> Trajectory | PluginRollout``, called once per
+rollout batch of the plan. The request carries the plan's per-sample seeds, SDE windows, prompts, prompt
+groups, the family's text conditioning of the prompts and the settings. It returns either a validated
+float32 `rollout_consistency.adapters.Trajectory` (the built-in trainer can re-score it), or a
+[`PluginRollout`]: the rollout's ``(n, W)`` float32 log-prob table, the ``(n, W)`` float32 timesteps, the
+seeds and window starts it actually used, and ``batch`` — whatever the trainer plug-in re-scores (e.g. a
+flow_grpo ``samples`` dict).
+
+**Trainer plug-in** — ``trainer(batch, *, micro_batch_size: int) -> (n, W) float32`` (torch tensor or numpy):
+the log-probs of every stored window step. For a `Trajectory` the checker cuts the plan's micro-batches
+itself (``batch`` is one micro-batch of ``micro_batch_size`` rows); a ``PluginRollout.batch`` is passed
+whole and the plug-in cuts micro-batches of ``micro_batch_size``. Called under ``torch.no_grad()`` and the
+configured attention kernel.
+
+Optional attributes of either side:
+
+* ``model`` — the ``torch.nn.Module`` whose weights the side samples or scores with: the report records a
+  fingerprint of each side's weights (`weights_fingerprint`) and flags a mismatch; the step-2 check
+  (`rollout_consistency.gate.sides.weight_sync`) watches it change.
+* trainer ``train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)``
+  — one optimizer update on its real loss, for the step-2 weight-sync check (see that module).
+* trainer ``experts(batch)`` — for a model with experts by timestep (Wan 2.2), the expert it scores each stored
+  step with (one tuple of names per sample), compared with the rollout's record by the ``experts`` guard.
+
+Plug-in output is checked like built-in output: seeds and windows against the plan, float32 only, shapes,
+finiteness. A plug-in that returns something else raises [`PluginError`] (a usage error, exit 2) naming the
+fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from rollout_consistency.gate.backend_registry import is_plugin_spec
+from rollout_consistency.gate.config import CheckConfig, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .plan import BatchSpec
+    from .shared import Backend, BatchResult
+
+__all__ = [
+    "PluginError",
+    "PluginRollout",
+    "RolloutPlugin",
+    "RolloutRequest",
+    "TrainerPlugin",
+    "compare_fingerprints",
+    "is_plugin_spec",
+    "load_plugin",
+    "weights_fingerprint",
+]
+
+
+class PluginError(ConfigError):
+    """A plug-in backend that cannot be loaded or returned something outside the protocol."""
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One rollout batch of the plan, as the rollout plug-in receives it.
+
+    Attributes:
+        batch: the batch index. sample_indices: global sample indices (``n`` of them).
+        seeds: per-sample seed (``n`` ints): initial noise and SDE noise must come from generators seeded
+            with them (`rollout_consistency.adapters.rollout` documents the draws the built-in rollout makes).
+        prompts: per-sample prompt text. prompt_groups: per-sample prompt-group id.
+        windows: per-sample `rollout_consistency.schedulers.SDEWindow` (samples of a group share one).
+        conditioning: the family's text conditioning of `prompts` from the checker's encoder, batch-first
+            (e.g. Qwen-Image ``prompt_embeds`` ``(n, L, D)`` float32 and ``prompt_embeds_mask`` ``(n, L)``
+            int64); use it, or encode `prompts` with your own encoder.
+        scheduler_setup: the schedule (`rollout_consistency.schedulers.SchedulerSetup`).
+        family: the `rollout_consistency.adapters.ModelFamily`. options: its forward settings.
+        guidance_scale: the guidance the family's velocity takes.
+        config: every setting (`CheckConfig`): noise_level, sde_type, global_step, ...
+    """
+
+    batch: int
+    sample_indices: tuple[int, ...]
+    seeds: tuple[int, ...]
+    prompts: tuple[str, ...]
+    prompt_groups: tuple[int, ...]
+    windows: tuple[Any, ...]
+    conditioning: Mapping[str, Any]
+    scheduler_setup: Any
+    family: Any
+    options: Mapping[str, Any]
+    guidance_scale: float
+    config: CheckConfig
+
+
+@dataclass(frozen=True)
+class PluginRollout:
+    """A rollout plug-in's output when it has no `Trajectory`: its own log-prob table and batch object.
+
+    Attributes:
+        log_probs: ``(n, W)`` float32 (numpy or torch): the log-prob of each stored SDE step, in window order.
+        timesteps: ``(n, W)`` float32: the timestep of each stored step.
+        seeds: the seed each sample was drawn with (checked against the plan).
+        window_starts: the first SDE step of each sample's window (checked against the plan).
+        prompt_groups: each sample's prompt group (checked against the plan).
+        batch: what the trainer plug-in re-scores (passed to it as is).
+        experts: for a model with experts by timestep (Wan 2.2), the expert that took each stored step, one
+            tuple of names per sample (compared with the trainer plug-in's ``experts(batch)``); None otherwise.
+    """
+
+    log_probs: Any
+    timesteps: Any
+    seeds: tuple[int, ...]
+    window_starts: tuple[int, ...]
+    prompt_groups: tuple[int, ...]
+    batch: Any = None
+    experts: Any = None
+
+
+class RolloutPlugin(Protocol):
+    def __call__(self, request: RolloutRequest) -> Any: ...
+
+
+class TrainerPlugin(Protocol):
+    def __call__(self, batch: Any, *, micro_batch_size: int) -> Any: ...
+
+
+@dataclass
+class PluginSides:
+    """A worker's plug-in sides (None where the side is built in)."""
+
+    rollout: Any = None
+    trainer: Any = None
+    specs: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
+    """Import the factory named by `spec` and build the `side` (``"rollout"``/``"trainer"``) plug-in.
+
+    Raises:
+        PluginError: the spec cannot be resolved, the factory fails to accept ``config``, or it returns a
+            non-callable.
+    """
+    from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
+
+    try:
+        factory = load_object(spec)
+        plugin = call_with_supported_kwargs(factory, optional={"config": config})
+    except SpecError as error:
+        raise PluginError(f"{side}_backend {spec!r}: {error}") from error
+    if not callable(plugin):
+        raise PluginError(
+            f"{side}_backend {spec!r}: the factory returned a {type(plugin).__name__}, not a callable {side}; "
+            f"return an object with __call__ (see rollout_consistency.gate.sides.plugins)."
+        )
+    return plugin
+
+
+def build_sides(config: CheckConfig) -> PluginSides | None:
+    """The plug-in sides `config` names (None when both sides are built in)."""
+    specs = {
+        side: name
+        for side, name in (("rollout", config.rollout_backend), ("trainer", config.trainer_backend))
+        if is_plugin_spec(name)
+    }
+    if not specs:
+        return None
+    return PluginSides(
+        rollout=load_plugin(specs["rollout"], config, "rollout") if "rollout" in specs else None,
+        trainer=load_plugin(specs["trainer"], config, "trainer") if "trainer" in specs else None,
+        specs=specs,
+    )
+
+
+def side_model(plugin: Any) -> Any:
+    """The ``nn.Module`` a plug-in exposes as ``model`` (None if it exposes none)."""
+    model = getattr(plugin, "model", None)
+    return model if hasattr(model, "state_dict") else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The batch: the plug-in rollout inside the plan, then the trainer (plug-in or built in).
+def make_request(backend: Backend, batch: BatchSpec, conditioning: Mapping[str, Any]) -> RolloutRequest:
+    from rollout_consistency.schedulers import SDEWindow
+
+    config = backend.config
+    samples = batch.samples
+    return RolloutRequest(
+        batch=batch.index,
+        sample_indices=batch.sample_indices,
+        seeds=tuple(s.seed for s in samples),
+        prompts=tuple(s.prompt for s in samples),
+        prompt_groups=tuple(s.prompt_group for s in samples),
+        windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples),
+        conditioning=conditioning,
+        scheduler_setup=backend.scheduler_setup,
+        family=backend.family,
+        options=dict(backend.options),
+        guidance_scale=backend.guidance,
+        config=config,
+    )
+
+
+def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
+    """Run the rollout plug-in on one batch: a validated `Trajectory` or a checked `PluginRollout`."""
+    import torch
+
+    from rollout_consistency.adapters import Trajectory
+
+    from .shared import encode_prompts
+
+    with torch.no_grad():
+        conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
+    request = make_request(backend, batch, conditioning)
+    from .shared import attention
+
+    with attention(backend.config.rollout_attention):
+        out = backend.plugins.rollout(request)
+    spec = backend.plugins.specs["rollout"]
+    if isinstance(out, Trajectory):
+        try:
+            return out.validate()
+        except (ValueError, TypeError) as error:
+            raise PluginError(f"rollout_backend {spec!r} returned an invalid Trajectory: {error}") from error
+    if not isinstance(out, PluginRollout):
+        raise PluginError(
+            f"rollout_backend {spec!r} returned a {type(out).__name__}; return a rollout_consistency.adapters."
+            f"Trajectory or a rollout_consistency.gate.PluginRollout."
+        )
+    n = len(batch.samples)
+    for name in ("seeds", "window_starts", "prompt_groups"):
+        if len(getattr(out, name)) != n:
+            raise PluginError(
+                f"rollout_backend {spec!r}: PluginRollout.{name} has {len(getattr(out, name))} entries for {n} samples."
+            )
+    return out
+
+
+def as_float32_table(value: Any, what: str) -> np.ndarray:
+    """A ``(n, W)`` float32 numpy copy of a tensor/array; PluginError for any other dtype or rank."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float32:
+            raise PluginError(
+                f"{what} is {value.dtype}; return float32 log-probs (a bf16 table has lost the digits compared)."
+            )
+        value = value.detach().cpu().numpy()
+    value = np.asarray(value)
+    if value.dtype != np.float32:
+        raise PluginError(
+            f"{what} is {value.dtype}; return float32 log-probs (a bf16 table has lost the digits compared)."
+        )
+    if value.ndim != 2:
+        raise PluginError(f"{what} has shape {value.shape}; return (samples, window steps).")
+    return value.copy()
+
+
+def trainer_log_probs(trainer: Any, spec: str, batch: Any, micro_batch_size: int) -> np.ndarray:
+    """The trainer plug-in's ``(n, W)`` float32 log-probs of `batch` (a Trajectory is cut into micro-batches)."""
+    import torch
+
+    from rollout_consistency.adapters import Trajectory
+
+    with torch.no_grad():
+        if isinstance(batch, Trajectory):
+            parts = []
+            for start in range(0, batch.batch_size, micro_batch_size):
+                part = batch.select(range(start, min(start + micro_batch_size, batch.batch_size)))
+                parts.append(
+                    as_float32_table(
+                        trainer(part, micro_batch_size=micro_batch_size), f"trainer_backend {spec!r} output"
+                    )
+                )
+            return np.concatenate(parts, axis=0)
+        return as_float32_table(trainer(batch, micro_batch_size=micro_batch_size), f"trainer_backend {spec!r} output")
+
+
+def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
+    """`backends.recompute` for a trainer plug-in: its log-probs under attention kernel `kernel`."""
+    from .shared import attention
+
+    with attention(kernel):
+        return trainer_log_probs(
+            backend.plugins.trainer,
+            backend.plugins.specs["trainer"],
+            batch,
+            backend.config.resolved_micro_batch_size,
+        )
+
+
+def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
+    """The trainer plug-in's optional ``experts(batch)`` (one name per stored step), checked against `shape`."""
+    report = getattr(backend.plugins.trainer, "experts", None)
+    if report is None:
+        return None
+    names = tuple(tuple(str(n) for n in row) for row in report(batch))
+    if len(names) != shape[0] or any(len(row) != shape[1] for row in names):
+        raise PluginError(
+            f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
+            f"step, {shape[0]} rows of {shape[1]}; got {[len(row) for row in names]}."
+        )
+    return names
+
+
+def plugin_experts(backend: Backend, out: PluginRollout) -> dict[str, Any] | None:
+    """`BatchResult.experts` for a rollout plug-in's `PluginRollout` re-scored by a trainer plug-in."""
+    rollout = None if out.experts is None else tuple(tuple(str(n) for n in row) for row in out.experts)
+    trainer = plugin_trainer_experts(backend, out.batch, np.shape(out.log_probs))
+    if rollout is None and trainer is None:
+        return None
+    return {"rollout": rollout, "trainer": trainer}
+
+
+def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
+    """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
+    from .shared import BatchResult
+    from .trainer import score_trajectory
+
+    start = time.perf_counter()
+    out = plugin_rollout(backend, batch)
+    seconds = {"rollout": time.perf_counter() - start}
+    if not isinstance(out, PluginRollout):
+        return score_trajectory(backend, out, batch=batch.index, sample_indices=batch.sample_indices, seconds=seconds)
+    if backend.plugins.trainer is None:
+        raise PluginError(
+            f"rollout_backend {backend.plugins.specs['rollout']!r} returned a PluginRollout (a log-prob table), "
+            f"which the built-in trainer cannot re-score: return a Trajectory, or set trainer_backend to your own "
+            f"'package.module:factory'."
+        )
+    config = backend.config
+    start = time.perf_counter()
+    trainer = plugin_recompute(backend, out.batch, config.trainer_attention)
+    seconds["trainer"] = time.perf_counter() - start
+    floor = None
+    if backend.floor_kernel is not None:
+        start = time.perf_counter()
+        floor = plugin_recompute(backend, out.batch, backend.floor_kernel)
+        seconds["floor"] = time.perf_counter() - start
+    spec = backend.plugins.specs["rollout"]
+    return BatchResult(
+        batch=batch.index,
+        sample_indices=batch.sample_indices,
+        rollout_log_probs=as_float32_table(out.log_probs, f"rollout_backend {spec!r} log_probs"),
+        trainer_log_probs=trainer,
+        floor_log_probs=floor,
+        timesteps=as_float32_table(out.timesteps, f"rollout_backend {spec!r} timesteps"),
+        window_starts=tuple(int(s) for s in out.window_starts),
+        prompt_groups=tuple(int(g) for g in out.prompt_groups),
+        seeds=tuple(int(s) for s in out.seeds),
+        seconds=seconds,
+        precision=backend.precision,
+        weights=backend.weights,
+        experts=plugin_experts(backend, out),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Weight fingerprints.
+_FULL_HASH_ELEMENTS = 1 << 20  # tensors up to this size are hashed byte for byte
+_SAMPLED_ELEMENTS = 1 << 16  # larger ones: a strided sample of this many elements + float64 sum and norm
+
+
+def weights_fingerprint(module: Any) -> dict[str, Any] | None:
+    """A cheap fingerprint of `module.state_dict()` (None for None).
+
+    ``layout``: SHA-256 over every tensor's name, dtype and shape in name order. ``sha256``: SHA-256 over
+    the values — byte for byte for tensors up to 2**20 elements; for larger ones a strided sample of 2**16
+    elements plus the float64 sum and 2-norm computed on the tensor's device (so a 20B-parameter model is
+    not copied to the host; ``exact`` is then False: a change that preserves the sample, the sum and the
+    norm would go unseen, which no optimizer step does). ``tensors``, ``elements``: counts.
+    """
+    import torch
+
+    if module is None:
+        return None
+    state = module.state_dict()
+    layout, values = hashlib.sha256(), hashlib.sha256()
+    exact, elements = True, 0
+    with torch.no_grad():
+        for name in sorted(state):
+            tensor = state[name]
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            tensor = tensor.detach()
+            layout.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+            flat = tensor.reshape(-1)
+            elements += flat.numel()
+            if flat.numel() > _FULL_HASH_ELEMENTS:
+                exact = False
+                stride = flat.numel() // _SAMPLED_ELEMENTS
+                sample = flat[::stride][:_SAMPLED_ELEMENTS]
+                summary = torch.stack(
+                    [torch.sum(flat, dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)]
+                )
+                values.update(_bytes(sample) + _bytes(summary))
+            else:
+                values.update(_bytes(flat))
+    return {
+        "sha256": values.hexdigest(),
+        "layout": layout.hexdigest(),
+        "tensors": len(state),
+        "elements": elements,
+        "exact": exact,
+    }
+
+
+def _bytes(tensor: Any) -> bytes:
+    import torch
+
+    tensor = tensor.cpu().contiguous()
+    if tensor.dtype == torch.bool:
+        tensor = tensor.to(torch.uint8)
+    return tensor.view(torch.uint8).numpy().tobytes()
+
+
+def compare_fingerprints(weights: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
+    """(problems, notes) for a report's ``run["weights"]`` = ``{"rollout": fp, "trainer": fp}``.
+
+    Same layout (names, dtypes, shapes) but other values: the two sides hold different weights — a problem.
+    Other layouts (another dtype, a LoRA wrapper's names, an engine's own module): not comparable — a note.
+    """
+    if not weights:
+        return [], []
+    rollout, trainer = weights.get("rollout"), weights.get("trainer")
+    if rollout is None or trainer is None:
+        missing = [side for side, fp in (("rollout", rollout), ("trainer", trainer)) if fp is None]
+        return [], [f"weights: no fingerprint for the {' and '.join(missing)} side (it exposes no model)"]
+    if rollout["layout"] != trainer["layout"]:
+        return [], [
+            f"weights: rollout ({rollout['tensors']} tensors) and trainer ({trainer['tensors']} tensors) have "
+            f"other tensor names, dtypes or shapes; their values were not compared"
+        ]
+    if rollout["sha256"] != trainer["sha256"]:
+        return [
+            f"the rollout and the trainer hold different weights (sha256 {rollout['sha256'][:12]} vs "
+            f"{trainer['sha256'][:12]}, same names, dtypes and shapes): load the same checkpoint on both sides"
+        ], []
+    return [], [f"weights: rollout and trainer identical (sha256 {rollout['sha256'][:12]})"]
+
+
+def fingerprints(rollout_model: Any, trainer_model: Any) -> dict[str, Any]:
+    """``{"rollout": fp | None, "trainer": fp | None}``; a shared module is hashed once."""
+    trainer = weights_fingerprint(trainer_model)
+    rollout = trainer if rollout_model is trainer_model else weights_fingerprint(rollout_model)
+    return {"rollout": rollout, "trainer": trainer}

@@ -1,0 +1,8 @@
+"""The vLLM reward's helper.
+
+Lint fixture: parsed, never imported or run.
+"""
+
+
+def normalise(text):
+    return text.strip().lower()
