@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_consistency import CheckConfig, run_step1_check
+from rollout_consistency import CheckConfig, Report, run_step1_check
 from rollout_consistency.adapters import recompute_log_probs
 from rollout_consistency.adapters.tiny import load_qwen_image
-from rollout_consistency.gate.diagnosis.replay import preserved_state, record_calls, replay_batch
+from rollout_consistency.gate.diagnosis.replay import core_names, preserved_state, record_calls, replay_batch
 from rollout_consistency.gate.sides.plan import make_plan
 
 CORPUS = Path(__file__).resolve().parent / "doctor_corpus"
@@ -120,6 +120,30 @@ def test_a_side_without_a_model_falls_back_to_the_figures_and_says_so():
     assert all(d["source"] != "localisation" for d in report.diagnosis)
     evidence = " ".join(e for d in report.diagnosis for e in d["evidence"])
     assert "not localised: the trainer plug-in exposes no `model`" in evidence
+
+
+def test_a_model_of_two_experts_is_not_replayed_half_watched():
+    # Wan 2.2's experts are two transformers in one module: hooks on the first alone would miss every forward of
+    # the second, so the replay names the experts instead of comparing half the calls.
+    config = CheckConfig(model_family="wan", boundary_ratio=0.875, **SMALL)
+    found = replay_batch(config, make_plan(config)[0])
+    assert found == "the rollout's model holds 2 transformers (transformer, transformer_2: experts); the replay " + (
+        "watches one transformer per side"
+    )
+    assert core_names(load_qwen_image()) == [""]
+
+
+def test_a_failed_experts_guard_is_not_replayed_over():
+    # The experts guard records which network each side scored every step with: no replay is needed, and one
+    # (here a trainer plug-in that also scores with another noise level) must not rank above that record.
+    from rollout_consistency.gate.diagnosis.doctor import diagnose_check
+
+    report = Report.from_json((Path(__file__).parent / "doctor_reports" / "expert-switch.json").read_text())
+    config = CheckConfig(trainer_backend=f"{__file__}:make_noise_level_trainer", **{**SMALL, "num_prompts": 4})
+    causes = diagnose_check(report, config, make_plan(config)).diagnosis
+    assert causes[0]["cause"] == "expert-switch", causes
+    assert all(d["source"] != "localisation" for d in causes)
+    assert "not localised: the experts guard records" in " ".join(e for d in causes for e in d["evidence"])
 
 
 def test_a_replay_that_raises_leaves_a_figures_diagnosis():

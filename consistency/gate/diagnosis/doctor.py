@@ -101,7 +101,9 @@ def diagnose_check(report: Any, config: Any, plan: Sequence[Any], results: Seque
     tables = _stack(results)
     localisation, why = None, None
     metrics = report.metrics
-    if metrics is not None and metrics.overall.count and metrics.overall.max_abs_dlogp > 0:
+    if "experts" in _failed(report):  # both sides' records already say which network scored each step
+        why = "the experts guard records which expert each side scored every step with"
+    elif metrics is not None and metrics.overall.count and metrics.overall.max_abs_dlogp > 0:
         worst = max(metrics.by_sample, key=lambda s: _finite(s.values.max_abs_dlogp)).index
         batch = next((b for b in plan if worst in b.sample_indices), None)
         if batch is not None:

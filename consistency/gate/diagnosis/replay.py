@@ -128,6 +128,13 @@ def core_module(model: Any) -> Any:
     return next((m for m in model.modules() if any(n.endswith("blocks") for n, _ in m.named_children())), model)
 
 
+def core_names(model: Any) -> list[str]:
+    """The names of `model`'s outermost modules that hold transformer blocks: one for a transformer (however
+    wrapped), two for Wan 2.2's experts (``transformer``, ``transformer_2``)."""
+    cores = [name for name, m in model.named_modules() if any(n.endswith("blocks") for n, _ in m.named_children())]
+    return [name for name in cores if not any(name.startswith(f"{other}.") for other in cores if other != name)]
+
+
 def _blocks(core: Any) -> list[Any]:
     return [block for name, child in core.named_children() if name.endswith("blocks") for block in child]
 
@@ -264,7 +271,8 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
     """Run both sides of the check on `batch_spec` once more with their models watched.
 
     Returns the [`Replay`], or a sentence saying why the sides cannot be watched (a side without a model, a
-    vLLM-omni engine in its own process, a trajectory file).
+    model of several transformers such as Wan 2.2's experts, a vLLM-omni engine in its own process, a
+    trajectory file).
 
     Args:
         config: the check's `CheckConfig`. batch_spec: the plan's batch holding the worst sample.
@@ -296,6 +304,13 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
             f"the {' and '.join(missing)} plug-in exposes no `model` (the nn.Module it samples or scores with): "
             f"set it as an attribute of the object the factory returns so the doctor can watch its forwards"
         )
+    for label, model in (("rollout", rollout_model), ("trainer", trainer_model)):
+        cores = core_names(model)
+        if len(cores) > 1:  # Wan 2.2's experts: a forward may run either or both, which one call per forward misses
+            return (
+                f"the {label}'s model holds {len(cores)} transformers ({', '.join(cores)}: experts); the replay "
+                f"watches one transformer per side"
+            )
     context = _context(config, backend, batch_spec, tables)
     with preserved_state([rollout_model, trainer_model]), torch.no_grad():
         side_start = time.perf_counter()
