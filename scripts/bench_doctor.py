@@ -5,11 +5,11 @@
     .venv/bin/python scripts/bench_doctor.py [--repeats 3]
 
 For a FAILing check the doctor replays the one batch that holds the worst sample through both sides' own code
-(`rollout_consistency.gate.diagnosis.replay`), compares the forwards and, when they agree, fits the step settings. Each
-run here times one ``run_step1_check`` of a corpus case (tests/doctor_corpus) and splits it into the check's own
-work (``report.run["timings_s"]["total"]``, measured before the doctor starts) and the doctor (the rest; its
-replay's own time is ``facts["seconds"]``). The plan has 1 batch (4 samples) or 4 batches (16 samples, the
-same rollout batch of 4): the doctor's cost stays one batch while the check's grows with the run.
+(`rollout_consistency.gate.diagnosis.replay`), compares the forwards and, when they agree, fits the step
+settings. Each run here times one ``run_step1_check`` of a corpus case (tests/doctor_corpus) and splits it into
+the check's own work (``report.run["timings_s"]["total"]``, measured before the doctor starts) and the doctor
+(the rest; its replay's own time is ``facts["seconds"]``). The plan has 1 batch (4 samples) or 4 batches (16
+samples, the same rollout batch of 4): the doctor's cost stays one batch while the check's grows with the run.
 
 Runs are interleaved (case by case, plan by plan, repeat by repeat); each line gives the median and the range of
 ``doctor / check`` over the repeats. Timings on a shared machine are noisy: compare ratios, not seconds.

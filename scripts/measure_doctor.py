@@ -84,7 +84,11 @@ def corpus(calibration):
 def own_code(calibration):
     from rollout_consistency import Report, run_step1_check
     from rollout_consistency.adapters import INJECTION_NAMES
-    from rollout_consistency.gate.diagnosis.doctor import diagnose
+
+    try:
+        from rollout_consistency.gate.diagnosis import diagnose
+    except ImportError:  # an older doctor, before the gate's subpackages
+        from rollout_consistency.gate.doctor import diagnose
 
     reports = ROOT / "tests" / "doctor_reports"
     figures = localised = fails_empty = 0

@@ -33,7 +33,7 @@ NOT_A_BUG = frozenset({"attention-kernel", "batch-composition"})
 #: candidates, held it), as (right + 1) / (cases + 2): measured by scripts/measure_doctor.py on the doctor's
 #: corpus and the --inject pitfalls (docs/doctor.md has the counts); a kind with no measured case stays at 1/2.
 CONFIDENCE: Mapping[str, float] = {
-    "guard": 0.75,  # a failed guard names its cause (windows, NaN, missing steps, dead workers, weights): 2/2
+    "guard": 0.83,  # a failed guard names its cause (windows, experts, NaN, missing steps, dead workers, weights): 4/4
     "replay-stage": 0.92,  # the first stage where both sides' own forwards part, and what differs there: 11/11
     "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured

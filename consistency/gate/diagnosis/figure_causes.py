@@ -1,6 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Causes from the figures alone: the report's metrics, the settings it records, and (where the doctor runs
-next to them: `gate()`, the check) the two log-prob tables' signature (`rollout_consistency.gate.diagnosis.table_signatures`).
+next to them: `gate()`, the check) the two log-prob tables' signature
+(`rollout_consistency.gate.diagnosis.table_signatures`).
 
 Honest by construction:
 

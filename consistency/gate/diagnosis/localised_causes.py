@@ -2,9 +2,9 @@
 """The cause a localisation points at: the first stage where the two sides part, what differs there, and,
 when every forward agrees, the step setting that reproduces each side's log-probs.
 
-Two localisations exist: a replay of the two sides' own code (`rollout_consistency.gate.diagnosis.replay`, what the check
-runs; its `Localisation` carries ``facts``), and `rollout_consistency.gate.diagnosis.localise.localise` over two
-`SideSpec`s (our step function on both sides: stages ``transition.*``, ``scored_sample``, ``log_prob``).
+Two localisations exist: a replay of the two sides' own code (`rollout_consistency.gate.diagnosis.replay`, what
+the check runs; its `Localisation` carries ``facts``), and `rollout_consistency.gate.diagnosis.localise.localise`
+over two `SideSpec`s (our step function on both sides: stages ``transition.*``, ``scored_sample``, ``log_prob``).
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------
 def _from_sides(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
-    """A `SideSpec` localisation (`rollout_consistency.gate.diagnosis.localise.localise`): our step function on both sides."""
+    """A `SideSpec` localisation (`rollout_consistency.gate.diagnosis.localise.localise`): our step function on
+    both sides."""
     first = loc.first
     settings = set(loc.setting_names())
     evidence = [loc.describe()]
