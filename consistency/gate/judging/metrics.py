@@ -60,7 +60,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .registry import Registry, markdown_table
-from .views import POOLS, Entries, Layout, Pooled, as_table
+from .views import POOLS, Entries, Indicator, Layout, Pooled, as_table
 
 Side = Literal["rollout", "trainer"]
 
@@ -82,7 +82,8 @@ class Metric:
         name: its key in reports (JSON ``metrics``, JUnit testcase name, table row) and in ``thresholds``.
         definition: one line for the docs table (docs/checker.md is held to it by a test).
         values: the per-entry quantity, from [`Entries`] (``delta``, ``ratio``, the clip ranges): an elementwise
-            function of each entry alone; `pool` turns it into a figure per view.
+            function of each entry alone, as a float64 table or an [`Indicator`] (``entries.flagged(condition)``);
+            `pool` turns it into a figure per view. Consecutive metrics with the same function share one table.
         pool: ``"mean"`` (the mean over cells of each cell's mean, as trainers log it), ``"std"`` (the mean over
             cells of each cell's population standard deviation) or ``"max"`` (over entries).
         scale: how profiles set its limit (`SCALES`).
@@ -95,7 +96,7 @@ class Metric:
 
     name: str
     definition: str
-    values: Callable[[Entries], np.ndarray]
+    values: Callable[[Entries], np.ndarray | Indicator]
     pool: str = "mean"
     scale: str = "spread"
     agreement: float | None = None
@@ -147,6 +148,14 @@ class Metric:
 METRICS: Registry[Metric] = Registry("metric")
 
 
+def _ratio(entries: Entries) -> np.ndarray:
+    return entries.ratio
+
+
+def _abs_delta(entries: Entries) -> np.ndarray:
+    return np.abs(entries.delta)
+
+
 def _half_square(delta: np.ndarray) -> np.ndarray:
     out = np.multiply(0.5, delta)  # (0.5·Δ)·Δ, in one scratch table
     out *= delta
@@ -157,13 +166,13 @@ for _metric in (
     Metric(
         "ratio_mean",
         "mean of `ratio = exp(Δlogp)`",
-        lambda e: e.ratio,
+        _ratio,
         scale="bias",
         agreement=1.0,
         table_format=".9f",
         message_format=".9f",
     ),
-    Metric("ratio_std", "population standard deviation (ddof 0) of `ratio`", lambda e: e.ratio, pool="std"),
+    Metric("ratio_std", "population standard deviation (ddof 0) of `ratio`", _ratio, pool="std"),
     Metric(
         "ppo_kl",
         "mean of `−Δlogp` (verl's `ppo_kl = mean(old_logp − logp)`)",
@@ -175,7 +184,7 @@ for _metric in (
     Metric(
         "pg_clipfrac",
         "fraction with `ratio − 1 > ε_high` or `1 − ratio > ε_low`",
-        lambda e: e.indicator(e.clipped_higher | e.clipped_lower),
+        lambda e: e.flagged(e.clipped_higher | e.clipped_lower),
         scale="fraction",
         column="clipfrac",
         table_format=".4f",
@@ -184,7 +193,7 @@ for _metric in (
     Metric(
         "pg_clipfrac_higher",
         "fraction with `ratio − 1 > ε_high`",
-        lambda e: e.indicator(e.clipped_higher),
+        lambda e: e.flagged(e.clipped_higher),
         scale="fraction",
         column="clip_hi",
         table_format=".4f",
@@ -193,17 +202,15 @@ for _metric in (
     Metric(
         "pg_clipfrac_lower",
         "fraction with `1 − ratio > ε_low`",
-        lambda e: e.indicator(e.clipped_lower),
+        lambda e: e.flagged(e.clipped_lower),
         scale="fraction",
         column="clip_lo",
         table_format=".4f",
         aliases=("clipfrac_lt_one", "clipfrac_lower"),
     ),
     Metric("approx_kl", "`½ · mean(Δlogp²)` (Flow-GRPO)", lambda e: _half_square(e.delta), scale="rms"),
-    Metric("mean_abs_dlogp", "mean of `|Δlogp|`", lambda e: np.abs(e.delta), column="mean|dlogp|"),
-    Metric(
-        "max_abs_dlogp", "max of `|Δlogp|`", lambda e: np.abs(e.delta), pool="max", scale="max", column="max|dlogp|"
-    ),
+    Metric("mean_abs_dlogp", "mean of `|Δlogp|`", _abs_delta, column="mean|dlogp|"),
+    Metric("max_abs_dlogp", "max of `|Δlogp|`", _abs_delta, pool="max", scale="max", column="max|dlogp|"),
 ):
     METRICS.register(_metric)
 
@@ -575,7 +582,7 @@ def compute_metrics(
     layout = Layout(valid, shape, batch if micro_batch_size is None else micro_batch_size, steps)
     entries = Entries(delta, float(low), float(high))
     metrics = METRICS.values()
-    pooled = [_pool(layout, metric, entries) for metric in metrics]
+    pooled = _pool_metrics(layout, metrics, entries)
     del entries, delta  # release the working table before the result objects are built
     return ConsistencyMetrics(
         overall=_values(metrics, pooled, "overall", None, layout.count),
@@ -597,11 +604,23 @@ def compute_metrics(
     )
 
 
-def _pool(layout: Layout, metric: Metric, entries: Entries) -> Pooled:
-    with np.errstate(over="ignore", invalid="ignore"):
-        values = metric.values(entries)
-    entries.settle()
-    return layout.pool(metric.pool, values)
+def _pool_metrics(layout: Layout, metrics: Sequence[Metric], entries: Entries) -> list[Pooled]:
+    """Every metric pooled, in order; consecutive metrics with the same ``values`` function (``ratio_mean`` and
+    ``ratio_std``, ``mean_abs_dlogp`` and ``max_abs_dlogp``) are pooled from one table."""
+    groups: list[list[Metric]] = []
+    for metric in metrics:
+        if groups and groups[-1][0].values is metric.values:
+            groups[-1].append(metric)
+        else:
+            groups.append([metric])
+    pooled: list[Pooled] = []
+    for group in groups:
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = group[0].values(entries)
+        entries.settle()
+        pooled += layout.pool_all([m.pool for m in group], values)
+        del values
+    return pooled
 
 
 def _values(
