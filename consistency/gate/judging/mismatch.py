@@ -37,6 +37,8 @@ _Z95 = 1.959963984540054
 SAFETY_BOUND = 20.0
 #: Entries per block of the Pearson sums.
 _PEARSON_BLOCK = 1 << 18
+#: Samples per block when the per-timestep views' table is written column by column (a block stays in cache).
+_TRANSPOSE_ROWS = 2048
 
 
 class StatisticView:
@@ -111,6 +113,16 @@ class StatisticView:
     @property
     def advantages(self) -> np.ndarray | None:
         return None if self._advantages is None else self._advantages()
+
+    def mean_of(self, make: Callable[[np.ndarray], np.ndarray], source: np.ndarray) -> Any:
+        """``mean(make(source), axis=-1)``, computed once per function and source table: in the per-timestep views each
+        sample has one entry there, so its per-sample sums are the entries (`chi2_seq` is `chi2_token` then)."""
+        for seen_make, seen_source, value in self.memo.setdefault("mean_of", []):
+            if seen_make is make and seen_source is source:
+                return value
+        value = _mean(make(source))
+        self.memo["mean_of"].append((make, source, value))
+        return value
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """The two log-prob tables' entries as stored, ``(rollout, trainer)``."""
@@ -295,13 +307,13 @@ for _statistic in (
     Statistic(
         "chi2_token",
         "`mean(ρ²) − 1`, `ρ = exp(clamp(Δlogp, ±20))`",
-        lambda v: _mean(_expm1_twice_clamped(v.delta)),
+        lambda v: v.mean_of(_expm1_twice_clamped, v.delta),
         follows="verl rollout correction `chi2_token` (evaluated as `mean(expm1(2·clamp(Δlogp)))`)",
     ),
     Statistic(
         "chi2_seq",
         "mean over samples of `exp(2·clamp(Σ_t Δlogp, ±20)) − 1` (a sample's steps are its sequence)",
-        lambda v: _mean(_expm1_twice_clamped(v.per_sample_sum)),
+        lambda v: v.mean_of(_expm1_twice_clamped, v.per_sample_sum),
         follows="verl rollout correction `chi2_seq` (evaluated with `expm1`)",
     ),
     Statistic(
@@ -584,9 +596,13 @@ def _column_views(
         order = [int(j) for j in np.argsort(-first, kind="stable")]  # denoising order: large t first
         labels = (order, [float(first[j]) for j in order])
     delta = np.empty((width, batch))
+    scratch = np.empty((min(batch, _TRANSPOSE_ROWS), width))
     with np.errstate(invalid="ignore"):
-        for row, column in enumerate(order):
-            np.subtract(trainer[:, column], rollout[:, column], out=delta[row], dtype=np.float64)
+        for start in range(0, batch, _TRANSPOSE_ROWS):  # a block of rows in cache, written out transposed
+            rows = slice(start, start + _TRANSPOSE_ROWS)
+            block = scratch[: min(batch, rows.stop) - start]
+            np.subtract(trainer[rows], rollout[rows], out=block, dtype=np.float64)
+            delta[:, rows] = block.T[order]
 
     def per_sample() -> tuple[np.ndarray, None]:
         # One entry per sample in a column: its sum from 0.0 is the entry itself, but for -0.0 (which becomes 0.0).
