@@ -35,8 +35,8 @@ from .views import key_table, row_sums
 _Z95 = 1.959963984540054
 #: verl's ``SAFETY_BOUND``: log-ratios (and their per-sequence sums) are clamped to ±20 before ``exp`` in χ².
 SAFETY_BOUND = 20.0
-#: Entries per block of the Pearson sums.
-_PEARSON_BLOCK = 1 << 18
+#: Entries per block of the Pearson sums (three float64 scratch tables of this size stay in cache).
+_PEARSON_BLOCK = 1 << 16
 #: Samples per block when the per-timestep views' table is written column by column (a block stays in cache).
 _TRANSPOSE_ROWS = 2048
 
@@ -188,14 +188,14 @@ def _bias(view: StatisticView) -> tuple[Any, Any]:
 def _pearson(view: StatisticView) -> Any:
     """Σ dx·dy / sqrt(Σ dx² · Σ dy²) about the means. Every sum adds NumPy pairwise sums of blocks, one block at a
     time: the same number on every machine (not BLAS, whose order depends on the CPU's kernel and its threads),
-    and no float64 copy of either table."""
+    and no float64 copy of either table: each block is widened into three cache-sized scratch tables."""
     x, y = view.sides()
     if x.shape[-1] < 2:
         return np.full(x.shape[:-1], np.nan)  # undefined with < 2 entries
     n = x.shape[-1]
-    step = max(1024, _PEARSON_BLOCK // max(1, int(np.prod(x.shape[:-1]))))
-    blocks = [slice(start, start + step) for start in range(0, n, step)]
     shape = x.shape[:-1]
+    step = max(256, _PEARSON_BLOCK // max(1, int(np.prod(shape))))
+    blocks = [slice(start, min(n, start + step)) for start in range(0, n, step)]
     mean_x, mean_y = np.zeros(shape), np.zeros(shape)
     for block in blocks:
         mean_x += np.sum(x[..., block], axis=-1, dtype=np.float64)
@@ -204,18 +204,17 @@ def _pearson(view: StatisticView) -> Any:
     # A non-finite entry makes its side's sum, so its mean, non-finite: the correlation is NaN then.
     finite = np.isfinite(mean_x) & np.isfinite(mean_y)
     sxy, sxx, syy = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    scratch = np.empty((3, *shape, min(n, step)))
     for block in blocks:
-        dx = x[..., block].astype(np.float64)
-        dx -= mean_x[..., None]
-        dy = y[..., block].astype(np.float64)
-        dy -= mean_y[..., None]
-        sxy += np.sum(dx * dy, axis=-1)
-        dx *= dx
-        dy *= dy
-        sxx += np.sum(dx, axis=-1)
-        syy += np.sum(dy, axis=-1)
+        dx, dy, product = scratch[..., : block.stop - block.start]  # each row contiguous: pairwise sums
+        np.subtract(x[..., block], mean_x[..., None], out=dx, dtype=np.float64)
+        np.subtract(y[..., block], mean_y[..., None], out=dy, dtype=np.float64)
+        sxy += np.sum(np.multiply(dx, dy, out=product), axis=-1)
+        sxx += np.sum(np.multiply(dx, dx, out=dx), axis=-1)
+        syy += np.sum(np.multiply(dy, dy, out=dy), axis=-1)
     denominator = np.sqrt(sxx * syy)
     correlation = np.where(denominator > 0, sxy / np.where(denominator > 0, denominator, 1.0), np.nan)
+    correlation = np.clip(correlation, -1.0, 1.0)  # two identical sides can round to 1 + 1 ulp
     return np.where(finite, correlation, np.nan)  # non-finite entries propagate as NaN
 
 
