@@ -343,11 +343,17 @@ _ROWS_AT_ONCE = 4096
 
 class PerSample(Sequence[SampleMetrics]):
     """``by_sample``: one `SampleMetrics` per sample, built when read (a table of a million samples costs one
-    array, not a million objects). `figure` gives one metric for every sample as an array."""
+    array, not a million objects).
+
+    Code that reads every sample should read whole columns instead: `figure` (one metric of every sample, an
+    array) and `counts` (each sample's number of compared steps; 0 for a sample without any, whose figures are
+    NaN) — a loop over a million samples in Python costs seconds, a column a millisecond.
+    """
 
     def __init__(self, names: Sequence[str], figures: np.ndarray, counts: np.ndarray) -> None:
         self._names = tuple(names)
-        self._figures = figures  # (samples, metrics) float64
+        self._columns = {name: column for column, name in enumerate(self._names)}
+        self._figures = figures  # (metrics, samples) float64: one contiguous column per metric
         self._counts = counts
 
     @classmethod
@@ -356,14 +362,22 @@ class PerSample(Sequence[SampleMetrics]):
         figures = np.array([[s.values.get(n) for n in names] for s in items], dtype=np.float64).reshape(-1, len(names))
         if any(s.index != i for i, s in enumerate(items)):
             raise ValueError("by_sample must list samples 0..N-1 in order.")
-        return cls(names, figures, np.array([s.values.count for s in items], dtype=np.int64))
+        return cls(names, figures.T.copy(), np.array([s.values.count for s in items], dtype=np.int64))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metrics every sample has a figure of (`figure` takes these)."""
+        return self._names
 
     def figure(self, metric: str) -> np.ndarray:
         """`metric` of every sample, `(samples,)` float64 (NaN for a sample without entries)."""
-        return self._figures[:, self._names.index(metric)].copy()
+        if metric not in self._columns:
+            raise KeyError(f"no per-sample figure {metric!r}; the samples have {', '.join(self._names)}.")
+        return self._figures[self._columns[metric]].copy()
 
     @property
     def counts(self) -> np.ndarray:
+        """Each sample's number of compared steps, `(samples,)` int64."""
         return self._counts.copy()
 
     def __len__(self) -> int:
@@ -377,18 +391,17 @@ class PerSample(Sequence[SampleMetrics]):
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
         i = range(len(self))[index]
-        figures = dict(zip(self._names, self._figures[i].tolist(), strict=True))
+        figures = dict(zip(self._names, self._figures[:, i].tolist(), strict=True))
         return SampleMetrics(i, MetricValues._of(figures, int(self._counts[i])))
 
     def __iter__(self) -> Iterator[SampleMetrics]:
         # Each sample's figures stay in the table until one is read (`_RowValues`): a loop that reads one figure
-        # of every sample builds no dict per sample.
-        columns = {name: column for column, name in enumerate(self._names)}
+        # of every sample turns that one column into Python floats, a block of samples at a time.
         for start in range(0, len(self), _ROWS_AT_ONCE):
-            rows = self._figures[start : start + _ROWS_AT_ONCE].tolist()
+            block = _SampleBlock(self._names, self._columns, self._figures[:, start : start + _ROWS_AT_ONCE])
             counts = self._counts[start : start + _ROWS_AT_ONCE].tolist()
-            for offset, (row, count) in enumerate(zip(rows, counts, strict=True)):
-                yield SampleMetrics(start + offset, _RowValues._of_row(self._names, columns, row, count))
+            for offset, count in enumerate(counts):
+                yield SampleMetrics(start + offset, _RowValues._of_row(block, offset, count))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -404,32 +417,51 @@ class PerSample(Sequence[SampleMetrics]):
         names = self._names
         return [
             {"index": i, "values": {**dict(zip(names, row, strict=True)), "count": count}}
-            for i, (row, count) in enumerate(zip(self._figures.tolist(), self._counts.tolist(), strict=True))
+            for i, (row, count) in enumerate(zip(self._figures.T.tolist(), self._counts.tolist(), strict=True))
         ]
 
 
-class _RowValues(MetricValues):
-    """One sample's `MetricValues`, reading its row of the per-sample table until a method needs the mapping."""
+class _SampleBlock:
+    """A block of samples' figures, each metric's column turned into Python floats when first read."""
 
-    __slots__ = ("_columns", "_names", "_row")
+    __slots__ = ("_lists", "columns", "figures", "names")
+
+    def __init__(self, names: tuple[str, ...], columns: dict[str, int], figures: np.ndarray) -> None:
+        self.names = names
+        self.columns = columns
+        self.figures = figures  # (metrics, samples of the block)
+        self._lists: dict[int, list[float]] = {}
+
+    def column(self, index: int) -> list[float]:
+        found = self._lists.get(index)
+        if found is None:
+            found = self._lists[index] = self.figures[index].tolist()
+        return found
+
+
+class _RowValues(MetricValues):
+    """One sample's `MetricValues`, reading its block's columns until a method needs the mapping."""
+
+    __slots__ = ("_block", "_offset")
 
     @classmethod
-    def _of_row(cls, names: tuple[str, ...], columns: dict[str, int], row: list[float], count: int) -> _RowValues:
+    def _of_row(cls, block: _SampleBlock, offset: int, count: int) -> _RowValues:
         values = object.__new__(cls)
-        object.__setattr__(values, "_names", names)
-        object.__setattr__(values, "_columns", columns)
-        object.__setattr__(values, "_row", row)
+        object.__setattr__(values, "_block", block)
+        object.__setattr__(values, "_offset", offset)
         object.__setattr__(values, "count", count)
         return values
 
     def __getattr__(self, name: str) -> Any:
+        block = object.__getattribute__(self, "_block")
         if name == "_figures":  # the mapping, built on first use
-            figures = dict(zip(self._names, self._row, strict=True))
+            offset = self._offset
+            figures = {name: block.column(index)[offset] for name, index in block.columns.items()}
             object.__setattr__(self, "_figures", figures)
             return figures
-        column = self._columns.get(name)
-        if column is not None:
-            return self._row[column]
+        index = block.columns.get(name)
+        if index is not None:
+            return block.column(index)[self._offset]
         return super().__getattr__(name)
 
 
@@ -590,7 +622,7 @@ def compute_metrics(
         by_timestep=_steps(metrics, pooled, layout, by="timesteps"),
         by_sample=PerSample(
             [m.name for m in metrics],
-            np.stack([p.samples for p in pooled], axis=1) if pooled else np.zeros((batch, 0)),
+            np.stack([p.samples for p in pooled]) if pooled else np.zeros((0, batch)),
             layout.sample_counts,
         ),
         nonfinite=nonfinite,
