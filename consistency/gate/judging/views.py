@@ -267,14 +267,14 @@ class Layout:
                 positions[how] = column_sums(np.concatenate([positions[how][None, :], cells[how]]))
                 overall[how] = sequential_sum(cells[how].ravel(), start=overall[how])
         pooled = {}
+        by_value = None if self._timesteps is None else self._timesteps.pool(values, hows)
         for how in hows:
             with np.errstate(invalid="ignore", divide="ignore"):
                 at = (positions[how] / self._cells_per_position)[self.positions]
             if self._timesteps is None:
                 timesteps = np.zeros(0)
             else:
-                by_value = self._timesteps.pool_std(values) if how == "std" else self._timesteps.pool_mean(values)
-                timesteps = at[self._timesteps.order] if by_value is None else by_value
+                timesteps = at[self._timesteps.order] if by_value is None else by_value[how]
             pooled[how] = Pooled(float(overall[how] / self._cells), at, timesteps, samples[how])
         return pooled
 
@@ -367,9 +367,12 @@ class _TimestepGroups:
             labels.append(int(where[0]) if where.size == 1 else None)
         return labels
 
-    def _pooled(self, values: np.ndarray, *, spread: bool) -> np.ndarray:
+    def pool(self, values: np.ndarray | Indicator, hows: Sequence[str]) -> dict[str, np.ndarray] | None:
+        """The mean (and std) pools of `values` per timestep value, from one sweep (None: `by_position` relabelled)."""
+        if self.column_value is not None:
+            return None
         layout, size = self.layout, self.keys.size
-        totals = np.zeros(size)  # each key's cell values so far, added in micro-batch order from 0.0
+        totals = {how: np.zeros(size) for how in hows}  # each key's cell values so far, in micro-batch order from 0.0
         cells = np.zeros(size, dtype=np.int64)
         for rows in _row_blocks(layout.shape[0], layout.micro):
             micro = (np.arange(rows.start, rows.stop) - rows.start) // layout.micro
@@ -377,22 +380,17 @@ class _TimestepGroups:
             ids = np.where(keys < size, micro[:, None] * size + keys, micro[-1] * size + size).ravel()
             block = _float_block(values, rows).ravel()
             counts = np.bincount(ids, minlength=(micro[-1] + 1) * size + 1)
-            means = _bincount_means(ids, block, counts)
-            if spread:
-                deviation = block - means[ids]
+            means = {"mean": _bincount_means(ids, block, counts)}
+            if "std" in hows:
+                deviation = block - means["mean"][ids]
                 deviation *= deviation
-                means = np.sqrt(_bincount_means(ids, deviation, counts))
-            shaped = means[:-1].reshape(-1, size)
-            totals = column_sums(np.concatenate([totals[None, :], shaped]))
+                means["std"] = np.sqrt(_bincount_means(ids, deviation, counts))
+            for how in hows:
+                shaped = means[how][:-1].reshape(-1, size)
+                totals[how] = column_sums(np.concatenate([totals[how][None, :], shaped]))
             cells += (counts[:-1].reshape(-1, size) > 0).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (totals / cells)[self.order]
-
-    def pool_mean(self, values: np.ndarray) -> np.ndarray | None:
-        return None if self.column_value is not None else self._pooled(values, spread=False)
-
-    def pool_std(self, values: np.ndarray) -> np.ndarray | None:
-        return None if self.column_value is not None else self._pooled(values, spread=True)
+            return {how: (totals[how] / cells)[self.order] for how in hows}
 
     def pool_max(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray:
         if self.column_value is not None:
