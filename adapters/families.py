@@ -227,9 +227,11 @@ def load_pretrained_transformer(
             f"{path} is not a diffusers model directory (no transformer/config.json or config.json); pass the "
             f"folder a pipeline's save_pretrained wrote"
         )
+    # from_pretrained casts to `dtype` but keeps the class's `_keep_in_fp32_modules` (Wan: its norms, time
+    # embedder, RoPE) in float32, as a user's own `Pipeline.from_pretrained(torch_dtype=...)` does; a dtype cast
+    # here would round them, and the two sides would not be the same model. Only the device moves.
     model = model_class.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
-    # nn.Module.to: diffusers' ModelMixin.to warns about `_keep_in_fp32_modules` on every dtype cast.
-    return nn.Module.to(model, device=device, dtype=dtype).eval()
+    return nn.Module.to(model, device=device).eval()
 
 
 def load_scheduler_config(path: str | os.PathLike) -> dict[str, Any]:

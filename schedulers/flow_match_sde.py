@@ -67,6 +67,43 @@ class FlowMatchSDESchedulerOutput(BaseOutput):
     std_dev_t: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _ScheduleLookup:
+    """A scheduler's `timesteps` and `sigmas` as Python floats, for the per-call lookup of a step's sigmas."""
+
+    timesteps: torch.Tensor  # the tensors it was built from (held, so that `is` identifies them)
+    sigmas: torch.Tensor
+    versions: tuple[int, int]  # their in-place version counters at build time
+    schedule: tuple[float, ...]
+    pairs: dict[float, tuple[float, float]]  # timestep value -> (σ, σ'), first occurrence as diffusers
+    sigma_max: float  # sigmas[1]: Flow-GRPO's stand-in for σ = 1
+    terminal: float  # the timestep value of the schedule's end
+
+    @classmethod
+    def build(cls, timesteps: torch.Tensor, sigmas: torch.Tensor, num_train_timesteps: int) -> _ScheduleLookup:
+        schedule = tuple(timesteps.to(torch.float32).tolist())
+        values = sigmas.to(torch.float32).tolist()
+        # Exact equality, as diffusers' `index_for_timestep`: a timestep that drifted through a dtype
+        # round-trip is a consistency bug to report, not to paper over with a nearest match.
+        pairs = {value: (values[i], values[i + 1]) for i, value in reversed(list(enumerate(schedule)))}
+        return cls(
+            timesteps=timesteps,
+            sigmas=sigmas,
+            versions=(timesteps._version, sigmas._version),
+            schedule=schedule,
+            pairs=pairs,
+            sigma_max=values[1] if len(values) > 1 else values[0],
+            terminal=values[-1] * num_train_timesteps,
+        )
+
+    def describes(self, timesteps: torch.Tensor, sigmas: torch.Tensor) -> bool:
+        return (
+            timesteps is self.timesteps
+            and sigmas is self.sigmas
+            and (timesteps._version, sigmas._version) == self.versions
+        )
+
+
 class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
     """Flow-matching Euler scheduler with SDE steps and log-probabilities for RL.
 
@@ -284,35 +321,40 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         Raises:
             ValueError: a timestep that is not exactly one of `self.timesteps`, or a batch-size mismatch.
         """
-        if getattr(self, "num_inference_steps", None) is None or self.timesteps is None:
-            raise RuntimeError("Call `set_timesteps(...)` before stepping the scheduler.")
-        requested = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).tolist()
-        if len(requested) == 1:
-            requested = requested * batch_size
-        elif len(requested) != batch_size:
-            raise ValueError(
-                f"`timestep` has {len(requested)} entries for a batch of {batch_size}: pass one timestep, or one "
-                f"per sample (shape ({batch_size},))."
-            )
-        schedule = self.timesteps.to(torch.float32).tolist()
-        sigmas = self.sigmas.to(torch.float32).tolist()
-        # Exact equality, as diffusers' `index_for_timestep`: a timestep that drifted through a dtype
-        # round-trip is a consistency bug to report, not to paper over with a nearest match.
-        index_of = {value: index for index, value in reversed(list(enumerate(schedule)))}
-        missing = [value for value in requested if value not in index_of]
-        if missing:
-            terminal = sigmas[-1] * self.config.num_train_timesteps
-            if terminal in missing:
+        lookup = self._lookup()
+        if isinstance(timestep, (int, float)) or (isinstance(timestep, torch.Tensor) and timestep.numel() == 1):
+            requested = [float(torch.as_tensor(timestep, dtype=torch.float32))] * batch_size
+        else:
+            requested = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).tolist()
+            if len(requested) != batch_size:
                 raise ValueError(
-                    f"timestep {terminal:g} is the end of the schedule: there is no step after it "
-                    f"({len(schedule)} steps were set)."
+                    f"`timestep` has {len(requested)} entries for a batch of {batch_size}: pass one timestep, or one "
+                    f"per sample (shape ({batch_size},))."
+                )
+        missing = [value for value in requested if value not in lookup.pairs]
+        if missing:
+            if lookup.terminal in missing:
+                raise ValueError(
+                    f"timestep {lookup.terminal:g} is the end of the schedule: there is no step after it "
+                    f"({len(lookup.schedule)} steps were set)."
                 )
             raise ValueError(
-                f"timestep(s) {missing} are not in the schedule ({len(schedule)} steps, {schedule[0]:.6g} … "
-                f"{schedule[-1]:.6g}). Pass values taken from `scheduler.timesteps` after the same "
-                f"`set_timesteps(...)` call, kept in float32."
+                f"timestep(s) {missing} are not in the schedule ({len(lookup.schedule)} steps, "
+                f"{lookup.schedule[0]:.6g} … {lookup.schedule[-1]:.6g}). Pass values taken from `scheduler.timesteps` "
+                f"after the same `set_timesteps(...)` call, kept in float32."
             )
-        return [(sigmas[index_of[value]], sigmas[index_of[value] + 1]) for value in requested]
+        return [lookup.pairs[value] for value in requested]
+
+    def _lookup(self) -> _ScheduleLookup:
+        """The schedule as Python floats, rebuilt only when `timesteps` or `sigmas` change (a step would otherwise
+        convert both tensors on every call)."""
+        if getattr(self, "num_inference_steps", None) is None or self.timesteps is None:
+            raise RuntimeError("Call `set_timesteps(...)` before stepping the scheduler.")
+        lookup = self.__dict__.get("_schedule_lookup")
+        if lookup is None or not lookup.describes(self.timesteps, self.sigmas):
+            lookup = _ScheduleLookup.build(self.timesteps, self.sigmas, self.config.num_train_timesteps)
+            self.__dict__["_schedule_lookup"] = lookup
+        return lookup
 
     # ------------------------------------------------------------------------------------------------
     def _sde_step(
@@ -356,30 +398,31 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             std = torch.zeros(batch, dtype=torch.float32, device=sample.device)
             return self._output(mean if prev_sample is None else prev_sample, None, mean, std, std, return_dict)
 
-        sigma_max = self.sigmas[1].item()
-        params = torch.tensor(
-            [_transition(s, s_next, sigma_max, noise_level, sde_type) for s, s_next in step_sigmas],
-            dtype=torch.float64,
+        # One transition per distinct (σ, σ') pair (a batch is usually one step), in float64 on Python floats.
+        sigma_max = self._lookup().sigma_max
+        transitions: dict[tuple[float, float], tuple[float, ...]] = {}
+        for pair in step_sigmas:
+            if pair not in transitions:
+                transitions[pair] = _transition(*pair, sigma_max, noise_level, sde_type)
+        a, b, std, scale, offset, std_dev_t = zip(*(transitions[pair] for pair in step_sigmas), strict=True)
+        # Per-row scalars, two small tensors: the float32 factors the latent-sized ops use, and the float64
+        # log-density `scale · Σ(x' − mean)² + offset` (the mean over the non-batch elements folded into scale).
+        numel = sample[0].numel()
+        factors = torch.tensor([a, b, std, std_dev_t], dtype=torch.float32).to(sample.device)
+        density = torch.tensor(
+            [[s / numel for s in scale], offset if include_normalizer else [0.0] * batch], dtype=torch.float64
         ).to(sample.device)
-        coefficients = params[:, :3].to(torch.float32)
-        coef_sample, coef_output, std = coefficients[:, 0].view(view), coefficients[:, 1].view(view), coefficients[:, 2]
         # Every transition is linear in (x, v): mean = a·x + b·v with per-sample scalars, two passes over
         # memory. In-place on a fresh tensor is autograd-safe: the product's backward does not need it.
-        mean = (sample * coef_sample).addcmul_(model_output, coef_output)
-
+        mean = torch.mul(sample, factors[0].view(view)).addcmul_(model_output, factors[1].view(view))
         if prev_sample is None:
             noise = _standard_normal(sample.shape, generator, sample.device)
-            prev_sample = torch.addcmul(mean.detach(), noise, std.view(view))
-            del noise  # let the allocator reuse it for the residual
-        mean_sq = _mean_squared_residual(prev_sample.detach(), mean)
-        if sde_type == "cps":
-            log_prob = -mean_sq
-        else:
-            log_prob = mean_sq * params[:, 3]
-            if include_normalizer:
-                log_prob = log_prob + params[:, 4]
-        std_dev_t = params[:, 5].to(torch.float32)
-        return self._output(prev_sample, log_prob.to(torch.float32), mean, std, std_dev_t, return_dict)
+            # Written over the noise (no further latent-sized buffer); the noise is not needed afterwards.
+            prev_sample = torch.addcmul(mean.detach(), noise, factors[2].view(view), out=noise)
+        chunk_norms = _residual_chunk_norms(prev_sample.detach(), mean)
+        sum_sq = chunk_norms.to(torch.float64).square().sum(dim=1)
+        log_prob = sum_sq.mul(density[0]).add(density[1]).to(torch.float32)
+        return self._output(prev_sample, log_prob, mean, factors[2], factors[3], return_dict)
 
     @staticmethod
     def _output(prev_sample, log_prob, mean, std, std_dev_t, return_dict):
@@ -393,7 +436,7 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
 def _transition(
     sigma: float, sigma_next: float, sigma_max: float, noise_level: float, sde_type: str
 ) -> tuple[float, float, float, float, float, float]:
-    """One sample's transition `(a, b, std, -1/(2·std²), -log(std) - log(2π)/2, std_dev_t)`, in float64.
+    """One sample's transition `(a, b, std, scale, offset, std_dev_t)`, in float64.
 
     The mean is `a·x + b·v` (the transition of docs/scheduler.md, rearranged), so the only float32 roundings on the latent are
     the two of `a·x + b·v`:
@@ -403,8 +446,9 @@ def _transition(
                  mean = x̂0(1−σ') + x̂1·k  →  a = (1−σ') + k,  b = −σ(1−σ') + (1−σ)k
       dance_sde: score = −(x − x̂0(1−σ))/σ² = −(x + (1−σ)v)/σ; mean = x + dt·v − ½η²·score·dt
                  →  a = 1 + ½η²dt/σ,  b = dt + ½η²dt(1−σ)/σ,  std = η·sqrt(σ − σ')
-    Entries 4 and 5 are the Gaussian's log-density terms (unused by `cps`, which has none); the last is
-    Flow-GRPO's `std_dev_t` (see `FlowMatchSDESchedulerOutput`).
+    `scale` and `offset` make the log-density of a residual r = x' − mean: `scale·r² + offset` per element, i.e.
+    `-1/(2·std²)` and the normaliser `-log(std) - log(2π)/2` (`cps`: `-1` and 0, its `-(x' − mean)²`); the last
+    entry is Flow-GRPO's `std_dev_t` (see `FlowMatchSDESchedulerOutput`).
     """
     dt = sigma_next - sigma
     if sde_type == "sde":
@@ -417,7 +461,7 @@ def _transition(
         k = math.sqrt(max(sigma_next**2 - std**2, 0.0))
         a = (1 - sigma_next) + k
         b = -sigma * (1 - sigma_next) + (1 - sigma) * k
-        return a, b, std, 0.0, 0.0, std
+        return a, b, std, -1.0, 0.0, std
     else:  # dance_sde
         half_eta_sq = 0.5 * noise_level**2
         a = 1 + half_eta_sq * dt / sigma
@@ -491,17 +535,15 @@ def _standard_normal(
     return noise.to(device)
 
 
-def _mean_squared_residual(prev_sample: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """`mean((prev_sample - mean)²)` over the non-batch dims, shape `(B,)`, float64.
+def _residual_chunk_norms(prev_sample: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """Norms of `prev_sample − mean` over chunks of `gcd(numel, 512)` elements of each row: `(B, chunks)`, float32.
 
-    The differences compared downstream are ~1e-6 of values ~1, so the reduction's own rounding must stay
-    far below 1e-7 relative: a float32 sum over the whole latent would add ~6e-8, and a float64 sum would
-    materialise a float64 copy of the latent.
+    The reduction behind `log_prob`. The differences compared downstream are ~1e-6 of values ~1, so its own
+    rounding must stay far below 1e-7 relative: a float32 sum over the whole latent would add ~6e-8, and a
+    float64 sum would materialise a float64 copy of the latent. Instead: one float32 pass computing the norms
+    of chunks of <= 512 elements (~1e-7 relative each, independent), whose squares the caller sums in float64
+    (~7e-9 relative overall). The norm's backward is finite at zero (cps on its last step).
     """
     batch = prev_sample.shape[0]
     residual = (prev_sample - mean).reshape(batch, -1)
-    numel = residual.shape[1]
-    # One pass, no latent-sized temporary: float32 norms of chunks of <= 512 elements, squared and summed
-    # in float64 (~7e-9 relative). The norm's backward is finite at zero (cps on its last step).
-    chunk_norms = torch.linalg.vector_norm(residual.view(batch, -1, math.gcd(numel, 512)), dim=2)
-    return chunk_norms.to(torch.float64).square().sum(dim=1) / numel
+    return torch.linalg.vector_norm(residual.view(batch, -1, math.gcd(residual.shape[1], 512)), dim=2)

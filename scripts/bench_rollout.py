@@ -5,27 +5,35 @@ Prints, from one run on the tiny Qwen-Image model (CPU):
 
 1. time per denoising step of the request-level rollout, the step-wise rollout and the trainer recompute,
    each against the bare transformer forward(s) of one step on the same inputs (target: <= 5% overhead);
-   the configurations are timed interleaved, repeat by repeat, and the median per-step time is reported;
 2. bytes a trajectory stores per window step against the minimum, one float32 latent per sample and step.
 
     .venv/bin/python scripts/bench_rollout.py [--batch 4] [--steps 10] [--window 4] [--size 128] [--repeats 15]
+    .venv/bin/python scripts/bench_rollout.py --batch-invariant [--size 256] [--avx2-kernels] [--device cuda]
+
+Every figure is a ratio timed as interleaved pairs (A B, B A, ...; scripts/paired_timing.py): the median pair
+ratio, with the middle half and the whole spread of the pairs.
 
 With `--batch-invariant` it instead compares, per family (tiny Qwen-Image, SD3, FLUX), the request-level
-rollout's time per denoising step in batch-invariant mode (every sample's forward at batch 1) against the
-default mode (one batched forward), timed interleaved (target on CPU: <= 1.5x). `--device cuda` (or `auto`)
-runs the same code on a GPU, synchronising around each timed rollout.
+rollout's time per denoising step in batch-invariant mode against the default mode (one batched forward):
+the per-row route (every sample's forward at batch 1) and the fixed-shape route (`rows_per_forward=--batch`:
+forwards of a fixed number of rows, where the proxy's probes find this machine's kernels position-invariant;
+it prints the route it took). Targets on CPU: <= 2x at 128 px, <= 1.5x at 256 px. `--avx2-kernels` reruns
+it with MKL, oneDNN and ATen on their AVX2 code paths. `--device cuda` (or `auto`) runs the same code on a
+GPU, synchronising around each timed rollout.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from paired_timing import interleaved_pairs
 
 from rollout_consistency.adapters import (
     BatchRequests,
@@ -55,11 +63,14 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--size", type=int, default=128, help="image height = width in pixels")
     parser.add_argument("--guidance", type=float, default=1.0, help="> 1 runs true CFG (two forwards per step)")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved pairs per ratio")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--batch-invariant", action="store_true", help="batch-invariant vs default, three families")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (--batch-invariant only)")
+    parser.add_argument("--avx2-kernels", action="store_true", help="rerun with MKL/oneDNN/ATen on their AVX2 paths")
     args = parser.parse_args()
+    if args.avx2_kernels:
+        reexec_with_avx2_kernels()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch_invariant:
@@ -177,8 +188,8 @@ def main() -> None:
         rollout(no_forward, model, cond, **generic_kwargs)
         return (time.perf_counter() - start) / args.steps
 
+    # Each configuration against the bare forward, as interleaved pairs (scripts/paired_timing.py).
     timers = {
-        "bare forward": bare,
         "request-level rollout": request_level,
         "step-wise rollout": stepwise,
         "trainer recompute": recompute,
@@ -186,40 +197,29 @@ def main() -> None:
         "scheduler ODE step": scheduler_ode,
         "loop w/o forward": adapter_alone,
     }
-    samples = {name: [] for name in timers}
     with torch.no_grad():
-        for fn in timers.values():  # warm-up (caches, allocator)
-            fn()
-        for _ in range(args.repeats):
-            for name, fn in timers.items():
-                samples[name].append(fn())
+        ratios = interleaved_pairs([(name, bare, fn) for name, fn in timers.items()], args.repeats)
     print(
         f"tiny Qwen-Image, batch {args.batch}, {args.size}x{args.size} px "
         f"({trajectory.latent_shape[0]} tokens x {trajectory.latent_shape[1]} ch), {args.steps} steps, "
         f"window {args.window}, CFG passes {passes}, torch threads {torch.get_num_threads()}, "
-        f"{args.repeats} interleaved repeats"
+        f"{args.repeats} interleaved pairs per row"
     )
-    # min: the contention-free cost (the machine may be shared); median: the typical one.
-    print(f"{'per denoising step':<26}{'min ms':>9}{'vs bare':>9}{'median ms':>11}{'vs bare':>9}")
-    base_min, base_med = min(samples["bare forward"]), statistics.median(samples["bare forward"])
-    for name in timers:
-        low, mid = min(samples[name]), statistics.median(samples[name])
+    bare_ms = 1e3 * min(min(r.times_a) for r in ratios.values())
+    print(f"bare forward per step: {bare_ms:.3f} ms (fastest)")
+    print("per denoising step, against the bare forward (median pair ratio, middle half, all pairs):")
+    for name, ratio in ratios.items():
+        q1, q3 = ratio.quartiles
         if name.startswith(("scheduler", "loop")):  # a part of a step, shown as a share of the bare forward
             print(
-                f"{name:<26}{low * 1e3:>9.3f}{low / base_min * 100:>8.1f}%{mid * 1e3:>11.3f}{mid / base_med * 100:>8.1f}%"
+                f"  {name:<24}{ratio.median * 100:>7.1f}% of it  ({q1 * 100:.1f}-{q3 * 100:.1f}%, "
+                f"{min(ratio.ratios) * 100:.1f}-{max(ratio.ratios) * 100:.1f}%)"
             )
-            continue
-        print(
-            f"{name:<26}{low * 1e3:>9.3f}{(low / base_min - 1) * 100:>+8.1f}%"
-            f"{mid * 1e3:>11.3f}{(mid / base_med - 1) * 100:>+8.1f}%"
-        )
-    sde, ode = min(samples["scheduler SDE step"]), min(samples["scheduler ODE step"])
-    mean_step = (args.window * sde + (args.steps - args.window) * ode) / args.steps
-    rest = min(samples["request-level rollout"]) - base_min - mean_step
-    print(
-        f"request-level overhead without the scheduler's own step (min): {rest * 1e3:.3f} ms "
-        f"= {rest / base_min * 100:+.1f}% of the bare forward"
-    )
+        else:
+            print(
+                f"  {name:<24}{(ratio.median - 1) * 100:>+7.1f}% over it ({(q1 - 1) * 100:+.1f} to {(q3 - 1) * 100:+.1f}%, "
+                f"{(min(ratio.ratios) - 1) * 100:+.1f} to {(max(ratio.ratios) - 1) * 100:+.1f}%)"
+            )
 
     # ---------------------------------------------------------------- bytes per stored step
     for final in (False, True):
@@ -248,7 +248,9 @@ def main() -> None:
 
 
 def bench_batch_invariant(args: argparse.Namespace) -> None:
-    """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family."""
+    """Batch-invariant vs default request-level rollout, per denoising step, for each tiny family: the per-row
+    route (one forward per sample) and the fixed-shape route (forwards of `--batch` rows, where the proxy's
+    probes find this machine's kernels position-invariant), each timed in interleaved pairs with the default."""
     from rollout_consistency.adapters.batch_invariance import batch_invariant
     from rollout_consistency.gate.config import CheckConfig
     from rollout_consistency.gate.sides.backends import build_backend, resolve_device
@@ -258,9 +260,10 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     print(
         f"batch {args.batch}, {args.size}x{args.size} px, {args.steps} steps, window {args.window}, guidance "
-        f"{args.guidance}, device {device}, torch threads {torch.get_num_threads()}, {args.repeats} interleaved repeats"
+        f"{args.guidance}, device {device}, kernels {torch.backends.cpu.get_cpu_capability()}"
+        f"{' (AVX2 paths forced)' if os.environ.get('MKL_ENABLE_INSTRUCTIONS') == 'AVX2' else ''}, torch threads "
+        f"{torch.get_num_threads()}, {args.repeats} interleaved pairs per ratio (median, middle half, all pairs)"
     )
-    print(f"{'family':<12}{'default ms':>12}{'invariant ms':>14}{'ratio (min)':>13}{'ratio (median)':>16}")
     for name in ("qwen-image", "sd3", "flux"):
         config = CheckConfig(
             model_family=name,
@@ -284,7 +287,13 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
             sampling=SamplingSettings(noise_level=0.7, guidance_scale=backend.guidance),
             options=backend.options,
         )
-        models = {"default": model, "invariant": batch_invariant(model, family)}
+        try:  # the adapter validates the size against the model when it runs
+            family.check_conditioning(model, cond, args.batch, backend.guidance, backend.options)
+        except ValueError as error:  # e.g. SD3's pos_embed_max_size at 512 px
+            print(f"{name:<12}skipped: {error}")
+            continue
+        fixed = batch_invariant(model, family, rows_per_forward=args.batch)
+        models = {"default": model, "per-row": batch_invariant(model, family), "fixed-shape": fixed}
 
         def timed(which: str, models=models, family=family, cond=cond, common=common) -> float:
             sync()
@@ -293,19 +302,26 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
             sync()
             return (time.perf_counter() - start) / args.steps
 
-        samples = {which: [] for which in models}
         with torch.no_grad():
-            for which in models:  # warm-up
-                timed(which)
-            for _ in range(args.repeats):
-                for which in models:
-                    samples[which].append(timed(which))
-        low = {k: min(v) for k, v in samples.items()}
-        mid = {k: statistics.median(v) for k, v in samples.items()}
-        print(
-            f"{name:<12}{low['default'] * 1e3:>12.3f}{low['invariant'] * 1e3:>14.3f}"
-            f"{low['invariant'] / low['default']:>12.2f}x{mid['invariant'] / mid['default']:>15.2f}x"
-        )
+            ratios = interleaved_pairs(
+                [
+                    (route, lambda: timed("default"), lambda route=route: timed(route))
+                    for route in ("per-row", "fixed-shape")
+                ],
+                args.repeats,
+            )
+        default_ms = 1e3 * min(min(r.times_a) for r in ratios.values())
+        routes = sorted(set(fixed.routes.values()))
+        print(f"{name:<12}default {default_ms:.3f} ms per step (fastest); fixed-shape proxy took route(s) {routes}")
+        for route, ratio in ratios.items():
+            print(f"{'':<12}{route + ' / default':<26}{ratio.describe()}")
+
+
+def reexec_with_avx2_kernels() -> None:
+    """Run this script again with MKL, oneDNN and ATen told to use their AVX2 code paths (on an AVX-512 CPU)."""
+    env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    argv = [a for a in sys.argv[1:] if a != "--avx2-kernels"]
+    os.execve(sys.executable, [sys.executable, __file__, *argv], env)
 
 
 if __name__ == "__main__":

@@ -132,13 +132,13 @@ def test_masks_report_missing_steps_and_empty_samples():
     trainer = np.full((3, 2), 5e-4, dtype=np.float32)
     r_mask = np.array([[1, 1], [1, 0], [0, 0]], dtype=bool)
     t_mask = np.array([[1, 0], [1, 0], [0, 0]], dtype=bool)
-    m = compute_metrics(rollout, trainer, rollout_mask=r_mask, trainer_mask=t_mask)
+    m = compute_metrics(rollout, trainer, masks=(r_mask, t_mask))
     assert [(x.sample, x.position, x.missing_on) for x in m.missing] == [(0, 1, "trainer")]
     assert m.empty_samples == (2,)
     assert m.overall.count == 2  # only the steps both sides have
     # Masked-out entries never count as non-finite.
     trainer[2, :] = np.nan
-    assert not compute_metrics(rollout, trainer, rollout_mask=r_mask, trainer_mask=t_mask).nonfinite
+    assert not compute_metrics(rollout, trainer, masks=(r_mask, t_mask)).nonfinite
 
 
 def test_empty_batch_gives_nan_figures_and_zero_count():
@@ -168,7 +168,7 @@ def test_bad_settings_are_usage_errors():
     with pytest.raises(MetricsInputError, match="clip_ratio_low"):
         compute_metrics(z, z, clip_ratio_low=-1.0)
     with pytest.raises(MetricsInputError, match="rollout_mask"):
-        compute_metrics(z, z, rollout_mask=np.ones((2, 1), bool))
+        compute_metrics(z, z, masks=(np.ones((2, 1), bool), None))
 
 
 def test_round_trips_through_dict():

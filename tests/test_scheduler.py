@@ -104,6 +104,9 @@ def test_scoring_a_drawn_sample_reproduces_its_log_prob_bit_for_bit(
     scored = scheduler.sample_previous_step(v, t, x, prev_sample=drawn.prev_sample, **kwargs)
     assert torch.equal(drawn.log_prob, scored.log_prob)
     assert torch.equal(drawn.prev_sample_mean, scored.prev_sample_mean)
+    # The trainer scores it with a graph to its model output.
+    trained = scheduler.sample_previous_step(v.requires_grad_(), t, x, prev_sample=drawn.prev_sample, **kwargs)
+    assert torch.equal(trained.log_prob.detach(), drawn.log_prob)
 
 
 @settings(max_examples=30, deadline=None)

@@ -34,12 +34,6 @@ ALLOWED: dict[str, str] = {
     "schedulers/flow_match_sde.py::FlowMatchSDEDiscreteScheduler._sde_step": "the body of diffusers' step",
 }
 
-#: Signatures in modules another change of issue 25 is rewriting (the metric registry owns the judging
-#: package); each entry names its owner and is removed when that change lands.
-PENDING: dict[str, str] = {
-    "consistency/gate/judging/metrics.py::compute_metrics": "judging: the metric-registry change",
-}
-
 
 def counted_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef, *, is_method: bool) -> list[str]:
     """The parameter names the rule counts (see the module docstring)."""
@@ -78,14 +72,10 @@ def _ours() -> Iterator[tuple[str, str]]:
 
 def test_no_function_takes_more_than_eight_parameters() -> None:
     found = [(name, line, count) for path, source in _ours() for name, line, count in long_signatures(source, path)]
-    too_long = [
-        f"{name} (line {line}): {count} parameters"
-        for name, line, count in found
-        if name not in ALLOWED and name not in PENDING
-    ]
+    too_long = [f"{name} (line {line}): {count} parameters" for name, line, count in found if name not in ALLOWED]
     assert too_long == [], "pass one frozen settings object instead:\n" + "\n".join(too_long)
     # Every exception still names a function that needs it: a stale entry would hide a new long signature.
-    stale = sorted((set(ALLOWED) | set(PENDING)) - {name for name, _, _ in found})
+    stale = sorted(set(ALLOWED) - {name for name, _, _ in found})
     assert stale == [], f"remove these entries, their functions are short now or gone: {stale}"
 
 

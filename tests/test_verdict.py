@@ -124,7 +124,7 @@ def test_missing_step_fails_even_when_the_rest_agrees():
     rollout, trainer = tables()
     mask = np.ones_like(rollout, dtype=bool)
     mask[5, 2] = False
-    verdict = decide(compute_metrics(rollout, trainer, trainer_mask=mask), exact_tolerance())
+    verdict = decide(compute_metrics(rollout, trainer, masks=(None, mask)), exact_tolerance())
     assert failed(verdict) == {"complete"}
     assert "sample 5 step 2 (missing on trainer)" in verdict.reasons[0]
 

@@ -344,3 +344,19 @@ def test_collate_refuses_re_padding_text(cond):
     assert torch.equal(wan.collate_conditioning([one, one])["prompt_embeds"], cond["prompt_embeds"][[0, 0]])
     with pytest.raises(ValueError, match="attends to padding"):
         wan.collate_conditioning([one, wider])
+
+
+def test_a_bf16_directory_load_keeps_the_modules_diffusers_keeps_in_fp32(tmp_path):
+    """A user's `WanPipeline.from_pretrained(torch_dtype=bfloat16)` keeps Wan's norms, time embedder and RoPE in
+    float32 (`_keep_in_fp32_modules`); the checker's loader must build the same model, not round them to bf16."""
+    from diffusers import WanTransformer3DModel
+
+    from rollout_consistency.adapters.tiny.wan import save_tiny_wan_directory
+
+    directory = save_tiny_wan_directory(tmp_path / "wan", boundary_ratio=None)
+    ours = wan.load_transformer(directory, dtype=torch.bfloat16, device="cpu")
+    users = WanTransformer3DModel.from_pretrained(directory, subfolder="transformer", torch_dtype=torch.bfloat16)
+    kept = {name for name, p in users.named_parameters() if p.dtype == torch.float32}
+    assert kept and any("norm" in name for name in kept)  # the test needs modules diffusers keeps in fp32
+    for (name, mine), theirs in zip(ours.state_dict().items(), users.state_dict().values(), strict=True):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), name

@@ -82,8 +82,9 @@ FIELD_HELP: dict[str, str] = {
     "rollout_dtype": "transformer dtype of the rollout (latents stay float32)",
     "trainer_dtype": "transformer dtype of the trainer",
     "device": "cpu, cuda or auto",
-    "batch_invariant": "run every sample's forward at batch 1 on both sides: bit-identical per sample whatever its "
-    "batch-mates or micro-batch (exact across batch compositions)",
+    "batch_invariant": "run every forward at a shape that depends on nothing but the sample, on both sides (padded to "
+    "rollout_batch_size rows where this machine's kernels allow, else one sample per forward): bit-identical per "
+    "sample whatever its batch-mates or micro-batch (exact across batch compositions)",
     "prompts": "prompt text (repeatable; default: built-in prompts)",
     "num_prompts": "prompt groups to sample",
     "num_images_per_prompt": "rollouts per prompt group (GRPO's n)",

@@ -156,10 +156,12 @@ class CheckConfig:
             (default: ``_native_math`` for a ``native`` trainer and vice versa).
         rollout_dtype / trainer_dtype: the transformer's compute dtype on each side (latents stay float32).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
-        batch_invariant: both sides (rollout, step-wise, trainer) run every sample's transformer forward at
-            batch 1 (`rollout_consistency.adapters.batch_invariance`): a sample's log-probs are then bit
-            identical whatever its batch-mates, batch or micro-batch size, position or arrival pattern (same
-            machine), so ``exact`` holds across batch compositions. Costs one forward per sample.
+        batch_invariant: both sides (rollout, step-wise, trainer) run every transformer forward at a shape that
+            depends on nothing but the sample (`rollout_consistency.adapters.batch_invariance`): forwards padded
+            to ``rollout_batch_size`` rows where run-time probes find this machine's kernels position-invariant,
+            one sample per forward otherwise. A sample's log-probs are then bit identical whatever its
+            batch-mates, batch or micro-batch size, position or arrival pattern (same machine), so ``exact``
+            holds across batch compositions.
 
     Sampling (one training step's rollouts):
         prompts: prompt texts; ``num_prompts`` of them are used (cycled). Empty: built-in prompts.

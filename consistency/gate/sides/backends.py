@@ -218,10 +218,13 @@ def build_backend(config: CheckConfig) -> Backend:
     if config.batch_invariant:
         from rollout_consistency.adapters.batch_invariance import batch_invariant
 
+        # Forwards of rollout_batch_size rows on both sides where the proxy's probes find this machine's kernels
+        # position-invariant (a rollout batch then runs unpadded), one row per forward otherwise.
+        rows = config.rollout_batch_size
         shared = rollout_model is trainer_model
-        trainer_model = None if trainer_model is None else batch_invariant(trainer_model, family)
+        trainer_model = None if trainer_model is None else batch_invariant(trainer_model, family, rows_per_forward=rows)
         if rollout_model is not None:
-            rollout_model = trainer_model if shared else batch_invariant(rollout_model, family)
+            rollout_model = trainer_model if shared else batch_invariant(rollout_model, family, rows_per_forward=rows)
     options = family.options(settings)
     setup = family.scheduler_setup(
         _scheduler_config(family, config.model_path), config.num_inference_steps, schedule_model, options
