@@ -16,7 +16,8 @@
 
 Also counted, the issue's guarantees: FAILs without a diagnosis, and "not a bug" causes named by the figures for a
 difference whose source the report does not record. Uses only ``run_step1_check``, ``gate`` and the doctor's
-``diagnose``, so the same script measures an older doctor too.
+``diagnose``, so the same script measures an older doctor too (one from before the gate's subpackages holds
+``diagnose`` in its ``doctor`` module: change that one import).
 """
 
 from __future__ import annotations
@@ -84,11 +85,7 @@ def corpus(calibration):
 def own_code(calibration):
     from rollout_consistency import Report, run_step1_check
     from rollout_consistency.adapters import INJECTION_NAMES
-
-    try:
-        from rollout_consistency.gate.diagnosis import diagnose
-    except ImportError:  # an older doctor, before the gate's subpackages
-        from rollout_consistency.gate.doctor import diagnose
+    from rollout_consistency.gate import diagnose
 
     reports = ROOT / "tests" / "doctor_reports"
     figures = localised = fails_empty = 0

@@ -133,6 +133,15 @@ def test_a_model_of_two_experts_is_not_replayed_half_watched():
     assert core_names(load_qwen_image()) == [""]
 
 
+def test_a_batch_invariant_side_is_watched_as_the_side_calls_it():
+    # The fixed-shape proxy runs the transformer on probe batches (a row repeated, rows negated) and pads chunks
+    # with copies of a row: watched at the transformer, those looked like a second CFG pass (guidance-mismatch).
+    report = run_step1_check(CheckConfig(inject="mask-sum-rope", batch_invariant=True, **SMALL))
+    top = report.diagnosis[0]
+    assert top["cause"] == "mask-sum-rope" and top["source"] == "localisation", top
+    assert top["details"]["facts"]["passes"] == {"rollout": [1], "trainer": [1]}
+
+
 def test_a_failed_experts_guard_is_not_replayed_over():
     # The experts guard records which network each side scored every step with: no replay is needed, and one
     # (here a trainer plug-in that also scores with another noise level) must not rank above that record.

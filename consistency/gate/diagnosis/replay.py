@@ -164,12 +164,26 @@ def preserved_state(models: Sequence[Any]) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
+def _watch_point(model: Any) -> tuple[Any, bool]:
+    """The module whose forwards are the side's model calls, and whether its blocks can be watched.
+
+    Normally the transformer itself (`core_module`). A batch-invariant proxy
+    (`rollout_consistency.adapters.batch_invariance`) is watched as a whole instead: it runs the transformer on
+    chunks padded with copies of a row and on probe batches (rows repeated, negated), which are not forwards the
+    side asked for; its blocks' outputs come chunk by chunk, so they are not recorded.
+    """
+    from rollout_consistency.adapters.batch_invariance import is_batch_invariant
+
+    proxy = next((m for m in model.modules() if is_batch_invariant(m)), None)
+    return (proxy, False) if proxy is not None else (core_module(model), True)
+
+
 @contextlib.contextmanager
 def record_calls(model: Any, *, block_sample: int = BLOCK_SAMPLE) -> Iterator[list[ModelCall]]:
     """Record every forward of `model`'s transformer while inside (hooks removed on the way out)."""
     import torch
 
-    core = core_module(model)
+    core, with_blocks = _watch_point(model)
     calls: list[ModelCall] = []
     current: list[ModelCall] = []
     dtype = next((str(p.dtype).replace("torch.", "") for p in core.parameters() if p.is_floating_point()), "")
@@ -205,7 +219,8 @@ def record_calls(model: Any, *, block_sample: int = BLOCK_SAMPLE) -> Iterator[li
         core.register_forward_pre_hook(before, with_kwargs=True),
         core.register_forward_hook(after, with_kwargs=True),
     ]
-    handles += [block.register_forward_hook(block_done) for block in _blocks(core)]
+    if with_blocks:
+        handles += [block.register_forward_hook(block_done) for block in _blocks(core)]
     try:
         yield calls
     finally:
