@@ -4,7 +4,7 @@ PASS close to its limits).
 
 Three sources of evidence, strongest first:
 
-* **guards** that failed (windows, NaN/Inf, missing steps, dead workers, a mixed-dtype batch);
+* **guards** that failed (windows, experts, NaN/Inf, missing steps, dead workers, a mixed-dtype batch);
 * **localisation**: both sides' own code replayed on the batch that holds the worst sample, their models
   watched, their forwards compared call by call for the same (sample, step)
   (`rollout_consistency.gate.diagnosis.replay`, `rollout_consistency.gate.diagnosis.localise`); the first stage
