@@ -16,8 +16,10 @@ from rollout_consistency.adapters import INJECTION_NAMES, BatchRequests, Samplin
 from rollout_consistency.adapters.pitfalls import StockMaskSumRope
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
-from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose, from_localisation
+from rollout_consistency.gate.diagnosis.catalogue import NOT_A_BUG
+from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose
 from rollout_consistency.gate.diagnosis.localise import SideSpec, localise
+from rollout_consistency.gate.diagnosis.localised_causes import from_localisation
 from rollout_consistency.schedulers import SDEWindow
 
 # Real reports of `rollout-consistency check --inject NAME --json` (default settings; written before the doctor
@@ -51,6 +53,16 @@ def test_a_clean_pass_needs_no_diagnosis_and_a_near_limit_pass_gets_one():
 
 def _passing(verdict):
     return dataclasses.replace(verdict, checks=tuple(dataclasses.replace(c, passed=True) for c in verdict.checks))
+
+
+def test_a_rollout_engine_failure_is_diagnosed():
+    """A batch whose engine failed (no entries at all) still gets a cause, not an empty diagnosis."""
+    from rollout_consistency.gate.judging.verdict import Problem, decide
+
+    report = load("per-request-window")
+    failed = decide(None, report.tolerance, [Problem("rollout", "batch 0: the vLLM-omni engine failed: CUDA OOM")])
+    causes = diagnose(dataclasses.replace(report, verdict=failed, metrics=None))
+    assert causes[0].cause == "worker-failure" and "CUDA OOM" in causes[0].evidence[0], causes
 
 
 def test_diagnosis_reaches_json_table_and_the_first_line_of_junit(tmp_path):
@@ -87,9 +99,10 @@ def test_gate_of_a_users_tables_carries_the_diagnosis():
     assert json.loads(report.to_json())["diagnosis"] == [dict(d) for d in report.diagnosis]
 
 
-def test_a_rounding_level_gate_fail_says_its_direction_and_what_the_tables_do_not_record():
-    """Tables alone carry no kernels or batches: the evidence says so instead of printing None, and says
-    whether the difference is one-sided or spread both ways."""
+def test_a_rounding_level_gate_fail_is_never_called_noise_without_a_recorded_source():
+    """Tables alone record no kernels or batches: a rounding-sized difference is then a different computation
+    (or, when every entry moves by the same amount, a constant offset), never `attention-kernel` or
+    `batch-composition`; the evidence says what the report does not record and how to localise."""
     import numpy as np
 
     from rollout_consistency.gate import gate
@@ -97,13 +110,33 @@ def test_a_rounding_level_gate_fail_says_its_direction_and_what_the_tables_do_no
     rng = np.random.default_rng(0)
     rollout = rng.normal(-3.0, 0.1, size=(16, 4)).astype(np.float32)
     signs = np.sign(rng.normal(size=rollout.shape)).astype(np.float32)
-    for trainer, direction in ((rollout + np.float32(2e-7), "one-sided"), (rollout + 2e-7 * signs, "both ways")):
-        causes = gate(rollout, trainer.astype(np.float32)).diagnosis
-        assert {d["cause"] for d in causes} == {"attention-kernel", "batch-composition"}
-        evidence = " | ".join(e for d in causes for e in d["evidence"])
-        assert direction in evidence and "None" not in evidence, evidence
-        assert "does not record either side's attention kernel" in evidence
-        assert "does not record either side's batch composition" in evidence
+    offset = gate(rollout, rollout + np.float32(2e-7)).diagnosis
+    assert offset[0]["cause"] == "logprob-offset" and offset[0]["source"] == "tables", offset
+    causes = gate(rollout, (rollout + 2e-7 * signs).astype(np.float32)).diagnosis
+    assert [d["cause"] for d in causes] == ["different-computation"]
+    assert not NOT_A_BUG & {d["cause"] for d in offset + causes}
+    evidence = " | ".join(causes[0]["evidence"])
+    assert "spread both ways" in evidence or "two-sided" in evidence
+    assert "records neither side's attention kernel nor its batch composition" in evidence
+    assert "--rollout-backend" in evidence and "None" not in evidence
+
+
+def test_a_rounding_level_fail_is_a_kernel_difference_where_the_report_records_one():
+    import numpy as np
+
+    from rollout_consistency.gate import gate
+
+    rng = np.random.default_rng(0)
+    rollout = rng.normal(-3.0, 0.1, size=(16, 4)).astype(np.float32)
+    trainer = (rollout + 2e-7 * np.sign(rng.normal(size=rollout.shape))).astype(np.float32)
+    report = gate(rollout, trainer)
+    recorded = {"rollout_backend": "torch", "rollout_attention": "native", "trainer_attention": "_native_math"}
+    recorded |= {"rollout_batch_size": 4, "micro_batch_size": 4}
+    causes = diagnose(dataclasses.replace(report, config=recorded))
+    assert causes[0].cause == "attention-kernel", causes
+    assert "records different attention: rollout native (torch), trainer _native_math" in causes[0].evidence[-1]
+    recorded |= {"trainer_attention": "native", "micro_batch_size": 1}
+    assert diagnose(dataclasses.replace(report, config=recorded))[0].cause == "batch-composition"
 
 
 def test_doctor_command_reads_an_earlier_report(tmp_path, capsys):
@@ -118,6 +151,36 @@ def test_doctor_command_reads_an_earlier_report(tmp_path, capsys):
     assert main(["doctor", str(bad)]) == 2
     assert main(["doctor", str(tmp_path / "missing.json")]) == 2
     assert "check --json" in capsys.readouterr().err
+
+
+BAD_REPORTS = {
+    # name: (file content, what the one-line error must say)
+    "a JSON list": ("[1, 2]", "holds a JSON list"),
+    "missing fields": (None, "lacks metrics, samples"),
+    "another version": (None, "schema_version 99"),
+    "a malformed diagnosis entry": (None, "malformed step-1 report"),
+    "not JSON": ("{not json", "is not JSON"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REPORTS))
+def test_bad_input_to_the_doctor_is_a_one_line_usage_error(name, tmp_path, capsys):
+    text, expected = BAD_REPORTS[name]
+    if text is None:
+        data = json.loads((REPORTS / "bf16-latents.json").read_text())
+        if name == "missing fields":
+            del data["metrics"], data["samples"]
+        elif name == "another version":
+            data["schema_version"] = 99
+        else:
+            data["diagnosis"] = [{"summary": "no cause"}]
+        text = json.dumps(data)
+    path = tmp_path / "report.json"
+    path.write_text(text)
+    assert main(["doctor", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert "Traceback" not in err and ("check --json" in err or "run the check again" in err), err
 
 
 # ---------------------------------------------------------------------------------------------- localisation

@@ -142,7 +142,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         run=run,
         mismatch=mismatch,
     )
-    return diagnose_check(report, config, plan)  # the doctor: ranked causes, localised where code is at hand
+    return diagnose_check(report, config, plan, results)  # the doctor: ranked causes, localised by a replay
 
 
 def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:

@@ -1,17 +1,27 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Diagnosing a FAIL: the ranked likely causes, each with its evidence and fix, and the replay that finds the
-first stage where two sides part.
+"""Diagnosing a FAIL: the ranked likely causes, each with its evidence and fix, and the replay of both sides'
+own code that finds the first stage where they part.
 
-    doctor    `diagnose(report)` -> ranked `Diagnosis` (`rollout_consistency.gate.judging.causes`), from the
-              figures and, where both sides' code is here, from a localisation; `FIXES` (one fix per cause id);
-              the `doctor` command's parser and run
-    localise  `localise(trajectory, rollout, trainer)` -> `Localisation`, each side a `SideSpec`; the function
-              itself is `rollout_consistency.gate.localise` (its module shares its name)
+    doctor            `diagnose(report)` -> ranked `Diagnosis` (`rollout_consistency.gate.judging.causes`): from
+                      the guards, a localisation where both sides' code is here, and the figures; the `doctor`
+                      command's parser and run
+    catalogue         the cause ids, one fix per id (`FIXES`), what a confidence means (`CONFIDENCE`), the causes
+                      that are no bug (`NOT_A_BUG`)
+    figure_causes     causes from the report's figures and recorded settings (and the tables' signature)
+    table_signatures  what two log-prob tables say on their own (a ratio, an offset, an offset per timestep)
+    localised_causes  the cause a localisation points at
+    localise          `localise(trajectory, rollout, trainer)` -> `Localisation`, each side a `SideSpec` (the
+                      function itself is `rollout_consistency.gate.localise`); `localise_check`, the check's
+                      replay compared call by call
+    replay            both sides' own code run once more on one batch, their models' forwards recorded by hooks
+    call_match        the two sides' forwards paired by content for the same (sample, step)
+    step_fit          the step outside the model (noise level, SDE type, sigma, reduction) fitted to each side
 """
 
 from __future__ import annotations
 
-from .doctor import FIXES, attach_diagnosis, diagnose
+from .catalogue import CONFIDENCE, FIXES, NOT_A_BUG
+from .doctor import attach_diagnosis, diagnose
 from .localise import Localisation, SideSpec
 
-__all__ = ["FIXES", "Localisation", "SideSpec", "attach_diagnosis", "diagnose"]
+__all__ = ["CONFIDENCE", "FIXES", "NOT_A_BUG", "Localisation", "SideSpec", "attach_diagnosis", "diagnose"]

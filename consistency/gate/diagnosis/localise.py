@@ -32,9 +32,10 @@ Shapes: stage tensors are per row ``(B, ...)``, held as float64 on the CPU for c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Model-input keyword names, by stage (the names diffusers' and vLLM-omni's transformers take).
@@ -110,6 +111,11 @@ class Localisation:
         settings: ``(name, rollout value, trainer value)`` for each setting the sides differ in.
         replay_max_abs: max |replayed rollout log-prob − stored log-prob| (0: the replay is faithful).
         rows: how many rows were replayed; samples: their global sample indices.
+        facts: what a replay of the sides' own code measured besides the stages (JSON-able; `localise_replay`):
+            ``forwards`` (rows per forward, each side), ``passes`` (forwards per sample and step), ``rounded``
+            (which side's differing input holds only bf16 values), ``timestep_neighbour`` (a side's timestep is
+            exactly another step's), ``misaligned`` (text conditioning of another sample), ``step_fit`` (the
+            step settings that reproduce each side's log-probs), ``replay`` (its faithfulness), ``seconds``.
     """
 
     stages: tuple[StageDiff, ...]
@@ -117,6 +123,7 @@ class Localisation:
     replay_max_abs: float = 0.0
     rows: int = 0
     samples: tuple[int, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def first(self) -> StageDiff | None:
@@ -133,6 +140,11 @@ class Localisation:
     def describe(self) -> str:
         first = self.first
         where = "no stage differs: the two replays agree bit for bit"
+        if self.facts:
+            where = (
+                f"no stage differs: all {self.facts.get('compared_forwards', 0)} paired forwards of the two sides "
+                f"agree bit for bit, inputs to output"
+            )
         if first is not None:
             size = first.detail or f"max |Δ| {first.max_abs:.3g} ({first.relative:.3g} of its scale)"
             at = "" if first.step is None else f" at window step {first.step}, row {first.row}"
@@ -148,6 +160,7 @@ class Localisation:
             "replay_max_abs": self.replay_max_abs,
             "rows": self.rows,
             "samples": list(self.samples),
+            "facts": dict(self.facts),
         }
 
     @classmethod
@@ -158,6 +171,7 @@ class Localisation:
             replay_max_abs=float(data.get("replay_max_abs", 0.0)),
             rows=int(data.get("rows", 0)),
             samples=tuple(data.get("samples", ())),
+            facts=dict(data.get("facts", {})),
         )
 
 
@@ -410,7 +424,8 @@ def _weights_diff(a: Any, b: Any) -> StageDiff | None:
             return None  # a dtype difference is a setting, listed there
         if tensor.shape != other.shape:
             return StageDiff("weights", math.inf, math.inf, detail=f"{name}: shapes differ")
-        diff = float((tensor.detach().double().cpu() - other.detach().double().cpu()).abs().max())
+        # On the parameters' device, one tensor at a time: a large model is not copied to the host.
+        diff = float((tensor.detach().float() - other.detach().float().to(tensor.device)).abs().max())
         if diff > worst:
             worst, largest = diff, name
     if not worst:
@@ -446,40 +461,383 @@ def _settings_diff(trajectory: Any, rollout: SideSpec, trainer: SideSpec) -> tup
 
 
 # ----------------------------------------------------------------------------------------------------
-def localise_check(config: Any, batch_spec: Any) -> Localisation:
-    """The built-in backends' localisation: roll out `batch_spec` again in this process and replay it.
+def localise_check(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = None) -> Localisation | str:
+    """The check's localisation: replay `batch_spec` through both sides' own code (plug-ins or built-in
+    backends, as the check ran them) with their models watched, and compare call by call.
 
-    The rollout side is the rollout backend as the check ran it (its model, kernel, batch, injection); the
-    trainer side is the trainer backend (its model, kernel, micro-batch).
+    Returns the [`Localisation`], or a sentence saying why the sides cannot be watched (see
+    `rollout_consistency.gate.diagnosis.replay.replay_batch`). `tables`: the check's ``(rollout, trainer)`` log-probs of
+    the batch (the replay must reproduce them).
     """
-    from rollout_consistency.gate.sides.backends import build_backend, rollout_trajectory
+    from .replay import replay_batch
 
-    backend = build_backend(config)
-    trajectory = rollout_trajectory(backend, batch_spec)
-    model = backend.rollout_model
-    if backend.injection is not None:  # the rollout's transformer as the check ran it (e.g. mask-sum-rope)
-        from rollout_consistency.adapters import apply_injection
+    try:
+        replay = replay_batch(config, batch_spec, tables)
+        return replay if isinstance(replay, str) else localise_replay(replay)
+    except Exception as error:  # the user's code failed on the replay: the diagnosis must not end the check
+        return f"the replay of the sides' code raised {type(error).__name__}: {str(error)[:200]}"
 
-        windows = tuple(trajectory.windows)
-        model = apply_injection(
-            backend.injection,
-            scheduler=backend.scheduler_setup.scheduler(),
-            transformer=model,
-            windows=windows,
-            request_ids=[""] * len(windows),
-        ).transformer
-    rows = config.max_num_seqs if config.step_execution else config.rollout_batch_size
-    rollout = SideSpec(
-        "rollout",
-        model,
-        attention=config.rollout_attention,
-        rows_per_forward=min(rows, trajectory.batch_size),
-        draws_sample=True,
+
+# ----------------------------------------------------------------------------------------------------
+# Call-by-call comparison of a replay (rollout_consistency.gate.diagnosis.replay): stages of the paired forwards.
+_KNOWN_INPUTS = [stage for stage, _ in INPUT_STAGES]
+
+
+def localise_replay(replay: Any) -> Localisation:
+    """Compare the two sides' recorded forwards for the same (sample, step), stage by stage.
+
+    Stages, in order: ``weights``, ``forwards`` (a side runs more forwards per sample and step: CFG on one side
+    only), ``pairing`` (trainer forwards on latents the rollout never fed), ``inputs.<name>``, ``blocks.<i>``,
+    ``output``. When none differs, ``facts["step_fit"]`` holds the step settings that reproduce each side's
+    log-probs from its own forwards (`rollout_consistency.gate.diagnosis.step_fit`).
+    """
+    from .call_match import match_calls, pair_passes
+
+    r_calls, t_calls, context = replay.rollout.calls, replay.trainer.calls, replay.context
+    n = len(context.samples)
+    matching = match_calls(r_calls, t_calls, n)
+    units = [u for u in matching.units.values() if u.trainer and _window_position(context, u) is not None]
+    stages: list[StageDiff] = []
+    weights = _weights_diff(replay.rollout_model, replay.trainer_model)
+    if weights is not None:
+        stages.append(weights)
+    passes = {
+        "rollout": sorted({len(u.rollout) for u in units}),
+        "trainer": sorted({len(u.trainer) for u in units}),
+    }
+    if units and passes["rollout"] != passes["trainer"]:
+        stages.append(
+            StageDiff(
+                "forwards",
+                math.inf,
+                math.inf,
+                detail=f"forwards per (sample, step): rollout {_listing(passes['rollout'])}, trainer "
+                f"{_listing(passes['trainer'])}",
+            )
+        )
+    if matching.unmatched:
+        total = sum(c.rows for c in t_calls)
+        stages.append(
+            StageDiff(
+                "pairing",
+                math.inf,
+                math.inf,
+                detail=f"{len(matching.unmatched)} of {total} trainer forward rows fed latents the rollout never fed",
+            )
+        )
+    worst: dict[str, StageDiff] = {}
+    compared = 0
+    for unit in units:
+        pairs, _, _ = pair_passes(unit, r_calls, t_calls)
+        position = _window_position(context, unit)
+        for r_ref, t_ref in pairs:
+            compared += 1
+            for diff in _compare_rows(r_calls[r_ref.call], r_ref.row, t_calls[t_ref.call], t_ref.row):
+                located = dataclasses.replace(diff, step=position, row=context.samples[unit.sample])
+                kept = worst.get(diff.stage)
+                if kept is None or (located.differs and (not kept.differs or located.max_abs > kept.max_abs)):
+                    worst[diff.stage] = located
+    stages += [worst[name] for name in sorted(worst, key=_replay_stage_rank)]
+    facts = _facts(replay, matching, units, worst, passes, compared)
+    if units and not any(stage.differs for stage in stages):
+        facts["step_fit"] = _step_fit(replay, matching, units)
+    return Localisation(
+        stages=tuple(stages),
+        settings=_replay_settings(replay, facts),
+        replay_max_abs=facts["replay"]["rollout_max_abs"],
+        rows=n,
+        samples=tuple(context.samples),
+        facts=facts,
     )
-    trainer = SideSpec(
-        "trainer",
-        backend.trainer_model,
-        attention=config.trainer_attention,
-        rows_per_forward=min(config.resolved_micro_batch_size, trajectory.batch_size),
-    )
-    return localise(trajectory, rollout, trainer, samples=batch_spec.sample_indices)
+
+
+def _listing(values: Sequence[int]) -> str:
+    return "/".join(str(v) for v in values) if values else "none"
+
+
+def _window_position(context: Any, unit: Any) -> int | None:
+    if unit.sample >= len(context.window_starts):
+        return None
+    position = unit.step - context.window_starts[unit.sample]
+    return position if 0 <= position < context.window_size else None
+
+
+def _replay_stage_rank(name: str) -> tuple[int, int, str]:
+    if name.startswith("inputs."):
+        known = _KNOWN_INPUTS.index(name) if name in _KNOWN_INPUTS else len(_KNOWN_INPUTS)
+        return 0, known, name
+    if name.startswith("blocks."):
+        return 1, int(name.split(".")[1]), name
+    return 2, 0, name
+
+
+def _compare_rows(a_call: Any, a_row: int, b_call: Any, b_row: int) -> list[StageDiff]:
+    """Every stage of one rollout forward row against one trainer forward row."""
+    out = []
+    for stage in sorted(set(a_call.inputs) | set(b_call.inputs)):
+        out.append(_compare_value(stage, a_call.inputs.get(stage), a_row, b_call.inputs.get(stage), b_row))
+    blocks = max(len(a_call.blocks), len(b_call.blocks))
+    for index in range(blocks):
+        a = a_call.blocks[index] if index < len(a_call.blocks) else None
+        b = b_call.blocks[index] if index < len(b_call.blocks) else None
+        out.append(_compare_value(f"blocks.{index}", a, a_row, b, b_row))
+    out.append(_compare_value("output", a_call.output, a_row, b_call.output, b_row))
+    return out
+
+
+def _compare_value(stage: str, a: Any, a_row: int, b: Any, b_row: int) -> StageDiff:
+    if a is None or b is None:
+        if a is None and b is None:
+            return StageDiff(stage, 0.0, 0.0)
+        side = "rollout" if a is None else "trainer"
+        return StageDiff(stage, math.inf, math.inf, detail=f"given on one side only (absent on the {side})")
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)) or a[0] != b[0]:
+            return StageDiff(stage, math.inf, math.inf, detail="given in different forms")
+        if a[0] == "text":
+            same = a[1] == b[1]
+            return StageDiff(
+                stage, 0.0 if same else math.inf, 0.0, detail="" if same else f"{a[1][:60]} vs {b[1][:60]}"
+            )
+        x, y = a[1], b[1]
+    else:
+        x, y = a[a_row], b[b_row]
+    if x.shape != y.shape:
+        return StageDiff(stage, math.inf, math.inf, detail=f"shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}")
+    diff = (x - y).abs()
+    if not bool((x.isfinite() == y.isfinite()).all()):
+        return StageDiff(stage, math.inf, math.inf, detail="finite on one side only")
+    value = float(diff.nan_to_num(0.0).max()) if diff.numel() else 0.0
+    scale = float(y.abs().nan_to_num(0.0).max()) if y.numel() else 0.0
+    return StageDiff(stage, value, value / (scale or 1.0))
+
+
+def _rounded_to(values: Any) -> str | None:
+    """``"bfloat16"`` / ``"float16"`` when every value is exactly representable there (and not all integers)."""
+    import torch
+
+    if values is None or not values.numel() or bool((values == values.round()).all()):
+        return None
+    for dtype in (torch.bfloat16, torch.float16):
+        if bool((values.to(dtype).to(torch.float64) == values).all()):
+            return str(dtype).replace("torch.", "")
+    return None
+
+
+def _paired_values(replay: Any, units: Sequence[Any], stage: str) -> tuple[Any, Any]:
+    """Both sides' values of `stage` over the paired forwards, row for row (float64), or ``(None, None)``."""
+    import torch
+
+    from .call_match import pair_passes
+
+    r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
+    a, b = [], []
+    for unit in units:
+        for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
+            x, y = r_calls[r_ref.call].inputs.get(stage), t_calls[t_ref.call].inputs.get(stage)
+            if hasattr(x, "dim") and hasattr(y, "dim") and x.shape[1] == y.shape[1]:
+                a.append(x[r_ref.row])
+                b.append(y[t_ref.row])
+    return (torch.cat(a), torch.cat(b)) if a else (None, None)
+
+
+def _rounded_copy(mine: Any, theirs: Any) -> str | None:
+    """``"bfloat16"`` / ``"float16"`` when `mine` is exactly `theirs` rounded to that dtype (and `theirs` is not
+    already in it): one side feeds a low-precision copy of what the other feeds."""
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float16):
+        rounded = theirs.to(dtype).to(torch.float64)
+        if bool((mine == rounded).all()) and not bool((theirs == rounded).all()):
+            return str(dtype).replace("torch.", "")
+    return None
+
+
+_WIDE = ("float32", "float64")
+
+
+def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
+
+    r, t, context = replay.rollout, replay.trainer, replay.context
+    facts: dict[str, Any] = {
+        "source": "replay of both sides' own code",
+        "units": len(units),
+        "compared_forwards": compared,
+        "passes": passes,
+        "forwards": {
+            "rollout": sorted({c.rows for c in r.calls}),
+            "trainer": sorted({c.rows for c in t.calls}),
+        },
+        "autocast": {
+            "rollout": sorted({str(c.autocast) for c in r.calls}),
+            "trainer": sorted({str(c.autocast) for c in t.calls}),
+        },
+        "dtype": {"rollout": sorted({c.dtype for c in r.calls}), "trainer": sorted({c.dtype for c in t.calls})},
+        "calls": {"rollout": len(r.calls), "trainer": len(t.calls)},
+        "labelled": matching.labelled,
+        "seconds": replay.seconds,
+    }
+    replay_facts = {"rollout_max_abs": 0.0, "trainer_max_abs": 0.0}
+    for side, table in (("rollout", context.rollout_table), ("trainer", context.trainer_table)):
+        own = r.log_probs if side == "rollout" else t.log_probs
+        if table is not None and table.shape == own.shape:
+            replay_facts[f"{side}_max_abs"] = float(abs(own - table).max()) if own.size else 0.0
+    facts["replay"] = replay_facts
+    for stage in ("inputs.latents", "inputs.timestep"):
+        if stage in worst and worst[stage].differs:
+            a, b = _paired_values(replay, units, stage)
+            if a is not None:
+                facts["rounded"] = {"stage": stage, "rollout": _rounded_copy(a, b), "trainer": _rounded_copy(b, a)}
+            break
+    if "inputs.timestep" in worst and worst["inputs.timestep"].differs:
+        facts["timestep_neighbour"] = _timestep_neighbour(replay, units, matching.step_values)
+    for stage in ("inputs.conditioning", "inputs.pooled"):
+        if stage in worst and worst[stage].differs:
+            facts["misaligned"] = _misaligned(replay, matching, units, stage)
+            break
+    return facts
+
+
+def _timestep_neighbour(replay: Any, units: Sequence[Any], step_values: Sequence[float]) -> dict[str, Any]:
+    """For the paired forwards whose timesteps differ: how many take exactly another step's timestep, and which."""
+    from .call_match import pair_passes, row_timestep
+
+    r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
+    offsets: dict[int, int] = {}
+    differing = 0
+    for unit in units:
+        for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
+            a, b = row_timestep(r_calls[r_ref.call], r_ref.row), row_timestep(t_calls[t_ref.call], t_ref.row)
+            if a is None or b is None or a == b:
+                continue
+            differing += 1
+            if b in step_values:
+                offset = step_values.index(b) - unit.step
+                offsets[offset] = offsets.get(offset, 0) + 1
+    return {"differing": differing, "offsets": {str(k): v for k, v in sorted(offsets.items())}}
+
+
+def _misaligned(replay: Any, matching: Any, units: Sequence[Any], stage: str) -> dict[str, Any]:
+    """Paired forwards whose conditioning differs, and how many of them carry another sample's conditioning."""
+    from .call_match import pair_passes
+
+    r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
+    differing = other = 0
+    for unit in units:
+        for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
+            mine, theirs = r_calls[r_ref.call].inputs.get(stage), t_calls[t_ref.call].inputs.get(stage)
+            if not (hasattr(mine, "dim") and hasattr(theirs, "dim")) or mine.shape[1] != theirs.shape[1]:
+                continue
+            row = theirs[t_ref.row]
+            if bool((mine[r_ref.row] == row).all()):
+                continue
+            differing += 1
+            for peer in matching.units.values():
+                if peer.step != unit.step or peer.sample == unit.sample:
+                    continue
+                for ref in peer.rollout:
+                    value = r_calls[ref.call].inputs.get(stage)
+                    if hasattr(value, "dim") and value.shape[1] == row.shape[0] and bool((value[ref.row] == row).all()):
+                        other += 1
+                        break
+                else:
+                    continue
+                break
+    return {"differing": differing, "other_sample": other}
+
+
+def _replay_settings(replay: Any, facts: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    context = replay.context
+    out = []
+    if context.attention[0] != context.attention[1]:
+        out.append(("attention", context.attention[0], context.attention[1]))
+    for name, key in (("rows_per_forward", "forwards"), ("autocast", "autocast"), ("dtype", "dtype")):
+        a, b = facts[key]["rollout"], facts[key]["trainer"]
+        if a != b:
+            out.append(
+                (
+                    name,
+                    _listing(a) if name == "rows_per_forward" else "/".join(a),
+                    _listing(b) if name == "rows_per_forward" else "/".join(b),
+                )
+            )
+    return tuple(out)
+
+
+def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any]:
+    """Each side's step settings, fitted to its own table from its own forwards (`step_fit.fit_side`)."""
+    from . import step_fit
+
+    context = replay.context
+    cfg = context.cfg_scale if context.cfg_scale > 1 else None
+    baseline = step_fit.StepSettings(context.noise_level, context.sde_type, guidance=cfg)
+    import torch
+
+    data = {side: _unit_data(replay, matching, units, side) for side in ("rollout", "trainer")}
+    table_diff = replay.trainer.log_probs - replay.rollout.log_probs
+    disagreement = float(abs(table_diff).max()) if table_diff.size else 0.0
+    significant = 0.25 * disagreement  # an offset explains the disagreement only if it is a good part of it
+    # Each side fitted from the config's settings, the other from the first's fit: the pair explaining both
+    # tables best (fewest changes between them) is what the two sides ran.
+    pairs = []
+    for first, second in (("rollout", "trainer"), ("trainer", "rollout")):
+        a = step_fit.fit_side(data[first], baseline, context.sigmas, min_offset=significant)
+        b = step_fit.fit_side(
+            data[second], baseline if a is None else a.settings, context.sigmas, min_offset=significant
+        )
+        pairs.append({first: a, second: b})
+        if a is not None and b is not None and max(a.error, b.error) <= 0.01 * disagreement:
+            break  # both tables reproduced: the other order cannot do better
+    pairs.sort(key=lambda p: max(math.inf if f is None else f.error for f in p.values()))
+    fits: dict[str, Any] = {side: None if fit is None else fit.to_dict() for side, fit in pairs[0].items()}
+    # The samples the rollout stepped on after its first step, where its model received them in float32: all
+    # exactly bf16 values means they were rounded (after the step scored them).
+    calls = replay.rollout.calls
+    stepped = [
+        calls[ref.call].inputs["inputs.latents"][ref.row]
+        for unit in matching.units.values()
+        if unit.step > 0
+        for ref in unit.rollout[:1]
+        if calls[ref.call].input_dtypes.get("inputs.latents") in _WIDE
+    ]
+    fits["rollout_next_rounded"] = _rounded_to(torch.cat(stepped)) if stepped else None
+    fits["disagreement"] = disagreement
+    return fits
+
+
+def _unit_data(replay: Any, matching: Any, units: Sequence[Any], side: str) -> list[Any]:
+    from . import step_fit
+
+    trace = replay.rollout if side == "rollout" else replay.trainer
+    other = replay.trainer if side == "rollout" else replay.rollout
+    context = replay.context
+    out = []
+    for unit in units:
+        refs = unit.rollout if side == "rollout" else unit.trainer
+        if not refs:
+            continue
+        calls = [trace.calls[ref.call] for ref in refs]
+        x = calls[0].inputs["inputs.latents"][refs[0].row]
+        following = matching.units.get((unit.sample, unit.step + 1))
+        x_next = None
+        if following is not None:
+            for own, pool in ((side, trace), ("trainer" if side == "rollout" else "rollout", other)):
+                next_refs = following.rollout if own == "rollout" else following.trainer
+                if next_refs:
+                    x_next = pool.calls[next_refs[0].call].inputs["inputs.latents"][next_refs[0].row]
+                    break
+        position = _window_position(context, unit)
+        table = trace.log_probs
+        if position is None or unit.sample >= table.shape[0]:
+            continue
+        out.append(
+            step_fit.UnitData(
+                x=x,
+                outputs=tuple(call.output[ref.row] for call, ref in zip(calls, refs, strict=True)),
+                output_shape=calls[0].output_shape,
+                x_next=x_next,
+                step=unit.step,
+                log_prob=float(table[unit.sample, position]),
+            )
+        )
+    return out

@@ -20,10 +20,13 @@ class Diagnosis:
     """One likely cause.
 
     Attributes:
-        cause: stable id (listed in `rollout_consistency.gate.diagnosis.doctor`). summary: one sentence naming the cause.
-        evidence: what in the figures (or the replay) points at it. fix: what to change.
-        confidence: 0..1, the ranking key. source: ``"guard"``, ``"signature"`` or ``"localisation"``.
-        details: optional machine-readable extras (the localisation's stage table).
+        cause: stable id (listed in `rollout_consistency.gate.diagnosis.catalogue`). summary: one sentence
+            naming the cause. evidence: what the report records or the replay measured that points at it.
+            fix: what to change.
+        confidence: 0..1, the ranking key (what it means: `rollout_consistency.gate.diagnosis.catalogue`).
+            source: ``"guard"``, ``"localisation"``, ``"tables"`` or ``"signature"``.
+        details: optional machine-readable extras (the localisation's stage table, the tables' signature).
+        kind: the kind of evidence the confidence is measured for (a key of the catalogue's ``CONFIDENCE``).
     """
 
     cause: str
@@ -33,6 +36,7 @@ class Diagnosis:
     confidence: float
     source: str = "signature"
     details: Mapping[str, Any] | None = None
+    kind: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -43,6 +47,8 @@ class Diagnosis:
             "confidence": round(self.confidence, 3),
             "source": self.source,
         }
+        if self.kind:
+            out["kind"] = self.kind
         if self.details is not None:
             out["details"] = dict(self.details)
         return out
@@ -57,6 +63,7 @@ class Diagnosis:
             confidence=float(data.get("confidence", 0.5)),
             source=str(data.get("source", "signature")),
             details=data.get("details"),
+            kind=str(data.get("kind", "")),
         )
 
     def headline(self) -> str:

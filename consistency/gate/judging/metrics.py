@@ -60,7 +60,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .registry import Registry, markdown_table
-from .views import POOLS, Entries, Layout, Pooled, as_table
+from .views import POOLS, Entries, Indicator, Layout, Pooled, as_table
 
 Side = Literal["rollout", "trainer"]
 
@@ -82,7 +82,8 @@ class Metric:
         name: its key in reports (JSON ``metrics``, JUnit testcase name, table row) and in ``thresholds``.
         definition: one line for the docs table (docs/checker.md is held to it by a test).
         values: the per-entry quantity, from [`Entries`] (``delta``, ``ratio``, the clip ranges): an elementwise
-            function of each entry alone; `pool` turns it into a figure per view.
+            function of each entry alone, as a float64 table or an [`Indicator`] (``entries.flagged(condition)``);
+            `pool` turns it into a figure per view. Consecutive metrics with the same function share one table.
         pool: ``"mean"`` (the mean over cells of each cell's mean, as trainers log it), ``"std"`` (the mean over
             cells of each cell's population standard deviation) or ``"max"`` (over entries).
         scale: how profiles set its limit (`SCALES`).
@@ -95,7 +96,7 @@ class Metric:
 
     name: str
     definition: str
-    values: Callable[[Entries], np.ndarray]
+    values: Callable[[Entries], np.ndarray | Indicator]
     pool: str = "mean"
     scale: str = "spread"
     agreement: float | None = None
@@ -147,6 +148,14 @@ class Metric:
 METRICS: Registry[Metric] = Registry("metric")
 
 
+def _ratio(entries: Entries) -> np.ndarray:
+    return entries.ratio
+
+
+def _abs_delta(entries: Entries) -> np.ndarray:
+    return np.abs(entries.delta)
+
+
 def _half_square(delta: np.ndarray) -> np.ndarray:
     out = np.multiply(0.5, delta)  # (0.5·Δ)·Δ, in one scratch table
     out *= delta
@@ -157,13 +166,13 @@ for _metric in (
     Metric(
         "ratio_mean",
         "mean of `ratio = exp(Δlogp)`",
-        lambda e: e.ratio,
+        _ratio,
         scale="bias",
         agreement=1.0,
         table_format=".9f",
         message_format=".9f",
     ),
-    Metric("ratio_std", "population standard deviation (ddof 0) of `ratio`", lambda e: e.ratio, pool="std"),
+    Metric("ratio_std", "population standard deviation (ddof 0) of `ratio`", _ratio, pool="std"),
     Metric(
         "ppo_kl",
         "mean of `−Δlogp` (verl's `ppo_kl = mean(old_logp − logp)`)",
@@ -175,7 +184,7 @@ for _metric in (
     Metric(
         "pg_clipfrac",
         "fraction with `ratio − 1 > ε_high` or `1 − ratio > ε_low`",
-        lambda e: e.indicator(e.clipped_higher | e.clipped_lower),
+        lambda e: e.flagged(e.clipped_higher | e.clipped_lower),
         scale="fraction",
         column="clipfrac",
         table_format=".4f",
@@ -184,7 +193,7 @@ for _metric in (
     Metric(
         "pg_clipfrac_higher",
         "fraction with `ratio − 1 > ε_high`",
-        lambda e: e.indicator(e.clipped_higher),
+        lambda e: e.flagged(e.clipped_higher),
         scale="fraction",
         column="clip_hi",
         table_format=".4f",
@@ -193,17 +202,15 @@ for _metric in (
     Metric(
         "pg_clipfrac_lower",
         "fraction with `1 − ratio > ε_low`",
-        lambda e: e.indicator(e.clipped_lower),
+        lambda e: e.flagged(e.clipped_lower),
         scale="fraction",
         column="clip_lo",
         table_format=".4f",
         aliases=("clipfrac_lt_one", "clipfrac_lower"),
     ),
     Metric("approx_kl", "`½ · mean(Δlogp²)` (Flow-GRPO)", lambda e: _half_square(e.delta), scale="rms"),
-    Metric("mean_abs_dlogp", "mean of `|Δlogp|`", lambda e: np.abs(e.delta), column="mean|dlogp|"),
-    Metric(
-        "max_abs_dlogp", "max of `|Δlogp|`", lambda e: np.abs(e.delta), pool="max", scale="max", column="max|dlogp|"
-    ),
+    Metric("mean_abs_dlogp", "mean of `|Δlogp|`", _abs_delta, column="mean|dlogp|"),
+    Metric("max_abs_dlogp", "max of `|Δlogp|`", _abs_delta, pool="max", scale="max", column="max|dlogp|"),
 ):
     METRICS.register(_metric)
 
@@ -336,11 +343,17 @@ _ROWS_AT_ONCE = 4096
 
 class PerSample(Sequence[SampleMetrics]):
     """``by_sample``: one `SampleMetrics` per sample, built when read (a table of a million samples costs one
-    array, not a million objects). `figure` gives one metric for every sample as an array."""
+    array, not a million objects).
+
+    Code that reads every sample should read whole columns instead: `figure` (one metric of every sample, an
+    array) and `counts` (each sample's number of compared steps; 0 for a sample without any, whose figures are
+    NaN) — a loop over a million samples in Python costs seconds, a column a millisecond.
+    """
 
     def __init__(self, names: Sequence[str], figures: np.ndarray, counts: np.ndarray) -> None:
         self._names = tuple(names)
-        self._figures = figures  # (samples, metrics) float64
+        self._columns = {name: column for column, name in enumerate(self._names)}
+        self._figures = figures  # (metrics, samples) float64: one contiguous column per metric
         self._counts = counts
 
     @classmethod
@@ -349,14 +362,22 @@ class PerSample(Sequence[SampleMetrics]):
         figures = np.array([[s.values.get(n) for n in names] for s in items], dtype=np.float64).reshape(-1, len(names))
         if any(s.index != i for i, s in enumerate(items)):
             raise ValueError("by_sample must list samples 0..N-1 in order.")
-        return cls(names, figures, np.array([s.values.count for s in items], dtype=np.int64))
+        return cls(names, figures.T.copy(), np.array([s.values.count for s in items], dtype=np.int64))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metrics every sample has a figure of (`figure` takes these)."""
+        return self._names
 
     def figure(self, metric: str) -> np.ndarray:
         """`metric` of every sample, `(samples,)` float64 (NaN for a sample without entries)."""
-        return self._figures[:, self._names.index(metric)].copy()
+        if metric not in self._columns:
+            raise KeyError(f"no per-sample figure {metric!r}; the samples have {', '.join(self._names)}.")
+        return self._figures[self._columns[metric]].copy()
 
     @property
     def counts(self) -> np.ndarray:
+        """Each sample's number of compared steps, `(samples,)` int64."""
         return self._counts.copy()
 
     def __len__(self) -> int:
@@ -370,18 +391,17 @@ class PerSample(Sequence[SampleMetrics]):
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
         i = range(len(self))[index]
-        figures = dict(zip(self._names, self._figures[i].tolist(), strict=True))
+        figures = dict(zip(self._names, self._figures[:, i].tolist(), strict=True))
         return SampleMetrics(i, MetricValues._of(figures, int(self._counts[i])))
 
     def __iter__(self) -> Iterator[SampleMetrics]:
         # Each sample's figures stay in the table until one is read (`_RowValues`): a loop that reads one figure
-        # of every sample builds no dict per sample.
-        columns = {name: column for column, name in enumerate(self._names)}
+        # of every sample turns that one column into Python floats, a block of samples at a time.
         for start in range(0, len(self), _ROWS_AT_ONCE):
-            rows = self._figures[start : start + _ROWS_AT_ONCE].tolist()
+            block = _SampleBlock(self._names, self._columns, self._figures[:, start : start + _ROWS_AT_ONCE])
             counts = self._counts[start : start + _ROWS_AT_ONCE].tolist()
-            for offset, (row, count) in enumerate(zip(rows, counts, strict=True)):
-                yield SampleMetrics(start + offset, _RowValues._of_row(self._names, columns, row, count))
+            for offset, count in enumerate(counts):
+                yield SampleMetrics(start + offset, _RowValues._of_row(block, offset, count))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -397,32 +417,51 @@ class PerSample(Sequence[SampleMetrics]):
         names = self._names
         return [
             {"index": i, "values": {**dict(zip(names, row, strict=True)), "count": count}}
-            for i, (row, count) in enumerate(zip(self._figures.tolist(), self._counts.tolist(), strict=True))
+            for i, (row, count) in enumerate(zip(self._figures.T.tolist(), self._counts.tolist(), strict=True))
         ]
 
 
-class _RowValues(MetricValues):
-    """One sample's `MetricValues`, reading its row of the per-sample table until a method needs the mapping."""
+class _SampleBlock:
+    """A block of samples' figures, each metric's column turned into Python floats when first read."""
 
-    __slots__ = ("_columns", "_names", "_row")
+    __slots__ = ("_lists", "columns", "figures", "names")
+
+    def __init__(self, names: tuple[str, ...], columns: dict[str, int], figures: np.ndarray) -> None:
+        self.names = names
+        self.columns = columns
+        self.figures = figures  # (metrics, samples of the block)
+        self._lists: dict[int, list[float]] = {}
+
+    def column(self, index: int) -> list[float]:
+        found = self._lists.get(index)
+        if found is None:
+            found = self._lists[index] = self.figures[index].tolist()
+        return found
+
+
+class _RowValues(MetricValues):
+    """One sample's `MetricValues`, reading its block's columns until a method needs the mapping."""
+
+    __slots__ = ("_block", "_offset")
 
     @classmethod
-    def _of_row(cls, names: tuple[str, ...], columns: dict[str, int], row: list[float], count: int) -> _RowValues:
+    def _of_row(cls, block: _SampleBlock, offset: int, count: int) -> _RowValues:
         values = object.__new__(cls)
-        object.__setattr__(values, "_names", names)
-        object.__setattr__(values, "_columns", columns)
-        object.__setattr__(values, "_row", row)
+        object.__setattr__(values, "_block", block)
+        object.__setattr__(values, "_offset", offset)
         object.__setattr__(values, "count", count)
         return values
 
     def __getattr__(self, name: str) -> Any:
+        block = object.__getattribute__(self, "_block")
         if name == "_figures":  # the mapping, built on first use
-            figures = dict(zip(self._names, self._row, strict=True))
+            offset = self._offset
+            figures = {name: block.column(index)[offset] for name, index in block.columns.items()}
             object.__setattr__(self, "_figures", figures)
             return figures
-        column = self._columns.get(name)
-        if column is not None:
-            return self._row[column]
+        index = block.columns.get(name)
+        if index is not None:
+            return block.column(index)[self._offset]
         return super().__getattr__(name)
 
 
@@ -575,7 +614,7 @@ def compute_metrics(
     layout = Layout(valid, shape, batch if micro_batch_size is None else micro_batch_size, steps)
     entries = Entries(delta, float(low), float(high))
     metrics = METRICS.values()
-    pooled = [_pool(layout, metric, entries) for metric in metrics]
+    pooled = _pool_metrics(layout, metrics, entries)
     del entries, delta  # release the working table before the result objects are built
     return ConsistencyMetrics(
         overall=_values(metrics, pooled, "overall", None, layout.count),
@@ -583,7 +622,7 @@ def compute_metrics(
         by_timestep=_steps(metrics, pooled, layout, by="timesteps"),
         by_sample=PerSample(
             [m.name for m in metrics],
-            np.stack([p.samples for p in pooled], axis=1) if pooled else np.zeros((batch, 0)),
+            np.stack([p.samples for p in pooled]) if pooled else np.zeros((0, batch)),
             layout.sample_counts,
         ),
         nonfinite=nonfinite,
@@ -597,11 +636,23 @@ def compute_metrics(
     )
 
 
-def _pool(layout: Layout, metric: Metric, entries: Entries) -> Pooled:
-    with np.errstate(over="ignore", invalid="ignore"):
-        values = metric.values(entries)
-    entries.settle()
-    return layout.pool(metric.pool, values)
+def _pool_metrics(layout: Layout, metrics: Sequence[Metric], entries: Entries) -> list[Pooled]:
+    """Every metric pooled, in order; consecutive metrics with the same ``values`` function (``ratio_mean`` and
+    ``ratio_std``, ``mean_abs_dlogp`` and ``max_abs_dlogp``) are pooled from one table."""
+    groups: list[list[Metric]] = []
+    for metric in metrics:
+        if groups and groups[-1][0].values is metric.values:
+            groups[-1].append(metric)
+        else:
+            groups.append([metric])
+    pooled: list[Pooled] = []
+    for group in groups:
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = group[0].values(entries)
+        entries.settle()
+        pooled += layout.pool_all([m.pool for m in group], values)
+        del values
+    return pooled
 
 
 def _values(

@@ -35,8 +35,10 @@ from .views import key_table, row_sums
 _Z95 = 1.959963984540054
 #: verl's ``SAFETY_BOUND``: log-ratios (and their per-sequence sums) are clamped to ±20 before ``exp`` in χ².
 SAFETY_BOUND = 20.0
-#: Entries per block of the Pearson sums.
-_PEARSON_BLOCK = 1 << 18
+#: Entries per block of the Pearson sums (three float64 scratch tables of this size stay in cache).
+_PEARSON_BLOCK = 1 << 16
+#: Samples per block when the per-timestep views' table is written column by column (a block stays in cache).
+_TRANSPOSE_ROWS = 2048
 
 
 class StatisticView:
@@ -112,6 +114,16 @@ class StatisticView:
     def advantages(self) -> np.ndarray | None:
         return None if self._advantages is None else self._advantages()
 
+    def mean_of(self, make: Callable[[np.ndarray], np.ndarray], source: np.ndarray) -> Any:
+        """``mean(make(source), axis=-1)``, computed once per function and source table: in the per-timestep views each
+        sample has one entry there, so its per-sample sums are the entries (`chi2_seq` is `chi2_token` then)."""
+        for seen_make, seen_source, value in self.memo.setdefault("mean_of", []):
+            if seen_make is make and seen_source is source:
+                return value
+        value = _mean(make(source))
+        self.memo["mean_of"].append((make, source, value))
+        return value
+
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """The two log-prob tables' entries as stored, ``(rollout, trainer)``."""
         self._cached = None  # room for the caller's float64 blocks
@@ -176,14 +188,14 @@ def _bias(view: StatisticView) -> tuple[Any, Any]:
 def _pearson(view: StatisticView) -> Any:
     """Σ dx·dy / sqrt(Σ dx² · Σ dy²) about the means. Every sum adds NumPy pairwise sums of blocks, one block at a
     time: the same number on every machine (not BLAS, whose order depends on the CPU's kernel and its threads),
-    and no float64 copy of either table."""
+    and no float64 copy of either table: each block is widened into three cache-sized scratch tables."""
     x, y = view.sides()
     if x.shape[-1] < 2:
         return np.full(x.shape[:-1], np.nan)  # undefined with < 2 entries
     n = x.shape[-1]
-    step = max(1024, _PEARSON_BLOCK // max(1, int(np.prod(x.shape[:-1]))))
-    blocks = [slice(start, start + step) for start in range(0, n, step)]
     shape = x.shape[:-1]
+    step = max(256, _PEARSON_BLOCK // max(1, int(np.prod(shape))))
+    blocks = [slice(start, min(n, start + step)) for start in range(0, n, step)]
     mean_x, mean_y = np.zeros(shape), np.zeros(shape)
     for block in blocks:
         mean_x += np.sum(x[..., block], axis=-1, dtype=np.float64)
@@ -192,18 +204,17 @@ def _pearson(view: StatisticView) -> Any:
     # A non-finite entry makes its side's sum, so its mean, non-finite: the correlation is NaN then.
     finite = np.isfinite(mean_x) & np.isfinite(mean_y)
     sxy, sxx, syy = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    scratch = np.empty((3, *shape, min(n, step)))
     for block in blocks:
-        dx = x[..., block].astype(np.float64)
-        dx -= mean_x[..., None]
-        dy = y[..., block].astype(np.float64)
-        dy -= mean_y[..., None]
-        sxy += np.sum(dx * dy, axis=-1)
-        dx *= dx
-        dy *= dy
-        sxx += np.sum(dx, axis=-1)
-        syy += np.sum(dy, axis=-1)
+        dx, dy, product = scratch[..., : block.stop - block.start]  # each row contiguous: pairwise sums
+        np.subtract(x[..., block], mean_x[..., None], out=dx, dtype=np.float64)
+        np.subtract(y[..., block], mean_y[..., None], out=dy, dtype=np.float64)
+        sxy += np.sum(np.multiply(dx, dy, out=product), axis=-1)
+        sxx += np.sum(np.multiply(dx, dx, out=dx), axis=-1)
+        syy += np.sum(np.multiply(dy, dy, out=dy), axis=-1)
     denominator = np.sqrt(sxx * syy)
     correlation = np.where(denominator > 0, sxy / np.where(denominator > 0, denominator, 1.0), np.nan)
+    correlation = np.clip(correlation, -1.0, 1.0)  # two identical sides can round to 1 + 1 ulp
     return np.where(finite, correlation, np.nan)  # non-finite entries propagate as NaN
 
 
@@ -295,13 +306,13 @@ for _statistic in (
     Statistic(
         "chi2_token",
         "`mean(ρ²) − 1`, `ρ = exp(clamp(Δlogp, ±20))`",
-        lambda v: _mean(_expm1_twice_clamped(v.delta)),
+        lambda v: v.mean_of(_expm1_twice_clamped, v.delta),
         follows="verl rollout correction `chi2_token` (evaluated as `mean(expm1(2·clamp(Δlogp)))`)",
     ),
     Statistic(
         "chi2_seq",
         "mean over samples of `exp(2·clamp(Σ_t Δlogp, ±20)) − 1` (a sample's steps are its sequence)",
-        lambda v: _mean(_expm1_twice_clamped(v.per_sample_sum)),
+        lambda v: v.mean_of(_expm1_twice_clamped, v.per_sample_sum),
         follows="verl rollout correction `chi2_seq` (evaluated with `expm1`)",
     ),
     Statistic(
@@ -584,9 +595,13 @@ def _column_views(
         order = [int(j) for j in np.argsort(-first, kind="stable")]  # denoising order: large t first
         labels = (order, [float(first[j]) for j in order])
     delta = np.empty((width, batch))
+    scratch = np.empty((min(batch, _TRANSPOSE_ROWS), width))
     with np.errstate(invalid="ignore"):
-        for row, column in enumerate(order):
-            np.subtract(trainer[:, column], rollout[:, column], out=delta[row], dtype=np.float64)
+        for start in range(0, batch, _TRANSPOSE_ROWS):  # a block of rows in cache, written out transposed
+            rows = slice(start, start + _TRANSPOSE_ROWS)
+            block = scratch[: min(batch, rows.stop) - start]
+            np.subtract(trainer[rows], rollout[rows], out=block, dtype=np.float64)
+            delta[:, rows] = block.T[order]
 
     def per_sample() -> tuple[np.ndarray, None]:
         # One entry per sample in a column: its sum from 0.0 is the entry itself, but for -0.0 (which becomes 0.0).

@@ -23,12 +23,13 @@ NumPy adds row by row when it reduces an axis that is not the contiguous one (`c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["POOLS", "Entries", "Layout", "Pooled", "cell_sums", "column_sums", "sequential_sum"]
+__all__ = ["POOLS", "Entries", "Indicator", "Layout", "Pooled", "cell_sums", "column_sums", "sequential_sum"]
 
 #: How a per-entry quantity becomes a figure: the unweighted mean over cells of each cell's mean, the same
 #: with each cell's population standard deviation, or the maximum over entries.
@@ -52,7 +53,7 @@ class Entries:
         self.clip_ratio_low = clip_ratio_low
         self.clip_ratio_high = clip_ratio_high
         self._ratio: np.ndarray | None = None
-        self._derived: dict[str, np.ndarray] = {}  # boolean tables of the ratio, kept with it
+        self._flags: dict[str, np.ndarray] = {}  # boolean tables of the ratio, kept for the whole comparison
         self._read = False
 
     @property
@@ -62,37 +63,66 @@ class Entries:
         if self._ratio is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 self._ratio = np.exp(self.delta)
+            if not self._flags:  # with the ratio at hand: a clip metric later needs no ratio of its own
+                with np.errstate(invalid="ignore"):
+                    self._flags["higher"] = np.subtract(self._ratio, 1.0) > self.clip_ratio_high
+                    self._flags["lower"] = np.subtract(1.0, self._ratio) > self.clip_ratio_low
+                self._flags["undefined"] = np.isnan(self._ratio)
         return self._ratio
 
     def settle(self) -> None:
         """After a metric: a ratio that metric did not read is dropped (one table less while the next runs)."""
         if not self._read:
             self._ratio = None
-            self._derived.clear()
         self._read = False
 
-    def _flag(self, name: str, make: Any) -> np.ndarray:
-        ratio = self.ratio
-        if name not in self._derived:
-            self._derived[name] = make(ratio)
-        return self._derived[name]
+    def _flag(self, name: str) -> np.ndarray:
+        if not self._flags:
+            self.ratio  # noqa: B018 (computes the flags)
+        return self._flags[name]
 
     @property
     def clipped_higher(self) -> np.ndarray:
         """``ratio − 1 > ε_high`` (bool): clipped on the higher side (False where the ratio is NaN)."""
-        return self._flag("higher", lambda ratio: ratio - 1.0 > self.clip_ratio_high)
+        return self._flag("higher")
 
     @property
     def clipped_lower(self) -> np.ndarray:
         """``1 − ratio > ε_low`` (bool): clipped on the lower side (False where the ratio is NaN)."""
-        return self._flag("lower", lambda ratio: 1.0 - ratio > self.clip_ratio_low)
+        return self._flag("lower")
+
+    def flagged(self, condition: np.ndarray) -> Indicator:
+        """`condition` as a metric's values: 1.0 where it holds, 0.0 where not, NaN where the ratio is NaN (a NaN is
+        never "not clipped"); pooled without a float table where no entry is flagged or undefined."""
+        return Indicator(condition, self._flag("undefined"))
 
     def indicator(self, condition: np.ndarray) -> np.ndarray:
-        """1.0 where `condition` holds, 0.0 where not, NaN where the ratio is NaN (a NaN is never "not clipped")."""
-        undefined = self._flag("undefined", np.isnan)
-        out = condition.astype(np.float64)
-        out[undefined] = np.nan
+        """`flagged` as a float64 table."""
+        return self.flagged(condition).table()
+
+
+@dataclass(frozen=True)
+class Indicator:
+    """A metric's values that are 1.0 where `condition` holds, 0.0 where not, NaN where `undefined` (both ``(B, W)``
+    bool). `Layout.pool` sums a block of them only where one entry is flagged or undefined: elsewhere every sum is
+    0.0, as the float table's would be."""
+
+    condition: np.ndarray
+    undefined: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.condition.shape
+
+    def table(self, rows: slice = slice(None)) -> np.ndarray:
+        out = self.condition[rows].astype(np.float64)
+        out[self.undefined[rows]] = np.nan
         return out
+
+    def any(self, rows: slice, valid: np.ndarray | None) -> bool:
+        """Whether an entry of `rows` that is compared is flagged or undefined."""
+        flagged = self.condition[rows] | self.undefined[rows]
+        return bool(flagged.any() if valid is None else (flagged & valid[rows]).any())
 
 
 @dataclass(frozen=True)
@@ -166,63 +196,87 @@ class Layout:
         return np.zeros(0, dtype=np.int64) if self._timesteps is None else self._timesteps.counts
 
     # -- pooling -----------------------------------------------------------------------------------
-    def pool(self, how: str, values: np.ndarray) -> Pooled:
+    def pool(self, how: str, values: np.ndarray | Indicator) -> Pooled:
         """Pool the per-entry table `values` (``(B, W)``, float64) into every view (`POOLS` says how)."""
-        values = np.ascontiguousarray(values, dtype=np.float64)
+        return self.pool_all((how,), values)[0]
+
+    def pool_all(self, hows: Sequence[str], values: np.ndarray | Indicator) -> list[Pooled]:
+        """`pool` for each of `hows` from one table: the mean and the standard deviation share the cells' means."""
+        if not isinstance(values, Indicator):
+            values = np.ascontiguousarray(values, dtype=np.float64)
         if values.shape != self.shape:
             raise ValueError(f"a metric's per-entry values have shape {values.shape}, expected {self.shape}.")
+        for how in hows:
+            if how not in POOLS:
+                raise ValueError(f"unknown pool {how!r}; expected one of {', '.join(POOLS)}.")
         if self.count == 0:
             empty = np.zeros(0)
-            return Pooled(
-                math.nan, empty, np.full(len(self.timestep_values), math.nan), np.full(self.shape[0], math.nan)
-            )
-        if how not in POOLS:
-            raise ValueError(f"unknown pool {how!r}; expected one of {', '.join(POOLS)}.")
+            nan_timesteps = np.full(len(self.timestep_values), math.nan)
+            return [Pooled(math.nan, empty, nan_timesteps, np.full(self.shape[0], math.nan)) for _ in hows]
+        pooled: dict[str, Pooled] = {}
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf propagate on purpose
-            if how == "max":
-                return self._pool_max(values)
-            return self._pool_cells(values, spread=how == "std")
+            if "mean" in hows or "std" in hows:
+                pooled.update(self._pool_cells(values, spread="std" in hows))
+            if "max" in hows:
+                pooled["max"] = self._pool_max(values.table() if isinstance(values, Indicator) else values)
+        return [pooled[how] for how in hows]
 
-    def _pool_cells(self, values: np.ndarray, *, spread: bool) -> Pooled:
-        """The cells' means (or population standard deviations) into the position, overall and sample views, one
-        block of whole micro-batches at a time: no table the size of the inputs beyond `values`."""
+    def _pool_cells(self, values: np.ndarray | Indicator, *, spread: bool) -> dict[str, Pooled]:
+        """The cells' means (and, with `spread`, their population standard deviations) into the position, overall
+        and sample views, one block of whole micro-batches at a time: no table the size of the inputs beyond
+        `values`."""
         batch, width = values.shape
-        positions = np.zeros(width)  # each position's cell values so far, added in micro-batch order from 0.0
-        overall = 0.0  # every cell value so far, added in (micro-batch, position) order from 0.0
-        samples = np.empty(batch)
+        hows = ("mean", "std") if spread else ("mean",)
+        positions = {how: np.zeros(width) for how in hows}  # each position's cell values so far, in micro-batch order
+        overall = dict.fromkeys(hows, 0.0)  # every cell value so far, added in (micro-batch, position) order from 0.0
+        samples = {how: np.empty(batch) for how in hows}
         for rows in _row_blocks(batch, self.micro):
-            block = values[rows] if self.valid is None else np.where(self.valid[rows], values[rows], 0.0)
             counts = self._block_counts(rows)
             whole = (rows.stop - rows.start) // self.micro
-            cells = self._cell_means(cell_sums(block, self.micro, whole), counts)
             sample_counts = self.sample_counts[rows]
+            if isinstance(values, Indicator) and not values.any(rows, self.valid):
+                block = None  # every entry 0.0: every sum is 0.0
+                sums, row_total = np.zeros((counts.shape[0], width)), np.zeros(rows.stop - rows.start)
+            else:
+                block = _float_block(values, rows)
+                if self.valid is not None:
+                    block = np.where(self.valid[rows], block, 0.0)
+                sums, row_total = cell_sums(block, self.micro, whole), row_sums(block)
+            cells = {"mean": self._cell_means(sums, counts)}
             with np.errstate(invalid="ignore", divide="ignore"):
-                sample_means = row_sums(block) / sample_counts
+                sample_means = {"mean": row_total / sample_counts}
             if spread:
-                deviation = _minus_cells(block, cells, self.micro)
+                if block is None:
+                    block = _float_block(values, rows)
+                deviation = _minus_cells(block, cells["mean"], self.micro)
                 deviation *= deviation
                 if self.valid is not None:
                     deviation[~self.valid[rows]] = 0.0
-                cells = np.sqrt(self._cell_means(cell_sums(deviation, self.micro, whole), counts))
+                cells["std"] = np.sqrt(self._cell_means(cell_sums(deviation, self.micro, whole), counts))
                 del deviation
-                deviation = block - np.where(sample_counts == 0, 0.0, sample_means)[:, None]
+                deviation = block - np.where(sample_counts == 0, 0.0, sample_means["mean"])[:, None]
                 deviation *= deviation
                 if self.valid is not None:
                     deviation[~self.valid[rows]] = 0.0
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    sample_means = np.sqrt(row_sums(deviation) / sample_counts)
+                    sample_means["std"] = np.sqrt(row_sums(deviation) / sample_counts)
                 del deviation
-            samples[rows] = sample_means + 0.0  # a view of one cell: (0.0 + value) / 1
-            positions = column_sums(np.concatenate([positions[None, :], cells]))
-            overall = sequential_sum(cells.ravel(), start=overall)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            positions = (positions / self._cells_per_position)[self.positions]
-        if self._timesteps is None:
-            timesteps = np.zeros(0)
-        else:
-            pooled = self._timesteps.pool_std(values) if spread else self._timesteps.pool_mean(values)
-            timesteps = positions[self._timesteps.order] if pooled is None else pooled
-        return Pooled(float(overall / self._cells), positions, timesteps, samples)
+            del block
+            for how in hows:
+                samples[how][rows] = sample_means[how] + 0.0  # a view of one cell: (0.0 + value) / 1
+                positions[how] = column_sums(np.concatenate([positions[how][None, :], cells[how]]))
+                overall[how] = sequential_sum(cells[how].ravel(), start=overall[how])
+        pooled = {}
+        by_value = None if self._timesteps is None else self._timesteps.pool(values, hows)
+        for how in hows:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                at = (positions[how] / self._cells_per_position)[self.positions]
+            if self._timesteps is None:
+                timesteps = np.zeros(0)
+            else:
+                timesteps = at[self._timesteps.order] if by_value is None else by_value[how]
+            pooled[how] = Pooled(float(overall[how] / self._cells), at, timesteps, samples[how])
+        return pooled
 
     def _pool_max(self, values: np.ndarray) -> Pooled:
         if self.valid is not None:
@@ -313,32 +367,30 @@ class _TimestepGroups:
             labels.append(int(where[0]) if where.size == 1 else None)
         return labels
 
-    def _pooled(self, values: np.ndarray, *, spread: bool) -> np.ndarray:
+    def pool(self, values: np.ndarray | Indicator, hows: Sequence[str]) -> dict[str, np.ndarray] | None:
+        """The mean (and std) pools of `values` per timestep value, from one sweep (None: `by_position` relabelled)."""
+        if self.column_value is not None:
+            return None
         layout, size = self.layout, self.keys.size
-        totals = np.zeros(size)  # each key's cell values so far, added in micro-batch order from 0.0
+        totals = {how: np.zeros(size) for how in hows}  # each key's cell values so far, in micro-batch order from 0.0
         cells = np.zeros(size, dtype=np.int64)
         for rows in _row_blocks(layout.shape[0], layout.micro):
             micro = (np.arange(rows.start, rows.stop) - rows.start) // layout.micro
             keys = self.key_of[rows].astype(np.intp)
             ids = np.where(keys < size, micro[:, None] * size + keys, micro[-1] * size + size).ravel()
-            block = values[rows].ravel()
+            block = _float_block(values, rows).ravel()
             counts = np.bincount(ids, minlength=(micro[-1] + 1) * size + 1)
-            means = _bincount_means(ids, block, counts)
-            if spread:
-                deviation = block - means[ids]
+            means = {"mean": _bincount_means(ids, block, counts)}
+            if "std" in hows:
+                deviation = block - means["mean"][ids]
                 deviation *= deviation
-                means = np.sqrt(_bincount_means(ids, deviation, counts))
-            shaped = means[:-1].reshape(-1, size)
-            totals = column_sums(np.concatenate([totals[None, :], shaped]))
+                means["std"] = np.sqrt(_bincount_means(ids, deviation, counts))
+            for how in hows:
+                shaped = means[how][:-1].reshape(-1, size)
+                totals[how] = column_sums(np.concatenate([totals[how][None, :], shaped]))
             cells += (counts[:-1].reshape(-1, size) > 0).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (totals / cells)[self.order]
-
-    def pool_mean(self, values: np.ndarray) -> np.ndarray | None:
-        return None if self.column_value is not None else self._pooled(values, spread=False)
-
-    def pool_std(self, values: np.ndarray) -> np.ndarray | None:
-        return None if self.column_value is not None else self._pooled(values, spread=True)
+            return {how: (totals[how] / cells)[self.order] for how in hows}
 
     def pool_max(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray:
         if self.column_value is not None:
@@ -346,6 +398,11 @@ class _TimestepGroups:
         maxima = np.full(self.keys.size + 1, -np.inf)
         np.maximum.at(maxima, self.key_of.ravel().astype(np.intp), values.ravel())  # a max: any order
         return maxima[:-1][self.order]
+
+
+def _float_block(values: np.ndarray | Indicator, rows: slice) -> np.ndarray:
+    """Rows `rows` of a metric's values as a float64 table."""
+    return values.table(rows) if isinstance(values, Indicator) else values[rows]
 
 
 def _bincount_means(ids: np.ndarray, values: np.ndarray, counts: np.ndarray) -> np.ndarray:

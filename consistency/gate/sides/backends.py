@@ -204,6 +204,7 @@ def build_backend(config: CheckConfig) -> Backend:
     family = checker_family(config.model_family)
     settings = pipeline_settings(config)
     trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device, settings)
+    schedule_model = trainer_model  # the schedule's shapes: a plug-in side may expose no model
     if engine is not None and not engine.in_process:
         rollout_model = None  # the engine holds its own copy of the weights
     elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
@@ -211,11 +212,6 @@ def build_backend(config: CheckConfig) -> Backend:
     else:
         rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device, settings)
     encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
-    # The schedule is derived from the checker's own model: a plug-in side need not expose one (`model`).
-    options = family.options(settings)
-    setup = family.scheduler_setup(
-        _scheduler_config(family, config.model_path), config.num_inference_steps, trainer_model, options
-    )
     if sides is not None:  # a user's side replaces the built-in one (audited and fingerprinted instead)
         rollout_model = plugins.side_model(sides.rollout) if sides.rollout is not None else rollout_model
         trainer_model = plugins.side_model(sides.trainer) if sides.trainer is not None else trainer_model
@@ -231,10 +227,13 @@ def build_backend(config: CheckConfig) -> Backend:
         # position-invariant (a rollout batch then runs unpadded), one row per forward otherwise.
         rows = config.rollout_batch_size
         shared = rollout_model is trainer_model
-        if trainer_model is not None:  # None: a trainer plug-in that exposes no model
-            trainer_model = batch_invariant(trainer_model, family, rows_per_forward=rows)
+        trainer_model = None if trainer_model is None else batch_invariant(trainer_model, family, rows_per_forward=rows)
         if rollout_model is not None:
             rollout_model = trainer_model if shared else batch_invariant(rollout_model, family, rows_per_forward=rows)
+    options = family.options(settings)
+    setup = family.scheduler_setup(
+        _scheduler_config(family, config.model_path), config.num_inference_steps, schedule_model, options
+    )
     return Backend(
         config=config,
         family=family,

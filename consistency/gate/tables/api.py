@@ -216,7 +216,9 @@ def gate(
         not_checked=not_checked,
         sample_ids=tuple(ids.tolist()),
     )
-    return attach_diagnosis(report)  # the doctor from the tables alone: the user's code is not at hand
+    # The doctor from the tables alone: the user's code is not at hand.
+    tables = (rollout, trainer, steps) if rollout.shape == trainer.shape else None
+    return attach_diagnosis(report, tables=tables)
 
 
 # ----------------------------------------------------------------------------------------------------

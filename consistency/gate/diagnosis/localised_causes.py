@@ -1,0 +1,304 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The cause a localisation points at: the first stage where the two sides part, what differs there, and,
+when every forward agrees, the step setting that reproduces each side's log-probs.
+
+Two localisations exist: a replay of the two sides' own code (`rollout_consistency.gate.diagnosis.replay`, what
+the check runs; its `Localisation` carries ``facts``), and `rollout_consistency.gate.diagnosis.localise.localise`
+over two `SideSpec`s (our step function on both sides: stages ``transition.*``, ``scored_sample``, ``log_prob``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_consistency.gate.judging.causes import Diagnosis
+
+from .catalogue import make
+
+_STAGE_CAUSES = {
+    "weights": "different-weights",
+    "inputs.latents": "model-input",
+    "inputs.timestep": "model-input",
+    "inputs.conditioning": "text-conditioning",
+    "inputs.text_mask": "text-conditioning",
+    "inputs.text_lengths": "mask-sum-rope",
+    "rope": "mask-sum-rope",
+    "inputs.guidance": "guidance-mismatch",
+    "inputs.pooled": "text-conditioning",
+    "transition.mean": "settings-mismatch",
+    "transition.std": "settings-mismatch",
+    "scored_sample": "bf16-latents",
+    "log_prob": "logprob-convention",
+}
+_RESULT_SETTINGS = ("guidance_scale", "noise_level", "sde_type", "include_normalizer", "options")
+#: A step setting that differs between the two sides' fits → the cause it names (in this order of priority).
+_SETTING_CAUSES = (
+    ("sde_type", "sde-type-mismatch"),
+    ("noise_level", "noise-level-mismatch"),
+    ("guidance", "guidance-mismatch"),
+    ("cfg_rescale", "guidance-mismatch"),
+    ("step_offset", "step-index"),
+    ("reduction", "logprob-reduction"),
+    ("normalizer", "logprob-convention"),
+    ("offset", "logprob-offset"),
+)
+_SUMMARIES = {
+    "attention-kernel": "The forwards part inside attention: the two sides run different attention kernels.",
+    "batch-composition": "The rows per forward differ, and with them the forward's rounding (or an input it gets).",
+    "settings-mismatch": "The sides run with different settings.",
+    "different-weights": "The two sides' weights differ.",
+    "mask-sum-rope": "The text lengths / RoPE the transformer gets differ (mask.sum() against the padded width).",
+    "bf16-latents": "The sample the trainer scores is not the one the rollout drew: the latents were rounded to "
+    "low precision after the log-prob was computed.",
+    "stepwise-bf16": "The step-wise path stores per-request latents rounded to low precision.",
+    "logprob-convention": "Everything up to the log-prob agrees; the log-prob's formula (normaliser, std) differs.",
+    "guidance-mismatch": "The two sides guide differently (CFG scale, CFG on one side only, its combination, or the "
+    "embedded guidance).",
+    "noise-level-mismatch": "The two sides step with different noise levels.",
+    "sde-type-mismatch": "The two sides step with different SDE types.",
+    "step-index": "One side takes the step at another step's timestep or sigma (an index off by one).",
+    "logprob-reduction": "One side reduces the log-density by a sum over the latent, the other by the mean.",
+    "logprob-offset": "One side's log-probs carry a constant the other's do not.",
+    "text-conditioning": "The text conditioning the transformer gets differs (embeddings, padding or mask).",
+    "misaligned-batch": "The trainer pairs latents with another sample's text conditioning: the batch is misaligned.",
+    "forward-precision": "Same inputs, different precision: the two sides' forwards run in different dtypes or "
+    "autocast.",
+}
+
+
+def from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
+    """The cause `loc` points at (a replay of both sides' own code, or a `SideSpec` localisation)."""
+    if loc.facts:
+        return _from_replay(loc, config)
+    return _from_sides(loc, config)
+
+
+# ----------------------------------------------------------------------------------------------------
+def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
+    facts = loc.facts
+    first = loc.first
+    settings = {name: (a, b) for name, a, b in loc.settings}
+    evidence = [loc.describe(), _faithful(facts)]
+    details = loc.to_dict()
+    if first is None:
+        return _from_step_fit(facts, evidence, details, config)
+    stage = first.stage
+    extra: list[str] = []
+    if stage == "weights":
+        cause = "different-weights"
+    elif stage == "forwards":
+        cause = "guidance-mismatch"
+        extra.append(
+            "one side runs two forwards (CFG) per sample and step where the other runs one: CFG is on one side only"
+        )
+    elif stage == "pairing":
+        cause = "model-input"
+        extra.append("the trainer scores latents the rollout never stepped from (another layout, scale or stored copy)")
+    elif stage == "inputs.latents" and "dtype" in settings:
+        cause, line = _forward_cause(settings, first)
+        extra.append(line.replace("every input agrees; ", "the latents differ by the forward's own cast; "))
+    elif stage == "inputs.latents":
+        cause, line = _rounded_cause(facts, config, "latents")
+        extra.append(line)
+    elif stage == "inputs.timestep":
+        cause, line = _timestep_cause(facts)
+        extra.append(line)
+    elif stage in ("inputs.conditioning", "inputs.pooled"):
+        misaligned = facts.get("misaligned") or {}
+        if misaligned.get("other_sample") and 2 * misaligned["other_sample"] >= misaligned.get("differing", 0):
+            cause = "misaligned-batch"
+            extra.append(
+                f"in {misaligned['other_sample']} of {misaligned['differing']} paired forwards whose text differs, "
+                f"the trainer's text conditioning is exactly the rollout's of another sample at the same step"
+            )
+        else:
+            cause = "text-conditioning"
+    elif stage == "inputs.text_mask" and "one side only" in first.detail and "rows_per_forward" in settings:
+        cause = "batch-composition"  # a micro-batch with no padded row passes no mask
+    elif stage.startswith("inputs."):
+        cause = _STAGE_CAUSES.get(stage, "model-input")
+    else:  # blocks / output with identical inputs: what differs in how the forwards run?
+        cause, line = _forward_cause(settings, first)
+        extra.append(line)
+    summary = _SUMMARIES.get(cause, f"The two sides part at {stage}.")
+    if cause == "model-input":
+        summary = f"A model input is computed differently: {stage}."
+    return make(cause, summary, [*evidence, *extra], "replay-stage", source="localisation", details=details)
+
+
+def _faithful(facts: Mapping[str, Any]) -> str:
+    replay = facts.get("replay") or {}
+    worst = max(replay.get("rollout_max_abs", 0.0), replay.get("trainer_max_abs", 0.0))
+    seconds = facts.get("seconds")
+    timing = f" ({seconds:.2g} s, one batch)" if isinstance(seconds, (int, float)) else ""
+    if worst:
+        return f"the replay of both sides' own code is off the check's log-probs by {worst:.3g}{timing}"
+    return f"the replay of both sides' own code reproduces the check's log-probs bit for bit{timing}"
+
+
+def _rounded_cause(facts: Mapping[str, Any], config: Mapping[str, Any], what: str) -> tuple[str, str]:
+    rounded = facts.get("rounded") or {}
+    low = {side: rounded.get(side) for side in ("rollout", "trainer")}
+    sides = [side for side, dtype in low.items() if dtype]
+    if len(sides) == 1:
+        side = sides[0]
+        cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
+        return cause, (
+            f"the {side}'s {what} are exactly the other side's rounded to {low[side]}: the {side} steps from (or "
+            f"stores) a {low[side]} copy of the float32 {what}"
+        )
+    return "model-input", f"the {what} the two sides feed differ beyond any one rounding"
+
+
+def _timestep_cause(facts: Mapping[str, Any]) -> tuple[str, str]:
+    neighbour = facts.get("timestep_neighbour") or {}
+    offsets = {int(k): v for k, v in (neighbour.get("offsets") or {}).items()}
+    differing = neighbour.get("differing", 0)
+    if offsets and sum(offsets.values()) == differing:
+        offset = max(offsets.items(), key=lambda item: item[1])[0]
+        return "step-index", (
+            f"in {sum(offsets.values())} of {differing} paired forwards whose timestep differs, the trainer's "
+            f"timestep is exactly the schedule's value of another step (mostly step {offset:+d})"
+        )
+    rounded = facts.get("rounded") or {}
+    sides = [side for side in ("rollout", "trainer") if rounded.get(side)]
+    if len(sides) == 1:
+        return "model-input", (
+            f"the {sides[0]}'s timesteps are exactly the other side's rounded to {rounded[sides[0]]}: the "
+            f"{sides[0]} rounds the timestep it feeds the transformer"
+        )
+    return "model-input", "the timesteps differ, and not by one step of the schedule"
+
+
+def _forward_cause(settings: Mapping[str, tuple[str, str]], first: Any) -> tuple[str, str]:
+    def said(name: str) -> str:
+        a, b = settings[name]
+        return f"{name.replace('_', ' ')}: rollout {a}, trainer {b}"
+
+    if "autocast" in settings or "dtype" in settings:
+        name = "autocast" if "autocast" in settings else "dtype"
+        return "forward-precision", f"every input agrees; {said(name)} (measured in the replay)"
+    if "attention" in settings:
+        return "attention-kernel", f"every input agrees; {said('attention')}"
+    if "rows_per_forward" in settings:
+        return "batch-composition", f"every input agrees; {said('rows_per_forward')} (measured in the replay)"
+    return "different-computation", (
+        f"every input agrees and the forwards part at {first.stage}, yet kernels, precision and rows per forward "
+        f"are the same on both sides: the two forwards compute differently (not noise)"
+    )
+
+
+def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, config: Mapping[str, Any]) -> Diagnosis:
+    fit = facts.get("step_fit") or {}
+    disagreement = fit.get("disagreement", 0.0)
+    rollout, trainer = fit.get("rollout"), fit.get("trainer")
+
+    def unknown(line: str, kind: str = "replay-unexplained") -> Diagnosis:
+        summary = "Every forward agrees; the disagreement lies in the step outside the model, in no setting measured."
+        return make("different-computation", summary, [*evidence, line], kind, source="localisation", details=details)
+
+    if not disagreement:
+        return unknown("the replayed log-probs agree: the disagreement did not reproduce in the replay", "unknown")
+    if rollout is None or trainer is None:
+        return unknown(
+            "every forward agrees, but no replayed (sample, step) has its next sample recorded, so the step outside "
+            "the model could not be re-derived"
+        )
+    tolerance = max(0.25 * disagreement, 1e-7)  # a fit explaining three quarters of the disagreement
+    fits = (
+        f"the rollout's log-probs are reproduced by {rollout['describe']} (max error {rollout['error']:.2g}); the "
+        f"trainer's by {trainer['describe']} (max error {trainer['error']:.2g}); the tables differ by up to "
+        f"{disagreement:.3g}"
+    )
+    errors = {"rollout": rollout["error"], "trainer": trainer["error"]}
+    differences = _differences(rollout["settings"], trainer["settings"])
+    if differences and max(errors.values()) <= tolerance:
+        cause = differences[0]
+        lines = ["every forward of both sides agrees: the difference is in the step outside the model", fits]
+        return make(
+            cause, _SUMMARIES[cause], [*evidence, *lines], "replay-step", source="localisation", details=details
+        )
+    # One side's table is not reproduced from what it fed and produced, while the other's is: that side scored
+    # something other than what it stepped on.
+    bad = max(errors, key=errors.get)
+    good = "trainer" if bad == "rollout" else "rollout"
+    if errors[bad] > max(100 * errors[good], 1e-5):  # far beyond the float32 noise of a faithful reproduction
+        line = (
+            f"every forward agrees and the {good}'s log-probs are reproduced from the recorded samples, but the "
+            f"{bad}'s are not (max error {errors[bad]:.2g} against {errors[good]:.2g}): the {bad} scored a sample "
+            f"other than the one it stepped on"
+        )
+        if bad == "rollout" and (fit.get("rollout_next_rounded") or config.get("rollout_dtype") in _LOW):
+            cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
+            rounded = fit.get("rollout_next_rounded")
+            if rounded:
+                line += f"; the samples it stepped on are all exactly {rounded} values: rounded after scoring"
+            return make(
+                cause, _SUMMARIES[cause], [*evidence, line, fits], "replay-step", source="localisation", details=details
+            )
+        return unknown(f"{line}; {fits}")
+    return unknown(f"{fits}; no candidate setting explains the difference")
+
+
+_LOW = ("bfloat16", "float16")
+
+
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    causes = []
+    for name, cause in _SETTING_CAUSES:
+        x, y = a.get(name), b.get(name)
+        if isinstance(x, float) or isinstance(y, float):
+            x, y = (0.0 if x is None else float(x)), (0.0 if y is None else float(y))
+            same = abs(x - y) <= (0.5 if name == "offset" else 1e-3) * max(
+                abs(x), abs(y), 1e-300 if name == "offset" else 1.0
+            )
+        else:
+            same = x == y
+        if not same and cause not in causes:
+            causes.append(cause)
+    return causes
+
+
+# ----------------------------------------------------------------------------------------------------
+def _from_sides(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
+    """A `SideSpec` localisation (`rollout_consistency.gate.diagnosis.localise.localise`): our step function on
+    both sides."""
+    first = loc.first
+    settings = set(loc.setting_names())
+    evidence = [loc.describe()]
+    if loc.replay_max_abs:
+        evidence.append(f"the replay of the rollout is off its stored log-probs by {loc.replay_max_abs:.3g}")
+    else:
+        evidence.append("the replay of the rollout reproduces its stored log-probs bit for bit")
+    details = loc.to_dict()
+    if first is None:
+        cause = "settings-mismatch" if settings & set(_RESULT_SETTINGS) else "different-computation"
+        summary = "One step's computation agrees on both sides; the disagreement lies outside it."
+        return make(cause, summary, evidence, "replay-unexplained", source="localisation", details=details)
+    stage = first.stage.partition("[")[0]
+    if stage in ("embed", "velocity") or stage.startswith("blocks."):
+        if "attention" in settings:
+            cause = "attention-kernel"
+        elif settings & set(_RESULT_SETTINGS):
+            cause = "settings-mismatch"
+        elif "rows_per_forward" in settings:
+            cause = "batch-composition"
+        elif "velocity" in settings:
+            cause = "model-input"
+        else:
+            cause = "different-computation"
+    elif stage.startswith("inputs.") and "one side only" in first.detail and "rows_per_forward" in settings:
+        cause = "batch-composition"
+    else:
+        cause = _STAGE_CAUSES.get(stage, "different-computation")
+        if cause == "text-conditioning":
+            cause = "model-input"
+        if cause == "bf16-latents" and config.get("step_execution"):
+            cause = "stepwise-bf16"
+        if stage.startswith("inputs.") and "velocity" not in settings and settings & set(_RESULT_SETTINGS):
+            cause = "settings-mismatch"
+    summary = _SUMMARIES.get(cause, f"The two sides part at {first.stage}.")
+    if cause == "model-input":
+        summary = f"A model input is computed differently: {first.stage}."
+    return make(cause, summary, evidence, "replay-stage", source="localisation", details=details)
