@@ -73,7 +73,9 @@ class _ScheduleLookup:
 
     timesteps: torch.Tensor  # the tensors it was built from (held, so that `is` identifies them)
     sigmas: torch.Tensor
-    versions: tuple[int, int]  # their in-place version counters at build time
+    # Their in-place version counters at build time, or, for inference tensors (which track no version: a
+    # scheduler set up under torch.inference_mode, as vLLM-omni's runner does), copies compared by value.
+    versions: tuple[int, int] | tuple[torch.Tensor, torch.Tensor]
     schedule: tuple[float, ...]
     pairs: dict[float, tuple[float, float]]  # timestep value -> (σ, σ'), first occurrence as diffusers
     sigma_max: float  # sigmas[1]: Flow-GRPO's stand-in for σ = 1
@@ -89,7 +91,7 @@ class _ScheduleLookup:
         return cls(
             timesteps=timesteps,
             sigmas=sigmas,
-            versions=(timesteps._version, sigmas._version),
+            versions=_versions(timesteps, sigmas),
             schedule=schedule,
             pairs=pairs,
             sigma_max=values[1] if len(values) > 1 else values[0],
@@ -97,11 +99,17 @@ class _ScheduleLookup:
         )
 
     def describes(self, timesteps: torch.Tensor, sigmas: torch.Tensor) -> bool:
-        return (
-            timesteps is self.timesteps
-            and sigmas is self.sigmas
-            and (timesteps._version, sigmas._version) == self.versions
-        )
+        if timesteps is not self.timesteps or sigmas is not self.sigmas:
+            return False
+        if isinstance(self.versions[0], torch.Tensor):
+            return torch.equal(timesteps, self.versions[0]) and torch.equal(sigmas, self.versions[1])
+        return (timesteps._version, sigmas._version) == self.versions
+
+
+def _versions(timesteps: torch.Tensor, sigmas: torch.Tensor) -> tuple[int, int] | tuple[torch.Tensor, torch.Tensor]:
+    if timesteps.is_inference() or sigmas.is_inference():
+        return timesteps.clone(), sigmas.clone()
+    return timesteps._version, sigmas._version
 
 
 class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):

@@ -293,3 +293,21 @@ def test_cps_last_step_is_deterministic_with_finite_gradient():
     assert torch.equal(out.prev_sample, out.prev_sample_mean.detach()) and torch.all(out.log_prob == 0)
     out.log_prob.sum().backward()
     assert torch.isfinite(v.grad).all()
+
+
+@pytest.mark.parametrize("mode", ["plain", "inference"])
+def test_a_schedule_changed_in_place_is_read_again(mode):
+    """The step caches the schedule's floats; an in-place change of `timesteps` / `sigmas` must be seen. Under
+    torch.inference_mode (vLLM-omni's runner sets schedulers up there) the tensors track no version counter."""
+    context = torch.inference_mode() if mode == "inference" else torch.no_grad()
+    with context:
+        scheduler = make_scheduler(num_steps=6)
+        x, v = tensors(0)
+        t = scheduler.timesteps[2]
+        before = scheduler.sample_previous_step(v, t, x, prev_sample=x, noise_level=0.7).log_prob
+        scheduler.sigmas[3] = scheduler.sigmas[3] * 0.5  # the next sigma of step 2, changed in place
+        after = scheduler.sample_previous_step(v, t, x, prev_sample=x, noise_level=0.7).log_prob
+        scheduler.sigmas[3] = scheduler.sigmas[3] * 2.0
+        again = scheduler.sample_previous_step(v, t, x, prev_sample=x, noise_level=0.7).log_prob
+    assert not torch.equal(before, after)
+    assert torch.equal(before, again)

@@ -40,18 +40,20 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
     """The tables' signature (see the module docstring); ``{"kind": "none"}`` when they agree or cannot be read."""
     r = np.asarray(rollout, dtype=np.float64)
     t = np.asarray(trainer, dtype=np.float64)
+    flat_r = r.reshape(-1)
     if r.shape != t.shape or r.ndim != 2 or not r.size:
         return {"kind": "none"}
     finite = np.isfinite(r) & np.isfinite(t)
     if not finite.any():
         return {"kind": "none"}
+    everywhere = bool(finite.all())  # then whole tables, not masked copies
     delta = t - r
-    d = delta[finite]
+    d = delta.reshape(-1) if everywhere else delta[finite]
     if not np.any(d):
         return {"kind": "none"}
     out: dict[str, Any] = {"entries": int(d.size), "mean": float(d.mean()), "max_abs": float(np.abs(d).max())}
 
-    rv, tv = r[finite], t[finite]
+    rv, tv = (r.reshape(-1), t.reshape(-1)) if everywhere else (r[finite], t[finite])
     denominator = float(rv @ rv)
     if denominator > 0:
         c = float(rv @ tv) / denominator
@@ -60,8 +62,9 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
             return {**out, "kind": "ratio", "ratio": c, "residual": residual}
 
     groups = _groups(r, timesteps, finite)
-    step_means = [float(delta[g].mean()) for g in groups]
-    within = max(float(delta[g].std()) for g in groups)
+    flat_delta = delta.reshape(-1)
+    step_means = [float(flat_delta[g].mean()) for g in groups]
+    within = max(float(flat_delta[g].std()) for g in groups)
     largest = max(abs(m) for m in step_means)
     if len(groups) > 1 and max(step_means) - min(step_means) > 10 * within and within < 0.05 * largest:
         # Pure log-density terms differ (float rounding within a step), or a variance formula does (the spread
@@ -70,30 +73,46 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
         return {**out, "kind": "per-step-offset", "step_offsets": step_means, "within_spread": within, "exact": exact}
 
     spread = float(d.std())
-    rounding = _ROUNDING * (1 + float(np.abs(r[finite]).max()))
+    rounding = _ROUNDING * (1 + float(np.abs(rv).max()))
     if abs(out["mean"]) > 4 * spread and spread <= rounding and (np.all(d > 0) or np.all(d < 0)):
         return {**out, "kind": "uniform-offset", "offset": out["mean"], "spread": spread}
 
     slopes, correlations = [], []
     for g in groups:
-        if g[0].size < _GROUP_MIN or np.ptp(r[g]) == 0:
+        if g.size < _GROUP_MIN or np.ptp(flat_r[g]) == 0:
             continue
-        x, y = r[g], delta[g]
-        corr = float(np.corrcoef(x, y)[0, 1]) if np.ptp(y) > 0 else 0.0
+        x, y = flat_r[g], flat_delta[g]
+        (var_x, cov), (_, var_y) = np.cov(x, y)  # one pass for the correlation and the least-squares slope
+        corr = float(cov / math.sqrt(var_x * var_y)) if var_y > 0 else 0.0
         if math.isfinite(corr):
             correlations.append(corr)
-            slopes.append(1 + float(np.polyfit(x, y, 1)[0]))
+            slopes.append(1 + float(cov / var_x))
     if correlations and min(abs(c) for c in correlations) >= STD_CORRELATION:
         steady = (max(slopes) - min(slopes)) <= 0.1 * max(abs(s) for s in slopes)
         return {**out, "kind": "std-scaling", "slopes": slopes, "correlations": correlations, "steady": steady}
     return {**out, "kind": "shift", "correlations": correlations}
 
 
-def _groups(r: np.ndarray, timesteps: Any, finite: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Index arrays of the entries of each timestep (each column without timesteps)."""
+def _groups(r: np.ndarray, timesteps: Any, finite: np.ndarray) -> list[np.ndarray]:
+    """Flat indices of the finite entries of each timestep (each column without timesteps), in ascending key
+    order and, within a group, in table order."""
+    width = r.shape[1]
     steps = None if timesteps is None else np.asarray(timesteps, dtype=np.float64)
-    if steps is not None and steps.shape == r.shape:
-        groups = [np.nonzero(finite & (steps == value)) for value in np.unique(steps[finite])]
-    else:
-        groups = [np.nonzero(finite & (np.arange(r.shape[1])[None, :] == j)) for j in range(r.shape[1])]
-    return [g for g in groups if g[0].size]
+    if steps is None or steps.shape != r.shape:
+        column_keys = np.arange(width, dtype=np.float64)
+    elif (steps == steps[:1]).all():  # one timestep per column (a window shared by every sample)
+        column_keys = steps[0]
+    else:  # windows per sample: one sort of the finite entries by timestep
+        flat = np.flatnonzero(finite)
+        keys, key_of = np.unique(steps.reshape(-1)[flat], return_inverse=True)
+        order = np.argsort(key_of, kind="stable")
+        bounds = np.searchsorted(key_of[order], np.arange(keys.size + 1))
+        return [flat[order[bounds[k] : bounds[k + 1]]] for k in range(keys.size)]
+    groups = []
+    keys, column_group = np.unique(column_keys, return_inverse=True)
+    for key in range(keys.size):
+        columns = np.flatnonzero(column_group == key)
+        rows, which = np.nonzero(finite[:, columns])  # row-major: table order
+        if rows.size:
+            groups.append(rows * width + columns[which])
+    return groups
