@@ -305,3 +305,18 @@ def test_the_check_attaches_a_localised_diagnosis():
     top = report.diagnosis[0]
     assert top["cause"] == "mask-sum-rope" and top["source"] == "localisation", top
     assert top["details"]["first_stage"] == "inputs.text_lengths"
+
+
+@pytest.mark.parametrize("micro_batch_size", [2, 1])
+def test_trainer_micro_batches_smaller_than_the_rollouts_are_not_read_as_the_cause(micro_batch_size):
+    """The trainer's smaller forwards pass one `img_shapes` entry per row (fewer rows) and, without padded rows,
+    no text mask: per-row inputs compared row by row, and a mask that masks nothing is no mask; the bug still
+    is the stored latents rounded after scoring."""
+    from rollout_consistency import run_step1_check
+
+    report = run_step1_check(
+        inject="bf16-latents", micro_batch_size=micro_batch_size, progress=False, num_prompts=2, num_images_per_prompt=2
+    )
+    assert not report.passed
+    top = report.diagnosis[0]
+    assert top["cause"] == "bf16-latents" and top["source"] == "localisation", top

@@ -192,3 +192,21 @@ def test_a_trainer_plugin_that_exposes_no_model_runs_beside_the_built_in_rollout
         report = run_step1_check(config)
         assert report.passed, report.reasons
         assert report.run["weights"]["trainer"] is None  # nothing to fingerprint: said, not guessed
+
+
+def test_a_template_pair_with_sde_on_every_step_is_localised_when_it_fails(tmp_path, capsys):
+    """A newcomer's first break of the template (the trainer's noise level off by 10 %), with `sde_window_size
+    "all"`: the doctor replays both plug-ins and names the noise level (its replay once read the setting's
+    "all" as a number and gave up with a TypeError)."""
+    from rollout_consistency.cli import main
+
+    path = tmp_path / "my_plugins.py"
+    assert main(["plugin-template", str(path)]) == 0
+    rollout_part, setting, trainer_part = path.read_text().rpartition("noise_level=self.config.noise_level,")
+    assert setting and "class Trainer" in rollout_part  # the last one is the trainer's step
+    path.write_text(rollout_part + "noise_level=self.config.noise_level * 1.1," + trainer_part)
+    sides = ["--rollout-backend", f"{path}:make_rollout", "--trainer-backend", f"{path}:make_trainer"]
+    argv = ["check", "--no-progress", "--num-inference-steps", "3", "--sde-window-size", "all", *sides]
+    assert main([*argv, "--num-prompts", "1", "--rollout-batch-size", "2", "--json", str(tmp_path / "r.json")]) == 1
+    top = json.loads((tmp_path / "r.json").read_text())["diagnosis"][0]
+    assert top["cause"] == "noise-level-mismatch" and top["source"] == "localisation", top

@@ -251,7 +251,8 @@ def _rows(value: Any) -> Any:
 
 
 def _input_value(value: Any, rows: int) -> Any:
-    """A per-row tensor as `(rows, -1)`, a shared tensor whole (float64), a list of ints as a column, else text."""
+    """A per-row tensor as `(rows, -1)`, a shared tensor whole (float64), a list of ints as a column, another
+    list of one entry per row as the rows' texts, else text."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -263,6 +264,8 @@ def _input_value(value: Any, rows: int) -> Any:
         return ("shared", value.to(torch.float64).reshape(-1))
     if isinstance(value, (list, tuple)) and len(value) == rows and all(isinstance(v, (int, float)) for v in value):
         return torch.tensor(value, dtype=torch.float64).reshape(rows, 1)
+    if isinstance(value, (list, tuple)) and len(value) == rows:  # one entry per row (Qwen-Image's img_shapes)
+        return ("rows", tuple(repr(v) for v in value))
     return ("text", repr(value))
 
 
@@ -360,7 +363,7 @@ def _context(config: Any, backend: Any, batch_spec: Any, tables: tuple[Any, Any]
     return ReplayContext(
         samples=tuple(batch_spec.sample_indices),
         window_starts=tuple(s.window_start for s in batch_spec.samples),
-        window_size=config.sde_window_size,
+        window_size=config.resolved_window_size,
         sigmas=tuple(float(s) for s in scheduler.sigmas.double().tolist()),
         noise_level=float(config.noise_level),
         sde_type=config.sde_type,
