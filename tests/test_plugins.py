@@ -210,3 +210,26 @@ def test_a_template_pair_with_sde_on_every_step_is_localised_when_it_fails(tmp_p
     assert main([*argv, "--num-prompts", "1", "--rollout-batch-size", "2", "--json", str(tmp_path / "r.json")]) == 1
     top = json.loads((tmp_path / "r.json").read_text())["diagnosis"][0]
     assert top["cause"] == "noise-level-mismatch" and top["source"] == "localisation", top
+
+
+@pytest.mark.parametrize("side", ["rollout", "trainer"])
+def test_an_exception_in_a_plugin_call_is_one_line_naming_the_plugin_and_the_call(side, tmp_path, capsys):
+    """A newcomer's first own plug-in died with "could not run (IndexError: ...)", naming neither the plug-in
+    nor the call, and `--debug` then said "please report it" as if the bug were ours."""
+    from rollout_consistency.cli import main
+
+    assert main(["plugin-template", str(tmp_path / "pair.py")]) == 0
+    capsys.readouterr()
+    broken = {"rollout": "def rollout(request):\n    return [0][6]\n", "trainer": "def trainer(batch):\n    [0][6]\n"}
+    (tmp_path / "mine.py").write_text(
+        f"from pair import make_rollout, make_trainer\n{broken[side]}def make(config):\n    return {side}\n"
+    )
+    sides = {"rollout": f"{tmp_path}/pair.py:make_rollout", "trainer": f"{tmp_path}/pair.py:make_trainer"}
+    sides[side] = f"{tmp_path}/mine.py:make"
+    argv = ["check", "--no-progress", "--num-inference-steps", "3", "--sde-window-size", "all", "--num-prompts", "1"]
+    argv += ["--rollout-batch-size", "2", "--rollout-backend", sides["rollout"], "--trainer-backend", sides["trainer"]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{side}_backend '{sides[side]}'" in err[0] and "raised IndexError: list index out of range" in err[0]
+    assert f"{side}(" in err[0] and "your code" in err[0]

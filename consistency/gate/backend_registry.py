@@ -22,7 +22,8 @@ module (and the settings that read it) imports nothing heavy. It is called once 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "get_backend",
     "is_plugin_spec",
     "register_backend",
+    "scoped_backends",
     "settings_problem",
     "unregister_backend",
 ]
@@ -103,6 +105,17 @@ def register_backend(entry: BackendEntry, *, replace: bool = False) -> BackendEn
         )
     _REGISTRY[key] = entry
     return entry
+
+
+@contextlib.contextmanager
+def scoped_backends() -> Iterator[None]:
+    """Registrations made inside the block are undone when it ends (tests, examples); the built-ins stay."""
+    saved = dict(_REGISTRY)
+    try:
+        yield
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
 
 
 def unregister_backend(side: str, name: str) -> BackendEntry:

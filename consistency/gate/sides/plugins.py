@@ -43,9 +43,10 @@ fix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -186,9 +187,8 @@ class PluginSides:
         from rollout_consistency.fence import fenced
 
         call, takes = _resolve_call(self.rollout, "rollout")
-        with fenced(
-            self.owner("rollout"), f"{takes}(request) on rollout batch {request.batch}", timeout_s=self.timeout_s
-        ):
+        what = f"{takes}(request) on rollout batch {request.batch}"
+        with _naming_errors(self.owner("rollout"), what), fenced(self.owner("rollout"), what, timeout_s=self.timeout_s):
             return call(request)
 
     def call_trainer(self, batch: Any, micro_batch_size: int) -> Any:
@@ -197,15 +197,32 @@ class PluginSides:
         from rollout_consistency.object_spec import call_with_supported_kwargs
 
         call, takes = _resolve_call(self.trainer, "trainer")
-        with fenced(
-            self.owner("trainer"), f"{takes}(batch, micro_batch_size={micro_batch_size})", timeout_s=self.timeout_s
-        ):
+        what = f"{takes}(batch, micro_batch_size={micro_batch_size})"
+        with _naming_errors(self.owner("trainer"), what), fenced(self.owner("trainer"), what, timeout_s=self.timeout_s):
             return call_with_supported_kwargs(
                 call, optional={"micro_batch_size": micro_batch_size}, positional=(batch,)
             )
 
     def owner(self, side: str) -> str:
         return f"{side}_backend {self.specs[side]!r}"
+
+
+@contextlib.contextmanager
+def _naming_errors(owner: str, what: str) -> Iterator[None]:
+    """An exception of the user's call as a usage error (exit 2) naming the plug-in and the call: the user's
+    bug, not ours (`--debug` still shows its traceback). Out-of-memory keeps its own message."""
+    from rollout_consistency.fence import UserCodeError
+
+    try:
+        yield
+    except (UserCodeError, MemoryError):
+        raise
+    except Exception as error:
+        text = str(error).strip().splitlines()
+        raise UserCodeError(
+            f"{owner}: {what} raised {type(error).__name__}{': ' + text[0] if text else ''} "
+            "(your code; --debug shows the traceback)"
+        ) from error
 
 
 def _resolve_call(plugin: Any, side: str) -> tuple[Any, str]:
