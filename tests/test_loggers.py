@@ -14,6 +14,7 @@ import os
 import re
 import struct
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -250,14 +251,21 @@ def wandb_records(run_directory) -> list:
     return records
 
 
-def wandb_history(run_directory) -> dict[int, dict[str, object]]:
-    """History rows by ``_step``, values JSON-decoded."""
-    rows = {}
-    for record in wandb_records(run_directory):
-        if record.WhichOneof("record_type") == "history":
-            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            rows[row["_step"]] = row
-    return rows
+def wandb_history(run_directory, wait_s: float = 30.0) -> dict[int, dict[str, object]]:
+    """History rows by ``_step``, values JSON-decoded. wandb's service process writes the file; on a loaded
+    machine its history record can land after `run.finish()` has returned (seen once in a full-suite run), so
+    the file is read again until a history row is there or `wait_s` has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows = {}
+        for record in wandb_records(run_directory):
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+                rows[row["_step"]] = row
+        if rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
 
 
 def wandb_value(row: dict, name: str) -> float:
