@@ -11,7 +11,7 @@ transformer. Every name below (but `pipeline`'s and `wan_pipeline`'s) is importa
     protocol       the wire protocol: BatchSettings, RequestSettings, RolloutRequest, build_requests,
                    decode_request, resolve_window, PAYLOAD_KEY, PAYLOAD_VERSION, PIPELINE_CLASS,
                    PIPELINE_CLASSES
-    engine_checks  engine settings and sampling params the pipeline refuses: check_engine_settings,
+    engine_checks  engine settings and sampling params the pipeline refuses: check_engine_config, check_engine_settings,
                    check_sampling_params
     worker         per-request engine state: TransformerView, RolloutState, start_request, batch_noise_pred,
                    batch_experts, advance_request, finish_request
@@ -67,7 +67,7 @@ from .client import (
     rollout,
     sampling_params_kwargs,
 )
-from .engine_checks import check_engine_settings, check_sampling_params
+from .engine_checks import check_engine_config, check_engine_settings, check_sampling_params
 from .envelope import (
     ENVELOPE_FORMAT,
     order_by_sample_index,
@@ -132,6 +132,7 @@ __all__ = [
     "batch_experts",
     "batch_noise_pred",
     "build_requests",
+    "check_engine_config",
     "check_engine_settings",
     "check_sampling_params",
     "collect_trajectories",

@@ -7,9 +7,26 @@ Both raise ValueError naming the fix and override nothing: the pipeline class in
 
 from __future__ import annotations
 
+from typing import Any
+
 from .protocol import RolloutRequest
 
-__all__ = ["check_engine_settings", "check_sampling_params"]
+__all__ = ["check_engine_config", "check_engine_settings", "check_sampling_params"]
+
+
+def check_engine_config(od_config: Any, **model: bool) -> None:
+    """[`check_engine_settings`] of a vLLM-omni `OmniDiffusionConfig` (read by attribute: no vLLM import here);
+    `model`: the transformer's own flags (`guidance_embeds`, `zero_cond_t`)."""
+    parallel = od_config.parallel_config
+    check_engine_settings(
+        cfg_parallel_size=parallel.cfg_parallel_size,
+        sequence_parallel_size=parallel.sequence_parallel_size,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        cache_backend=od_config.cache_backend,
+        quantized=od_config.quantization_config is not None,
+        **model,
+    )
 
 
 def check_engine_settings(

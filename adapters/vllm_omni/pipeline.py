@@ -42,7 +42,15 @@ from vllm_omni.diffusion.worker.utils import StepRequestState
 
 from rollout_consistency.adapters import vllm_omni as rc
 
-__all__ = ["RolloutQwenImagePipeline"]
+__all__ = ["RolloutQwenImagePipeline", "failed_output"]
+
+
+def failed_output(request_id: str, error: BaseException) -> DiffusionOutput:
+    """A failed request's output. The request id leads the error text: vLLM-omni's client raises the text alone,
+    and the id's "{i}_" prefix is how the client names the failed sample (`vllm_omni.client`)."""
+    output = DiffusionOutput.from_exception(error)
+    output.error = f"request {request_id}: {output.error}"
+    return output
 
 
 class RolloutQwenImagePipeline(QwenImagePipeline):
@@ -57,16 +65,10 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
 
     def __init__(self, *, od_config: OmniDiffusionConfig, prefix: str = "") -> None:
         super().__init__(od_config=od_config, prefix=prefix)
-        parallel = od_config.parallel_config
-        rc.check_engine_settings(
-            cfg_parallel_size=parallel.cfg_parallel_size,
-            sequence_parallel_size=parallel.sequence_parallel_size,
-            tensor_parallel_size=parallel.tensor_parallel_size,
-            pipeline_parallel_size=parallel.pipeline_parallel_size,
-            cache_backend=od_config.cache_backend,
+        rc.check_engine_config(
+            od_config,
             guidance_embeds=bool(self.transformer.guidance_embeds),
             zero_cond_t=bool(getattr(self.transformer, "zero_cond_t", False)),
-            quantized=od_config.quantization_config is not None,
         )
         # Set by the stock `_prepare_generation_context`, which our requests never call; `denoise_step` reads them.
         self._interrupt = False
@@ -138,13 +140,7 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
         payload = rc.trajectory_to_payload(trajectory, rollout.request.request)
         return DiffusionOutput(output=rc.output_envelope(image, payload))
 
-    @staticmethod
-    def _failed(request_id: str, error: BaseException) -> DiffusionOutput:
-        # The request id leads the error text: vLLM-omni's client raises the text alone, and the id's "{i}_"
-        # prefix is how the client names the failed sample (rollout_consistency.adapters.vllm_omni.client).
-        output = DiffusionOutput.from_exception(error)
-        output.error = f"request {request_id}: {output.error}"
-        return output
+    _failed = staticmethod(failed_output)
 
     @staticmethod
     def _mirror(state: StepRequestState, rollout: rc.RolloutState) -> None:

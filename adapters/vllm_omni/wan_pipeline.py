@@ -36,6 +36,7 @@ from vllm_omni.diffusion.worker.request_batch import DiffusionRequestBatch
 from rollout_consistency.adapters.wan import WanExperts
 
 from . import engine_checks, envelope, protocol, worker
+from .pipeline import failed_output
 
 __all__ = ["RolloutWanPipeline"]
 
@@ -52,15 +53,7 @@ class RolloutWanPipeline(Wan22Pipeline):
 
     def __init__(self, *, od_config: OmniDiffusionConfig, prefix: str = "") -> None:
         super().__init__(od_config=od_config, prefix=prefix)
-        parallel = od_config.parallel_config
-        engine_checks.check_engine_settings(
-            cfg_parallel_size=parallel.cfg_parallel_size,
-            sequence_parallel_size=parallel.sequence_parallel_size,
-            tensor_parallel_size=parallel.tensor_parallel_size,
-            pipeline_parallel_size=parallel.pipeline_parallel_size,
-            cache_backend=od_config.cache_backend,
-            quantized=od_config.quantization_config is not None,
-        )
+        engine_checks.check_engine_config(od_config)
         if self.expand_timesteps:
             raise ValueError("The Wan rollout pipeline serves text-to-video (expand_timesteps off); this is TI2V.")
         self._boundary_ratio = _boundary_ratio(od_config) if self.transformer_2 is not None else None
@@ -116,11 +109,7 @@ class RolloutWanPipeline(Wan22Pipeline):
         payload = envelope.trajectory_to_payload(trajectory, rollout.request.request)
         return DiffusionOutput(output=envelope.output_envelope(video, payload))
 
-    @staticmethod
-    def _failed(request_id: str, error: BaseException) -> DiffusionOutput:
-        output = DiffusionOutput.from_exception(error)
-        output.error = f"request {request_id}: {output.error}"
-        return output
+    _failed = staticmethod(failed_output)
 
     def forward(self, req: DiffusionRequestBatch) -> list[DiffusionOutput]:
         """A wave of requests stepped together: one forward per step over the running requests, one float32
