@@ -15,7 +15,9 @@ flat keys (optionally under a top-level ``check`` table) and a ``thresholds`` ta
     [thresholds]
     ppo_kl = 5e-5
 
-Precedence: defaults < file < explicit overrides (CLI flags), see [`load_config`]. An unknown key is an
+Precedence: defaults < file < explicit overrides (CLI flags), see [`load_config`]. A plug-in named by a file
+(``rollout_backend = "my_sides.py:make_rollout"``, also ``trainer_backend`` and ``weight_sync``) is found
+relative to the config file's folder; on the command line, relative to the working directory. An unknown key is an
 error naming the closest valid key (and the name this checker uses for a trainer-specific alias such as
 Flow-GRPO's ``clip_range``). This module imports neither torch nor diffusers: it is cheap to import.
 """
@@ -369,7 +371,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path!r} must hold a mapping of settings, got {type(data).__name__}.")
-    return _flatten(data, path)
+    return _resolve_spec_files(_flatten(data, path), path)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> CheckConfig:
@@ -410,6 +412,34 @@ def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: {', '.join(clash)} set both at the top level and under `check`.")
         data.update(nested)
     _reject_unknown(data, source)
+    return data
+
+
+#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.object_spec`).
+SPEC_FIELDS: tuple[str, ...] = ("rollout_backend", "trainer_backend", "weight_sync")
+
+
+def _resolve_spec_files(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """A relative ``file.py:function`` in a config file names a file beside the config file, wherever the command
+    runs from (a CI job's working directory is rarely the config's folder): rewritten to the absolute path, and
+    a file that is not there is an error naming the path tried and the folder it was relative to."""
+    from rollout_consistency.object_spec import spec_file
+
+    folder = os.path.dirname(os.path.abspath(path))
+    for key in SPEC_FIELDS:
+        value = data.get(key)
+        file = spec_file(value) if isinstance(value, str) else None
+        if file is None or os.path.isabs(file):
+            continue
+        resolved = os.path.normpath(os.path.join(folder, file))
+        if not os.path.isfile(resolved):
+            in_cwd = os.path.isfile(file) and os.path.abspath(file) != resolved
+            hint = f"; {file} is in the working directory: write its path relative to {folder}" if in_cwd else ""
+            raise ConfigError(
+                f"config file {path!r}: {key} {value!r}: {resolved} does not exist (a relative path in a config "
+                f"file is relative to the config file's folder, {folder}){hint}."
+            )
+        data[key] = resolved + value[len(file) :]
     return data
 
 
