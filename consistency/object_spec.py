@@ -24,11 +24,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpecError", "call_with_supported_kwargs", "load_object", "spec_file"]
+__all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file"]
 
 
 class SpecError(ValueError):
     """A spec that cannot be resolved; the message says what to fix."""
+
+
+def is_object_spec(name: object) -> bool:
+    """True for ``"package.module:factory"`` / ``"file.py:factory"``: a name with a colon (names the project
+    registers, backends and weight syncs, have none)."""
+    return isinstance(name, str) and ":" in name
 
 
 def spec_file(spec: str) -> str | None:
