@@ -145,11 +145,15 @@ def test_plugin_template_writes_a_pair_that_passes(tmp_path, capsys):
     assert "run the check with --sde-window-size all" in capsys.readouterr().err
 
 
-# What a newcomer breaks first in each family's template: the trainer's noise level off by 10 %; for Wan 2.2, a
-# trainer that loads only the high-noise expert (one network for every step). Qwen-Image's template (the default)
-# is run and broken by test_plugin_template_writes_a_pair_that_passes and the localisation test below.
+# What a newcomer breaks in each family's template: for SD3 the trainer scores the stored next sample rounded to
+# bf16 (the newcomer trial's break); for FLUX its noise level is off by 10 %; for Wan 2.2 it loads only the
+# high-noise expert (one network for every step). Qwen-Image's template (the default) is run and broken by
+# test_plugin_template_writes_a_pair_that_passes and the localisation test below.
 TEMPLATE_BREAKS = {
-    "sd3": ("noise_level=self.config.noise_level,", "noise_level=self.config.noise_level * 1.1,"),
+    "sd3": (
+        'prev_sample=sample["next_latents"][:, j],',
+        'prev_sample=sample["next_latents"][:, j].bfloat16().float(),',
+    ),
     "flux": ("noise_level=self.config.noise_level,", "noise_level=self.config.noise_level * 1.1,"),
     "wan": (
         "        self.scheduler = setup.scheduler()\n",
@@ -194,6 +198,9 @@ def test_plugin_template_of_each_family_passes_as_written_and_fails_when_broken(
     assert not report.passed and report.metrics.overall.max_abs_dlogp > 1e-3
     if family == "wan":
         assert not {c.name: c for c in report.verdict.checks}["experts"].passed
+    top = report.diagnosis[0]
+    if top["source"] == "localisation":  # the replay ran both plug-ins: its fix never says to run them again
+        assert "--rollout-backend" not in top["fix"], top
 
 
 def test_a_template_for_another_family_names_the_setting_it_needs(tmp_path, capsys):

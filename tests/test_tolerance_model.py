@@ -87,15 +87,15 @@ def test_a_plugin_side_is_no_source_of_difference_and_the_notice_states_what_exa
     assert pair.resolved_profile == "exact" and difference_sources(pair) == () and exact_promised(pair)
     notice = exact_notice(pair)
     assert notice.startswith("exact holds only if both sides run the same code on the same kernels")
-    assert "the rollout 'my_loop.py:make_rollout' and the trainer 'my_loop.py:make_trainer' are your code" in notice
+    assert "the rollout and the trainer are plug-ins, whose kernels the checker cannot see" in notice
     assert "NOT promised" not in notice and "PyTorch" not in notice and "--profile kernel" in notice
     trainer_only = TINY.replace(trainer_backend="my_loop.py:make_trainer")
-    assert "the trainer 'my_loop.py:make_trainer' is your code" in exact_notice(trainer_only)
+    assert "the trainer is a plug-in, whose kernels" in exact_notice(trainer_only)
     # A registered engine is a kernel source; the trainer is named as it is, PyTorch only when it is built in.
     engine = TINY.replace(rollout_backend="vllm-omni", device="cuda", trainer_backend="my_loop.py:make_trainer")
     (kernel,) = difference_sources(engine)
     assert kernel.detail == "the rollout engine is vllm-omni, the trainer 'my_loop.py:make_trainer'"
-    assert "NOT promised" in exact_notice(engine) and "is your code" in exact_notice(engine)
+    assert "NOT promised" in exact_notice(engine) and "the trainer is a plug-in" in exact_notice(engine)
     assert difference_sources(TINY.replace(rollout_backend="vllm-omni", device="cuda"))[0].detail.endswith(
         "the trainer PyTorch"
     )

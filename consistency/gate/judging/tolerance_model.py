@@ -137,12 +137,12 @@ def _plugin_condition(config: Any) -> str | None:
     sides = plugin_sides(config)
     if not sides:
         return None
-    named = " and ".join(f"the {side} {getattr(config, f'{side}_backend')!r}" for side in sides)
+    # The header line names the plug-ins already; this one says what the verdict rests on.
+    named = "the rollout and the trainer are plug-ins" if len(sides) == 2 else f"the {sides[0]} is a plug-in"
     return (
         f"exact holds only if both sides run the same code on the same kernels in the same batch composition: "
-        f"{named} {'are' if len(sides) == 2 else 'is'} your code, whose kernels the checker cannot see (the "
-        f"plug-in template's pair does; a rollout on another engine, vLLM, SGLang or a compiled graph, needs "
-        f"--profile kernel)"
+        f"{named}, whose kernels the checker cannot see (the plug-in template's pair does; a rollout on another "
+        f"engine, vLLM, SGLang or a compiled graph, needs --profile kernel)"
     )
 
 
