@@ -22,7 +22,7 @@ def test_profile_defaults_to_kernel_for_vllm_omni():
     assert CheckConfig(rollout_backend="vllm-omni", device="cuda").resolved_profile == "kernel"
 
 
-def test_yaml_and_toml_give_the_same_config(tmp_path):
+def test_yaml_toml_and_json_give_the_same_config(tmp_path):
     (tmp_path / "c.yaml").write_text(
         "noise_level: 0.8\nsde_type: cps\nsde_window_size: 3\nsde_window_range: [1, 5]\n"
         "clip_ratio: 1e-5\nprofile: kernel\nthresholds:\n  ppo_kl: 5e-5\n  pg_clipfrac: off\n"
@@ -31,8 +31,12 @@ def test_yaml_and_toml_give_the_same_config(tmp_path):
         'noise_level = 0.8\nsde_type = "cps"\nsde_window_size = 3\nsde_window_range = [1, 5]\n'
         'clip_ratio = 1e-5\nprofile = "kernel"\n[thresholds]\nppo_kl = 5e-5\npg_clipfrac = "off"\n'
     )
+    (tmp_path / "c.json").write_text(
+        '{"noise_level": 0.8, "sde_type": "cps", "sde_window_size": 3, "sde_window_range": [1, 5], '
+        '"clip_ratio": 1e-5, "profile": "kernel", "thresholds": {"ppo_kl": 5e-5, "pg_clipfrac": "off"}}'
+    )
     a, b = load_config(tmp_path / "c.yaml"), load_config(tmp_path / "c.toml")
-    assert a == b
+    assert a == b == load_config(tmp_path / "c.json")
     assert a.clip_ratio == 1e-5 and a.sde_window_range == (1, 5)  # PyYAML's "1e-5" string is accepted
     assert a.thresholds == {"ppo_kl": 5e-5, "pg_clipfrac": None}
 
@@ -77,9 +81,15 @@ def test_bad_settings_name_the_fix(settings, match):
 def test_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         read_config_file(tmp_path / "nope.yaml")
-    (tmp_path / "c.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"\.yaml, \.yml or \.toml"):
-        read_config_file(tmp_path / "c.json")
+    (tmp_path / "c.ini").write_text("")
+    with pytest.raises(ConfigError, match=r"\.yaml, \.yml, \.toml or \.json"):
+        read_config_file(tmp_path / "c.ini")
+    (tmp_path / "twice.json").write_text('{"seed": 1, "seed": 2}')
+    with pytest.raises(ConfigError, match="'seed' is given twice"):
+        read_config_file(tmp_path / "twice.json")
+    (tmp_path / "bad.json").write_text('{"seed": }')
+    with pytest.raises(ConfigError, match="could not be parsed"):
+        read_config_file(tmp_path / "bad.json")
     (tmp_path / "bad.toml").write_text("noise_level = = 1")
     with pytest.raises(ConfigError, match="could not be parsed"):
         read_config_file(tmp_path / "bad.toml")

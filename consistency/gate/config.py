@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Settings of a step-1 check, under the names GRPO trainers already use.
 
-[`CheckConfig`] is a frozen dataclass validated on construction. It loads from a YAML or TOML file with
+[`CheckConfig`] is a frozen dataclass validated on construction. It loads from a YAML, TOML or JSON file with
 flat keys (optionally under a top-level ``check`` table) and a ``thresholds`` table::
 
     # step1.toml
@@ -25,6 +25,7 @@ Flow-GRPO's ``clip_range``). This module imports neither torch nor diffusers: it
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -322,7 +323,7 @@ class CheckConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> CheckConfig:
-        """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML."""
+        """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML/JSON."""
         return cls(**_flatten(data, source))
 
 
@@ -330,7 +331,7 @@ FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckCon
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The settings in a ``.yaml``/``.yml`` or ``.toml`` file, validated for unknown keys.
+    """The settings in a ``.yaml``/``.yml``, ``.toml`` or ``.json`` file, validated for unknown keys.
 
     Raises:
         ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
@@ -340,7 +341,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ConfigError(f"config file {path!r} is a directory; name the .yaml or .toml file inside it.")
+        raise ConfigError(f"config file {path!r} is a directory; name the .yaml, .toml or .json file inside it.")
     try:
         check_input_file(path, "config file")  # a FIFO or a device would block or never end
     except FileNotFoundError as error:
@@ -353,9 +354,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = load_yaml(read_limited(path), path)
         elif extension == ".toml":
             data = _load_toml(path)
+        elif extension == ".json":
+            data = json.loads(read_limited(path).decode("utf-8"), object_pairs_hook=_unique_keys(path))
         else:
             raise ConfigError(
-                f"config file {path!r}: use a .yaml, .yml or .toml file (got {extension or 'no extension'!r})."
+                f"config file {path!r}: use a .yaml, .yml, .toml or .json file (got {extension or 'no extension'!r})."
             )
     except ConfigError:
         raise
@@ -401,6 +404,20 @@ def _load_toml(path: str) -> Any:
             ) from error
     # tomllib refuses duplicate keys itself; the size limit is ours.
     return tomllib.loads(read_limited(path).decode("utf-8"))
+
+
+def _unique_keys(path: str) -> Any:
+    """A `json.loads` hook refusing a key given twice (JSON keeps the last silently; TOML and our YAML refuse)."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"config file {path!r}: {key!r} is given twice; keep one.")
+            seen[key] = value
+        return seen
+
+    return build
 
 
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
