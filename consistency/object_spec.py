@@ -24,11 +24,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpecError", "call_with_supported_kwargs", "load_object"]
+__all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file"]
 
 
 class SpecError(ValueError):
     """A spec that cannot be resolved; the message says what to fix."""
+
+
+def is_object_spec(name: object) -> bool:
+    """True for ``"package.module:factory"`` / ``"file.py:factory"``: a name with a colon (names the project
+    registers, backends and weight syncs, have none)."""
+    return isinstance(name, str) and ":" in name
+
+
+def spec_file(spec: str) -> str | None:
+    """The file part of a ``path/to/file.py:attr`` spec (as written: relative or absolute), ``None`` for a
+    ``package.module:attr`` spec or a malformed one."""
+    module_part, sep, attr_part = spec.rpartition(":")
+    if not sep or not module_part or not attr_part:
+        return None
+    return module_part if _names_file(module_part) else None
+
+
+def _names_file(module_part: str) -> bool:
+    return module_part.endswith(".py") or "/" in module_part or "\\" in module_part
 
 
 def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None = None) -> Any:
@@ -49,7 +68,7 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
     if not sep or not module_part or not attr_part:
         raise SpecError(f"spec {spec!r} must look like 'package.module:factory' or 'path/to/file.py:factory'")
     fence = fenced(owner or f"spec {spec!r}", f"import of {module_part}", timeout_s=timeout_s)
-    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+    if _names_file(module_part):
         module = _load_file(Path(module_part), spec, fence)
     else:
         # The current directory first, as `python -m` would: specs usually name the user's own code.
@@ -59,7 +78,10 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
             with fence:
                 module = importlib.import_module(module_part)
         except ImportError as error:
-            raise SpecError(f"cannot import {module_part!r} from spec {spec!r}: {error}") from error
+            raise SpecError(
+                f"cannot import {module_part!r} from spec {spec!r}: {error} (searched sys.path, the working "
+                f"directory {Path.cwd()} first; a file is named 'path/to/file.py:{attr_part}')"
+            ) from error
     value: Any = module
     for name in attr_part.split("."):
         try:
@@ -76,7 +98,9 @@ def _load_file(path: Path, spec: str, fence: Any) -> Any:
     if kind is not None:
         raise SpecError(f"file {str(path)!r} of spec {spec!r} is {kind}, not a Python file; name the .py file")
     if not path.is_file():
-        raise SpecError(f"file {str(path)!r} of spec {spec!r} does not exist")
+        # Say where a relative path was looked for: the working directory is rarely where users think it is.
+        where = "" if path.is_absolute() else f" (looked for {Path.cwd() / path}: relative to the working directory)"
+        raise SpecError(f"file {str(path)!r} of spec {spec!r} does not exist{where}")
     resolved = path.resolve()
     folder = str(resolved.parent)
     if folder not in sys.path:

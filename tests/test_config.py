@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rollout_consistency.gate.config import CheckConfig, ConfigError, load_config, read_config_file
@@ -20,7 +22,7 @@ def test_profile_defaults_to_kernel_for_vllm_omni():
     assert CheckConfig(rollout_backend="vllm-omni", device="cuda").resolved_profile == "kernel"
 
 
-def test_yaml_and_toml_give_the_same_config(tmp_path):
+def test_yaml_toml_and_json_give_the_same_config(tmp_path):
     (tmp_path / "c.yaml").write_text(
         "noise_level: 0.8\nsde_type: cps\nsde_window_size: 3\nsde_window_range: [1, 5]\n"
         "clip_ratio: 1e-5\nprofile: kernel\nthresholds:\n  ppo_kl: 5e-5\n  pg_clipfrac: off\n"
@@ -29,8 +31,12 @@ def test_yaml_and_toml_give_the_same_config(tmp_path):
         'noise_level = 0.8\nsde_type = "cps"\nsde_window_size = 3\nsde_window_range = [1, 5]\n'
         'clip_ratio = 1e-5\nprofile = "kernel"\n[thresholds]\nppo_kl = 5e-5\npg_clipfrac = "off"\n'
     )
+    (tmp_path / "c.json").write_text(
+        '{"noise_level": 0.8, "sde_type": "cps", "sde_window_size": 3, "sde_window_range": [1, 5], '
+        '"clip_ratio": 1e-5, "profile": "kernel", "thresholds": {"ppo_kl": 5e-5, "pg_clipfrac": "off"}}'
+    )
     a, b = load_config(tmp_path / "c.yaml"), load_config(tmp_path / "c.toml")
-    assert a == b
+    assert a == b == load_config(tmp_path / "c.json")
     assert a.clip_ratio == 1e-5 and a.sde_window_range == (1, 5)  # PyYAML's "1e-5" string is accepted
     assert a.thresholds == {"ppo_kl": 5e-5, "pg_clipfrac": None}
 
@@ -75,9 +81,15 @@ def test_bad_settings_name_the_fix(settings, match):
 def test_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         read_config_file(tmp_path / "nope.yaml")
-    (tmp_path / "c.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"\.yaml, \.yml or \.toml"):
-        read_config_file(tmp_path / "c.json")
+    (tmp_path / "c.ini").write_text("")
+    with pytest.raises(ConfigError, match=r"\.yaml, \.yml, \.toml or \.json"):
+        read_config_file(tmp_path / "c.ini")
+    (tmp_path / "twice.json").write_text('{"seed": 1, "seed": 2}')
+    with pytest.raises(ConfigError, match="'seed' is given twice"):
+        read_config_file(tmp_path / "twice.json")
+    (tmp_path / "bad.json").write_text('{"seed": }')
+    with pytest.raises(ConfigError, match="could not be parsed"):
+        read_config_file(tmp_path / "bad.json")
     (tmp_path / "bad.toml").write_text("noise_level = = 1")
     with pytest.raises(ConfigError, match="could not be parsed"):
         read_config_file(tmp_path / "bad.toml")
@@ -118,3 +130,53 @@ def test_name_lists_agree_with_the_modules_they_mirror():
 
     assert INJECTIONS == INJECTION_NAMES
     assert SDE_TYPES == SCHEDULER_SDE_TYPES and WINDOW_KINDS == SCHEDULER_WINDOW_KINDS
+
+
+def test_a_plugin_file_named_in_a_config_file_is_found_beside_the_config_file(tmp_path, monkeypatch):
+    """`rollout_backend = "sides.py:make_rollout"` in configs/step1.toml names configs/sides.py, wherever the
+    command runs from; module specs and absolute paths are kept as written."""
+    folder = tmp_path / "configs"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("sides.py", "sub/trainer.py"):
+        (folder / name).write_text("def make(config): ...\n")
+    absolute = f"{folder / 'sides.py'}:make_rollout"
+    elsewhere = tmp_path / "ci-job"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a CI job runs from another folder
+    (folder / "step1.toml").write_text(
+        'rollout_backend = "sides.py:make_rollout"\ntrainer_backend = "sub/trainer.py:make"\n'
+        'weight_sync = "my_pkg.sync:load"\n'
+    )
+    (folder / "step1.yaml").write_text(f"rollout_backend: {absolute}\ntrainer_backend: ./sub/trainer.py:make\n")
+    toml, yaml = load_config(folder / "step1.toml"), load_config(folder / "step1.yaml")
+    assert toml.rollout_backend == absolute == yaml.rollout_backend
+    assert toml.trainer_backend == f"{folder / 'sub' / 'trainer.py'}:make" == yaml.trainer_backend
+    assert toml.weight_sync == "my_pkg.sync:load"  # a module spec is imported, not a path
+    # On the command line (an override, not the file) a relative path stays relative to the working directory.
+    assert load_config(folder / "step1.toml", trainer_backend="t.py:make").trainer_backend == "t.py:make"
+
+
+def test_a_plugin_file_missing_beside_the_config_file_names_the_path_tried_and_its_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sides.py").write_text("def make(config): ...\n")  # where the user thought the path pointed
+    (folder / "step1.toml").write_text('trainer_backend = "sides.py:make"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(folder / "step1.toml")
+    message = str(error.value)
+    assert f"trainer_backend 'sides.py:make': {folder / 'sides.py'} does not exist" in message
+    assert f"relative to the config file's folder, {folder}" in message
+    assert f"sides.py is in the working directory: write its path relative to {folder}" in message
+    assert "\n" not in message
+
+
+def test_a_plugin_file_missing_on_the_command_line_names_the_working_directory(tmp_path, monkeypatch):
+    from rollout_consistency.object_spec import SpecError, load_object
+
+    monkeypatch.chdir(tmp_path)
+    tried = re.escape(str(tmp_path / "sides.py"))
+    with pytest.raises(SpecError, match=rf"looked for {tried}: relative to the working directory"):
+        load_object("sides.py:make")
+    with pytest.raises(SpecError, match=rf"the working directory {re.escape(str(tmp_path))} first"):
+        load_object("no_such_sides_module:make")

@@ -38,6 +38,24 @@ def test_every_injected_pitfall_is_named_first_from_its_figures(name):
     assert causes[0].evidence and causes[0].fix
 
 
+def test_a_long_guard_message_is_evidence_cut_where_a_sentence_ends():
+    """The windows guard's message (686 characters here) is cut at its last sentence end within 300 characters,
+    never inside a word or a name (it was cut at "(rollout_consis"), and says where the whole message is."""
+    report = load("per-request-window")
+    message = next(c.message for c in report.verdict.checks if c.name == "windows")
+    (evidence,) = next(d for d in diagnose(report) if d.cause == "per-request-window").evidence
+    head, _, pointer = evidence.removeprefix("windows guard: ").partition(" … ")
+    assert len(message) > 300 and message.startswith(head) and head.endswith("not the policy.")
+    assert pointer == "(the whole message is under FAIL because)" and message in report.reasons[0]
+    checks = tuple(
+        dataclasses.replace(c, message="2 groups split; draw per group.") if c.name == "windows" else c
+        for c in report.verdict.checks
+    )
+    short = dataclasses.replace(report, verdict=dataclasses.replace(report.verdict, checks=checks))
+    (evidence,) = next(d for d in diagnose(short) if d.cause == "per-request-window").evidence
+    assert evidence == "windows guard: 2 groups split; draw per group."  # a short message is shown whole
+
+
 def test_a_clean_pass_needs_no_diagnosis_and_a_near_limit_pass_gets_one():
     report = load("per-request-window")
     clean = dataclasses.replace(report, verdict=dataclasses.replace(report.verdict, checks=()))

@@ -145,6 +145,75 @@ def test_plugin_template_writes_a_pair_that_passes(tmp_path, capsys):
     assert "run the check with --sde-window-size all" in capsys.readouterr().err
 
 
+# What a newcomer breaks in each family's template: for SD3 the trainer scores the stored next sample rounded to
+# bf16 (the newcomer trial's break); for FLUX its noise level is off by 10 %; for Wan 2.2 it loads only the
+# high-noise expert (one network for every step). Qwen-Image's template (the default) is run and broken by
+# test_plugin_template_writes_a_pair_that_passes and the localisation test below.
+TEMPLATE_BREAKS = {
+    "sd3": (
+        'prev_sample=sample["next_latents"][:, j],',
+        'prev_sample=sample["next_latents"][:, j].bfloat16().float(),',
+    ),
+    "flux": ("noise_level=self.config.noise_level,", "noise_level=self.config.noise_level * 1.1,"),
+    "wan": (
+        "        self.scheduler = setup.scheduler()\n",
+        "        self.scheduler = setup.scheduler()\n        self.model = self.model.transformer\n",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(TEMPLATE_BREAKS))
+def test_plugin_template_of_each_family_passes_as_written_and_fails_when_broken(family, tmp_path, capsys):
+    """`plugin-template --family F` writes a pair that PASSes bit for bit on F's tiny model (Wan: two experts, the
+    `experts` guard compared step by step), and the same file with the trainer broken FAILs."""
+    from rollout_consistency.cli import main
+
+    path = tmp_path / f"{family.replace('-', '_')}_sides.py"
+    assert main(["plugin-template", "--family", family, str(path)]) == 0
+    assert f"--model-family {family}" in capsys.readouterr().err
+    text = path.read_text()
+    assert f'FAMILY = "{family}"' in text
+    settings = dict(SMALL, num_inference_steps=3, sde_window_size="all", model_family=family)
+    if family == "wan":
+        settings.update(boundary_ratio=0.875, num_frames=5)  # timesteps 1000 | 834.7, 24.4: both experts
+    config = CheckConfig(rollout_backend=f"{path}:make_rollout", trainer_backend=f"{path}:make_trainer", **settings)
+    report = run_step1_check(config)
+    assert report.passed and report.metrics.overall.max_abs_dlogp == 0.0, report.reasons
+    checks = {c.name: c for c in report.verdict.checks}
+    if family == "wan":
+        assert checks["experts"].passed
+        used = {name for row in report.run["experts"] for name in row["rollout"]}
+        assert used == {"transformer", "transformer_2"}, report.run["experts"]
+    else:
+        assert "experts" not in checks  # no experts, nothing claimed
+    written, broken = TEMPLATE_BREAKS[family]
+    head, found, tail = text.rpartition(written)
+    assert found and "class Trainer" in head  # the last one is the trainer's
+    broken_path = tmp_path / f"broken_{path.name}"
+    broken_path.write_text(head + broken + tail)
+    report = run_step1_check(
+        config.replace(rollout_backend=f"{broken_path}:make_rollout", trainer_backend=f"{broken_path}:make_trainer")
+    )
+    assert not report.passed and report.metrics.overall.max_abs_dlogp > 1e-3
+    if family == "wan":
+        assert not {c.name: c for c in report.verdict.checks}["experts"].passed
+    top = report.diagnosis[0]
+    if top["source"] == "localisation":  # the replay ran both plug-ins: its fix never says to run them again
+        assert "--rollout-backend" not in top["fix"], top
+
+
+def test_a_template_for_another_family_names_the_setting_it_needs(tmp_path, capsys):
+    from rollout_consistency.cli import main
+
+    path = tmp_path / "sd3_plugins.py"
+    assert main(["plugin-template", "--family", "sd3", str(path)]) == 0
+    sides = ["--rollout-backend", f"{path}:make_rollout", "--trainer-backend", f"{path}:make_trainer"]
+    assert main(["check", "--no-progress", "--sde-window-size", "all", *sides]) == 2  # model_family qwen-image
+    assert "run the check with --model-family sd3" in capsys.readouterr().err
+    assert main(["plugin-template", "--family", "sdxl"]) == 2
+
+
 def test_a_plugin_file_is_imported_once_with_its_folder_importable(tmp_path):
     """The issue's first and third tries: `import` of a neighbour failed, and the two sides got two copies of the
     file's module, so state the trainer read from the rollout was missing (an IndexError deep in user code)."""

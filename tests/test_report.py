@@ -158,3 +158,23 @@ def test_table_shows_status_figures_steps_and_reasons():
     assert "note: a note" in table
     ok = make_report().format_table()
     assert ok.startswith("rollout-consistency step-1 check: PASS") and "FAIL because" not in ok
+
+
+def test_table_header_says_what_the_cells_are_and_the_position_column_is_named_for_what_it_holds():
+    """The per-timestep column holds the table column (the step's place in the SDE window), not a denoising step;
+    without a micro-batch size the header does not call the sample count a micro-batch (the recorder's case)."""
+    from rollout_consistency.gate import gate
+
+    rollout = np.random.default_rng(0).normal(-1.0, 0.1, (4, 2)).astype(np.float32)
+    window_starts = np.array([0, 0, 3, 3])  # two prompt groups, windows at steps 0-1 and 3-4
+    timesteps = np.array([[1000.0, 900.0], [1000.0, 900.0], [700.0, 600.0], [700.0, 600.0]], np.float32)
+    settings = dict(timesteps=timesteps, window_starts=window_starts, prompt_groups=[0, 0, 1, 1])
+    lines = gate(rollout, rollout.copy(), **settings).format_table().splitlines()
+    assert lines[1].endswith("| micro-batch not given: one cell of 4 samples per step")
+    title = lines.index(next(line for line in lines if line.startswith("  per timestep")))
+    assert "pos: its column of the log-prob table" in lines[title]
+    assert lines[title + 1].split()[:3] == ["pos", "t", "n"]
+    rows = [line.split()[:2] for line in lines[title + 2 : title + 6]]
+    assert rows == [["0", "1000"], ["1", "900"], ["0", "700"], ["1", "600"]]  # window places, not steps 0..4
+    micro = gate(rollout, rollout.copy(), micro_batch_size=2).format_table().splitlines()[1]
+    assert micro.endswith("| micro-batch 2")

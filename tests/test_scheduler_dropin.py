@@ -281,3 +281,21 @@ def test_stock_pipeline_bf16_swap_stops_at_first_step_naming_the_adapter(name):
     assert "\n" not in str(error.value)
     assert pipe.scheduler.step_index is None  # stopped at the first step, before stepping
     assert len(forwards) <= 2  # one step's forwards (two with true CFG run as two calls)
+
+
+@pytest.mark.parametrize("family", ["qwen-image", "sd3", "flux", "wan"])
+def test_each_tiny_model_has_the_scheduler_config_the_checker_runs_it_with(family, tmp_path):
+    """`tiny.load_<family>_scheduler_config()` is the config the checker's tiny run uses (the family's released
+    one); saved as a model directory's `scheduler/` it is what `from_pretrained(..., subfolder="scheduler")` and
+    the loader with that path read back."""
+    from rollout_consistency.adapters import get_family, tiny
+
+    name = family.replace("-", "_")
+    load = getattr(tiny, f"load_{name}_scheduler_config")
+    config = load()
+    assert config == dict(get_family(family).scheduler_config)
+    FlowMatchSDEDiscreteScheduler(**config).save_pretrained(tmp_path / "scheduler")
+    read = FlowMatchSDEDiscreteScheduler.from_pretrained(tmp_path, subfolder="scheduler")
+    assert all(read.config[key] == value for key, value in config.items())
+    assert {k: v for k, v in load(tmp_path).items() if k in config} == config
+    assert load() is not load()  # a copy: the caller may edit it

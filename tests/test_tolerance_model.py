@@ -80,6 +80,30 @@ def test_sources_say_when_exact_is_promised():
     assert rounding_advice(cases["kernel"], 1e-3) is None and rounding_advice(TINY, math.nan) is None
 
 
+def test_a_plugin_side_is_no_source_of_difference_and_the_notice_states_what_exact_rests_on():
+    """docs/checker.md: plug-ins default to `exact`, right when both sides run the same PyTorch code; the notice
+    says so (not "NOT promised ... the trainer PyTorch" when the trainer is the user's code too)."""
+    pair = TINY.replace(rollout_backend="my_loop.py:make_rollout", trainer_backend="my_loop.py:make_trainer")
+    assert pair.resolved_profile == "exact" and difference_sources(pair) == () and exact_promised(pair)
+    notice = exact_notice(pair)
+    assert notice.startswith("exact holds only if both sides run the same code on the same kernels")
+    assert "the rollout and the trainer are plug-ins, whose kernels the checker cannot see" in notice
+    assert "NOT promised" not in notice and "PyTorch" not in notice and "--profile kernel" in notice
+    trainer_only = TINY.replace(trainer_backend="my_loop.py:make_trainer")
+    assert "the trainer is a plug-in, whose kernels" in exact_notice(trainer_only)
+    # A registered engine is a kernel source; the trainer is named as it is, PyTorch only when it is built in.
+    engine = TINY.replace(rollout_backend="vllm-omni", device="cuda", trainer_backend="my_loop.py:make_trainer")
+    (kernel,) = difference_sources(engine)
+    assert kernel.detail == "the rollout engine is vllm-omni, the trainer 'my_loop.py:make_trainer'"
+    assert "NOT promised" in exact_notice(engine) and "the trainer is a plug-in" in exact_notice(engine)
+    assert difference_sources(TINY.replace(rollout_backend="vllm-omni", device="cuda"))[0].detail.endswith(
+        "the trainer PyTorch"
+    )
+    # A rounding-sized exact FAIL with a plug-in side names both readings.
+    advice = rounding_advice(pair, 1.2e-7)
+    assert "kernels the checker cannot see" in advice and "not noise" in advice
+
+
 def test_exact_fail_at_a_few_ulp_names_the_difference_before_any_figure():
     report = run_step1_check(TINY.replace(trainer_step_implementation="flow-grpo"))
     table = report.format_table()

@@ -8,9 +8,16 @@ tests and docs build the models directly:
                  save_tiny_qwen_image_directory(path, *, dtype) (a whole diffusers directory),
                  load_qwen_image_scheduler_config(path=None)          (`rollout_consistency.adapters.tiny.qwen_image`)
     SD3, FLUX    load_sd3(...), load_flux(...), TinyClipT5Encoder,
-                 tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder() (`rollout_consistency.adapters.tiny.sd3_flux`)
+                 tiny_sd3_prompt_encoder(), tiny_flux_prompt_encoder(),
+                 load_sd3_scheduler_config(path=None), load_flux_scheduler_config(path=None)
+                                                                      (`rollout_consistency.adapters.tiny.sd3_flux`)
     Wan          load_wan(..., boundary_ratio=None), TinyUMT5Encoder,
-                 tiny_wan_prompt_encoder()                            (`rollout_consistency.adapters.tiny.wan`)
+                 tiny_wan_prompt_encoder(), load_wan_scheduler_config(path=None)
+                                                                      (`rollout_consistency.adapters.tiny.wan`)
+
+Each `load_*_scheduler_config(path=None)` gives the scheduler config the tiny model runs with (the family's
+released one, `ModelFamily.scheduler_config`), as `from_pretrained(path, subfolder="scheduler")` would read it
+from a model directory; with `path`, that directory's own.
 
 A family of your own registers its tiny model with [`register_tiny`] next to
 `rollout_consistency.adapters.register_family`. No production module imports this package.
@@ -33,8 +40,16 @@ from .qwen_image import (
     load_qwen_image_scheduler_config,
     save_tiny_qwen_image_directory,
 )
-from .sd3_flux import TinyClipT5Encoder, load_flux, load_sd3, tiny_flux_prompt_encoder, tiny_sd3_prompt_encoder
-from .wan import TinyUMT5Encoder, load_wan, tiny_wan_prompt_encoder
+from .sd3_flux import (
+    TinyClipT5Encoder,
+    load_flux,
+    load_flux_scheduler_config,
+    load_sd3,
+    load_sd3_scheduler_config,
+    tiny_flux_prompt_encoder,
+    tiny_sd3_prompt_encoder,
+)
+from .wan import TinyUMT5Encoder, load_wan, load_wan_scheduler_config, tiny_wan_prompt_encoder
 
 __all__ = [
     "TinyClipT5Encoder",
@@ -43,10 +58,13 @@ __all__ = [
     "TinyUMT5Encoder",
     "get_tiny",
     "load_flux",
+    "load_flux_scheduler_config",
     "load_qwen_image",
     "load_qwen_image_scheduler_config",
     "load_sd3",
+    "load_sd3_scheduler_config",
     "load_wan",
+    "load_wan_scheduler_config",
     "register_tiny",
     "save_tiny_qwen_image_directory",
     "tiny_flux_prompt_encoder",

@@ -7,6 +7,9 @@
   batch 4 on a 64x64-px image (8x8 latent) takes about 2 ms on a CPU. A real model directory goes through
   the same functions: `load_sd3(path)` / `load_flux(path)` are `from_pretrained(path,
   subfolder="transformer")` (or the directory itself).
+* `load_sd3_scheduler_config()` / `load_flux_scheduler_config()`: the scheduler config each tiny model runs with,
+  SD3's and FLUX.1's released ones, as `from_pretrained(path, subfolder="scheduler")` reads them (from `path`'s
+  `scheduler/scheduler_config.json` when a model directory is given).
 * [`TinyClipT5Encoder`]: the two families condition on a fixed-length sequence of T5 token embeddings
   (`prompt_embeds`) and a pooled CLIP vector (`pooled_prompt_embeds`), with no text mask. The stand-in
   builds the sequence from the project's word-level `TinyPromptEncoder` (in-memory `tokenizers` tokenizer
@@ -25,6 +28,10 @@ from typing import Any
 import torch
 from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
+from rollout_consistency.adapters.families import load_scheduler_config
+from rollout_consistency.adapters.flux import FLUX_SCHEDULER_CONFIG
+from rollout_consistency.adapters.sd3 import SD3_SCHEDULER_CONFIG
+
 from .qwen_image import TinyPromptEncoder, load_transformer
 
 __all__ = [
@@ -33,7 +40,9 @@ __all__ = [
     "TINY_TEXT_LENGTH",
     "TinyClipT5Encoder",
     "load_flux",
+    "load_flux_scheduler_config",
     "load_sd3",
+    "load_sd3_scheduler_config",
     "tiny_flux_prompt_encoder",
     "tiny_sd3_prompt_encoder",
 ]
@@ -109,6 +118,17 @@ def load_flux(
     return load_transformer(
         FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config
     )
+
+
+def load_sd3_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Scheduler config: SD3's released one (static shift 3) when `path` is None, else read from the model directory."""
+    return dict(SD3_SCHEDULER_CONFIG) if path is None else load_scheduler_config(path)
+
+
+def load_flux_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Scheduler config: FLUX.1's released one (dynamic shifting) when `path` is None, else read from the model
+    directory."""
+    return dict(FLUX_SCHEDULER_CONFIG) if path is None else load_scheduler_config(path)
 
 
 class TinyClipT5Encoder:

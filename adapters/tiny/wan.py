@@ -25,7 +25,8 @@ import torch
 from diffusers import WanTransformer3DModel
 from torch import nn
 
-from rollout_consistency.adapters.wan import TEXT_KEYS, WanExperts
+from rollout_consistency.adapters.families import load_scheduler_config
+from rollout_consistency.adapters.wan import TEXT_KEYS, WAN_SCHEDULER_CONFIG, WanExperts
 from rollout_consistency.adapters.wan import load_transformer as load_wan_directory
 
 from .qwen_image import TinyPromptEncoder, load_transformer
@@ -35,6 +36,7 @@ __all__ = [
     "TINY_WAN_TEXT_LENGTH",
     "TinyUMT5Encoder",
     "load_wan",
+    "load_wan_scheduler_config",
     "save_tiny_wan_directory",
     "tiny_wan_prompt_encoder",
 ]
@@ -99,6 +101,12 @@ def load_wan(
     if boundary_ratio is None:
         return build(seed)
     return WanExperts(build(seed), build(_expert_seed(seed)), boundary_ratio).eval()
+
+
+def load_wan_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Scheduler config: the flow-matching one RL trainers sample Wan with (static shift 5) when `path` is None, else
+    read from the model directory (a released Wan directory's UniPC config: the Wan family reads its `flow_shift`)."""
+    return dict(WAN_SCHEDULER_CONFIG) if path is None else load_scheduler_config(path)
 
 
 class TinyUMT5Encoder:

@@ -1,6 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """`rollout-consistency check`: the step-1 consistency check. Every `CheckConfig` setting is a flag, plus a config
-file and the report outputs; precedence: defaults < ``--config FILE`` (YAML/TOML) < flags."""
+file and the report outputs; precedence: defaults < ``--config FILE`` (YAML/TOML/JSON) < flags."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag (default: not given), plus --config and the output flags."""
     parser.add_argument(
-        "--config", metavar="FILE", help="YAML or TOML file of settings (keys as below, with underscores)"
+        "--config", metavar="FILE", help="YAML, TOML or JSON file of settings (keys as below, with underscores)"
     )
     add_report_outputs(parser, "outputs")
     settings = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_PASS
+from rollout_consistency.gate.config import MODEL_FAMILIES
 
 from .usage import UsageError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "template_text"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,16 +28,37 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "parts marked YOUR CODE with yours. Without PATH it is printed."
         ),
         epilog="Then: rollout-consistency check --rollout-backend PATH:make_rollout --trainer-backend "
-        "PATH:make_trainer --sde-window-size all. Docs: docs/checker.md",
+        "PATH:make_trainer --sde-window-size all --model-family FAMILY. Docs: docs/checker.md",
     )
     parser.add_argument("path", metavar="PATH", nargs="?", help="the .py file to write (never overwritten)")
+    parser.add_argument(
+        "--family",
+        choices=MODEL_FAMILIES,
+        default="qwen-image",
+        help="the model family the pair samples and scores, on its built-in tiny model (default: qwen-image; wan "
+        "also reports Wan 2.2's experts)",
+    )
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def template_text(family: str) -> str:
+    """The template's source with `family` as its ``FAMILY`` (and in the run command its docstring shows)."""
     from rollout_consistency import plugin_template
 
     text = Path(plugin_template.__file__).read_text(encoding="utf-8")
+    for written in _FAMILY_TEXT:
+        if text.count(written) != 1:  # pragma: no cover - the template and this command change together
+            raise AssertionError(f"the plug-in template must hold {written!r} once")
+        text = text.replace(written, written.replace("qwen-image", family))
+    return text
+
+
+# What `--family` rewrites in the template: its FAMILY and the run command in its docstring.
+_FAMILY_TEXT = ('FAMILY = "qwen-image"', "--model-family qwen-image")
+
+
+def run(args: argparse.Namespace) -> int:
+    text = template_text(args.family)
     if args.path is None:
         print(text, end="")
         return EXIT_PASS
@@ -45,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if os.path.lexists(args.path):
         raise UsageError(f"PATH {args.path} exists; name a new file (the template never overwrites one).")
     _write_text_exclusive(args.path, text)
+    experts = " --boundary-ratio 0.875" if args.family == "wan" else ""  # the tiny Wan model as two experts
     print(
         f"wrote {args.path}; run it with:\n  rollout-consistency check --rollout-backend {args.path}:make_rollout "
-        f"--trainer-backend {args.path}:make_trainer --sde-window-size all",
+        f"--trainer-backend {args.path}:make_trainer --sde-window-size all --model-family {args.family}{experts}",
         file=sys.stderr,
     )
     return EXIT_PASS

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_consistency.object_spec import is_object_spec
+
 __all__ = [
     "SIDES",
     "BackendEntry",
@@ -85,7 +87,7 @@ _REGISTRY: dict[tuple[str, str], BackendEntry] = {}
 
 def is_plugin_spec(name: str | None) -> bool:
     """True for ``"package.module:factory"`` / ``"file.py:factory"`` (a registered backend's name has no colon)."""
-    return isinstance(name, str) and ":" in name
+    return is_object_spec(name)
 
 
 def register_backend(entry: BackendEntry, *, replace: bool = False) -> BackendEntry:

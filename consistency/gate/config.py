@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Settings of a step-1 check, under the names GRPO trainers already use.
 
-[`CheckConfig`] is a frozen dataclass validated on construction. It loads from a YAML or TOML file with
+[`CheckConfig`] is a frozen dataclass validated on construction. It loads from a YAML, TOML or JSON file with
 flat keys (optionally under a top-level ``check`` table) and a ``thresholds`` table::
 
     # step1.toml
@@ -15,7 +15,9 @@ flat keys (optionally under a top-level ``check`` table) and a ``thresholds`` ta
     [thresholds]
     ppo_kl = 5e-5
 
-Precedence: defaults < file < explicit overrides (CLI flags), see [`load_config`]. An unknown key is an
+Precedence: defaults < file < explicit overrides (CLI flags), see [`load_config`]. A plug-in named by a file
+(``rollout_backend = "my_sides.py:make_rollout"``, also ``trainer_backend`` and ``weight_sync``) is found
+relative to the config file's folder; on the command line, relative to the working directory. An unknown key is an
 error naming the closest valid key (and the name this checker uses for a trainer-specific alias such as
 Flow-GRPO's ``clip_range``). This module imports neither torch nor diffusers: it is cheap to import.
 """
@@ -23,6 +25,7 @@ Flow-GRPO's ``clip_range``). This module imports neither torch nor diffusers: it
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -320,7 +323,7 @@ class CheckConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> CheckConfig:
-        """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML."""
+        """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML/JSON."""
         return cls(**_flatten(data, source))
 
 
@@ -328,7 +331,7 @@ FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckCon
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The settings in a ``.yaml``/``.yml`` or ``.toml`` file, validated for unknown keys.
+    """The settings in a ``.yaml``/``.yml``, ``.toml`` or ``.json`` file, validated for unknown keys.
 
     Raises:
         ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
@@ -338,7 +341,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ConfigError(f"config file {path!r} is a directory; name the .yaml or .toml file inside it.")
+        raise ConfigError(f"config file {path!r} is a directory; name the .yaml, .toml or .json file inside it.")
     try:
         check_input_file(path, "config file")  # a FIFO or a device would block or never end
     except FileNotFoundError as error:
@@ -351,9 +354,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = load_yaml(read_limited(path), path)
         elif extension == ".toml":
             data = _load_toml(path)
+        elif extension == ".json":
+            data = json.loads(read_limited(path).decode("utf-8"), object_pairs_hook=_unique_keys(path))
         else:
             raise ConfigError(
-                f"config file {path!r}: use a .yaml, .yml or .toml file (got {extension or 'no extension'!r})."
+                f"config file {path!r}: use a .yaml, .yml, .toml or .json file (got {extension or 'no extension'!r})."
             )
     except ConfigError:
         raise
@@ -369,7 +374,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path!r} must hold a mapping of settings, got {type(data).__name__}.")
-    return _flatten(data, path)
+    return _resolve_spec_files(_flatten(data, path), path)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> CheckConfig:
@@ -401,6 +406,20 @@ def _load_toml(path: str) -> Any:
     return tomllib.loads(read_limited(path).decode("utf-8"))
 
 
+def _unique_keys(path: str) -> Any:
+    """A `json.loads` hook refusing a key given twice (JSON keeps the last silently; TOML and our YAML refuse)."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"config file {path!r}: {key!r} is given twice; keep one.")
+            seen[key] = value
+        return seen
+
+    return build
+
+
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     data = dict(data)
     if "check" in data and isinstance(data["check"], Mapping):
@@ -410,6 +429,34 @@ def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(f"{source}: {', '.join(clash)} set both at the top level and under `check`.")
         data.update(nested)
     _reject_unknown(data, source)
+    return data
+
+
+#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.object_spec`).
+SPEC_FIELDS: tuple[str, ...] = ("rollout_backend", "trainer_backend", "weight_sync")
+
+
+def _resolve_spec_files(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """A relative ``file.py:function`` in a config file names a file beside the config file, wherever the command
+    runs from (a CI job's working directory is rarely the config's folder): rewritten to the absolute path, and
+    a file that is not there is an error naming the path tried and the folder it was relative to."""
+    from rollout_consistency.object_spec import spec_file
+
+    folder = os.path.dirname(os.path.abspath(path))
+    for key in SPEC_FIELDS:
+        value = data.get(key)
+        file = spec_file(value) if isinstance(value, str) else None
+        if file is None or os.path.isabs(file):
+            continue
+        resolved = os.path.normpath(os.path.join(folder, file))
+        if not os.path.isfile(resolved):
+            in_cwd = os.path.isfile(file) and os.path.abspath(file) != resolved
+            hint = f"; {file} is in the working directory: write its path relative to {folder}" if in_cwd else ""
+            raise ConfigError(
+                f"config file {path!r}: {key} {value!r}: {resolved} does not exist (a relative path in a config "
+                f"file is relative to the config file's folder, {folder}){hint}."
+            )
+        data[key] = resolved + value[len(file) :]
     return data
 
 

@@ -145,6 +145,16 @@ FIXES: dict[str, str] = {
     ),
 }
 
+#: A cause's fix once the replay has run both sides' own code (telling the user to localise would send them to run
+#: what they just ran).
+LOCALISED_FIXES: dict[str, str] = {
+    "different-computation": (
+        "the replay ran both sides' own code and no setting it measures explains the difference: compare the two "
+        "sides' code where the evidence points (a step outside the model: the sample the trainer scores, its "
+        "next_latents / prev_sample, against the one the rollout stored and stepped to, and the step's arguments)"
+    ),
+}
+
 #: The command that separates causes the figures cannot (the end of a tables-only diagnosis's evidence).
 LOCALISE_HINT = (
     "the figures cannot separate these; to localise, run the check with both sides as plug-ins exposing "
@@ -166,4 +176,5 @@ def make(
     """A `Diagnosis` whose confidence is evidence `kind`'s, shared by `share` equally likely candidates."""
     evidence = tuple(e for e in evidence if e)
     confidence = CONFIDENCE[kind] / max(1, share)
-    return Diagnosis(cause, summary, evidence, FIXES[cause], confidence, source, details, kind)
+    fix = LOCALISED_FIXES.get(cause, FIXES[cause]) if source == "localisation" else FIXES[cause]
+    return Diagnosis(cause, summary, evidence, fix, confidence, source, details, kind)

@@ -167,6 +167,19 @@ def _failed(report: Any) -> dict[str, Any]:
     return {c.name: c for c in report.verdict.checks if not c.passed}
 
 
+def _evidence_text(message: str, limit: int = 300) -> str:
+    """`message` whole when it is short; else its leading sentences within `limit` characters, cut where a
+    sentence or clause ends (never inside a word or a name), pointing at the whole message."""
+    if len(message) <= limit:
+        return message
+    head = message[:limit]
+    for end in (". ", "; ", ", ", " "):
+        cut = head.rfind(end)
+        if cut > 0:
+            return head[: cut + len(end.rstrip())] + " … (the whole message is under FAIL because)"
+    return head + " … (the whole message is under FAIL because)"
+
+
 def _from_guards(report: Any) -> list[Diagnosis]:
     failed = _failed(report)
     out = []
@@ -175,7 +188,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
             make(
                 "per-request-window",
                 "The SDE window is drawn per request, not per prompt group from the launcher's seed.",
-                [f"windows guard: {failed['windows'].message[:300]}"],
+                [f"windows guard: {_evidence_text(failed['windows'].message)}"],
                 "guard",
                 source="guard",
             )
@@ -187,7 +200,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 "stepwise-bf16",
                 "The step-wise engine keeps per-request latents in the model's low precision; a fresh float32 "
                 "request cannot join them.",
-                [f"rollout failed: {rollout.message[:300]}"],
+                [f"rollout failed: {_evidence_text(rollout.message)}"],
                 "guard",
                 source="guard",
             )
@@ -197,7 +210,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
             make(
                 "worker-failure",
                 "The rollout engine failed on a batch: those samples were never compared.",
-                [f"rollout failed: {rollout.message[:300]}"],
+                [f"rollout failed: {_evidence_text(rollout.message)}"],
                 "guard",
                 source="guard",
             )
@@ -208,14 +221,20 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 "expert-switch",
                 "The rollout and the trainer scored some steps with different experts (Wan 2.2's transformer / "
                 "transformer_2): one side switches at another step, or holds one expert throughout.",
-                [f"experts guard: {failed['experts'].message[:400]}"],
+                [f"experts guard: {_evidence_text(failed['experts'].message, 400)}"],
                 "guard",
                 source="guard",
             )
         )
     if "finite" in failed and _nonfinite_log_probs(report):
         out.append(
-            make("nonfinite", "A log-prob is NaN or Inf.", [failed["finite"].message[:300]], "guard", source="guard")
+            make(
+                "nonfinite",
+                "A log-prob is NaN or Inf.",
+                [_evidence_text(failed["finite"].message)],
+                "guard",
+                source="guard",
+            )
         )
     for name in ("complete", "shapes", "nonempty"):
         if name in failed and not (name == "nonempty" and rollout is not None):
@@ -223,7 +242,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 make(
                     "incomplete",
                     "The two sides did not score the same (samples, window steps).",
-                    [f"{name} guard: {failed[name].message[:300]}"],
+                    [f"{name} guard: {_evidence_text(failed[name].message)}"],
                     "guard",
                     source="guard",
                 )
@@ -232,7 +251,11 @@ def _from_guards(report: Any) -> list[Diagnosis]:
     if "workers" in failed:
         out.append(
             make(
-                "worker-failure", "A worker died or failed.", [failed["workers"].message[:300]], "guard", source="guard"
+                "worker-failure",
+                "A worker died or failed.",
+                [_evidence_text(failed["workers"].message)],
+                "guard",
+                source="guard",
             )
         )
     if "calibration" in failed:
@@ -246,7 +269,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
             make(
                 "different-weights",
                 "The two sides' weights differ.",
-                [f"weights guard: {failed['weights'].message[:300]}"],
+                [f"weights guard: {_evidence_text(failed['weights'].message)}"],
                 "guard",
                 source="guard",
             )
@@ -261,7 +284,7 @@ def _nonfinite_log_probs(report: Any) -> bool:
 
 
 def _undetermined(report: Any, not_localised: str | None) -> Diagnosis:
-    reasons = "; ".join(report.reasons[:2])[:300]
+    reasons = _evidence_text("; ".join(report.reasons[:2]))
     evidence = [f"the check failed: {reasons}" if reasons else "the check failed", LOCALISE_HINT]
     if not_localised:
         evidence.append(f"not localised: {not_localised}")

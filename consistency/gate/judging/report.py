@@ -228,7 +228,12 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     m = report.metrics
     shape = f"{m.num_samples} samples x {m.num_positions} window steps" if m is not None else "no comparison"
     cfg = report.config
-    micro = "-" if m is None else (m.micro_batch_size or m.num_samples)
+    if m is None:
+        micro = "micro-batch -"
+    elif m.micro_batch_size:
+        micro = f"micro-batch {m.micro_batch_size}"
+    else:  # no micro-batch given (gate(), the recorder): each step's entries pool as one cell
+        micro = f"micro-batch not given: one cell of {m.num_samples} samples per step"
     clip = (
         "-"
         if m is None
@@ -240,7 +245,7 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     )
     lines.append(f"rollout-consistency step-1 check: {report.status}")
     lines.append(
-        f"  profile {report.tolerance.profile} | {shape} | clip_ratio {clip} | micro-batch {micro}"
+        f"  profile {report.tolerance.profile} | {shape} | clip_ratio {clip} | {micro}"
         + (f" | {cfg.get('model_family')} {cfg.get('rollout_backend')}->{cfg.get('trainer_backend')}" if cfg else "")
     )
     if report.tolerance.basis:
@@ -261,8 +266,13 @@ def format_table(report: Report, *, per_sample: bool = False) -> str:
     if m is not None and m.by_position:
         lines.append("")
         steps = m.by_timestep if m.by_timestep else m.by_position
-        lines.append("  per timestep" if m.by_timestep else "  per window position")
-        header = f"  {'step':>4} {'t':>9} {'n':>4}" + "".join(f" {k.column:>12}" for k in METRICS.values())
+        lines.append(
+            "  per timestep (pos: its column of the log-prob table, the step's place in the SDE window; - where "
+            "it sits in several)"
+            if m.by_timestep
+            else "  per window position (pos: the column of the log-prob table)"
+        )
+        header = f"  {'pos':>4} {'t':>9} {'n':>4}" + "".join(f" {k.column:>12}" for k in METRICS.values())
         lines.append(header)
         for s in steps:
             lines.append(_step_row(s))

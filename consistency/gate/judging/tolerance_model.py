@@ -18,7 +18,8 @@ source                 the configuration has it when                            
 =====================  ========================================================  ====================
 
 [`difference_sources`] lists them, [`exact_notice`] is the line the report prints before any figure when
-``exact`` cannot be promised, [`rounding_advice`] explains a FAIL at a few ULP, and [`floor_variants`] /
+``exact`` cannot be promised (or, with a plug-in side, the condition it rests on: the checker cannot see a
+plug-in's kernels), [`rounding_advice`] explains a FAIL at a few ULP, and [`floor_variants`] /
 [`calibration_floor`] say what the ``calibrated`` floor measures and combine it: the trainer recomputes the
 same stored trajectory once per source with that one thing changed
 (`rollout_consistency.gate.sides.trainer.measure_floor_tables`), and the floor is the sum of the per-source
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from rollout_consistency.object_spec import is_object_spec
 
 from .metrics import METRICS, MetricsInputError, MetricValues, compute_metrics
 
@@ -54,13 +57,27 @@ def _batch_invariant(config: Any) -> bool:
     return bool(getattr(config, "batch_invariant", False))
 
 
+def _trainer_name(config: Any) -> str:
+    return "PyTorch" if config.trainer_backend == "torch" else repr(config.trainer_backend)
+
+
+def plugin_sides(config: Any) -> tuple[str, ...]:
+    """The sides of `config` that are the user's own code (plug-ins): the checker cannot see their kernels."""
+    return tuple(side for side in ("rollout", "trainer") if is_object_spec(getattr(config, f"{side}_backend")))
+
+
 def difference_sources(config: Any) -> tuple[DifferenceSource, ...]:
-    """The legitimate sources of difference between the two sides of `config` (a `CheckConfig`)."""
+    """The legitimate sources of difference between the two sides of `config` (a `CheckConfig`).
+
+    A plug-in side is none by itself: whether it runs the other side's code and kernels is the user's to say
+    (`exact_notice` states the condition)."""
     sources = []
-    if config.rollout_backend != "torch":
+    if config.rollout_backend != "torch" and "rollout" not in plugin_sides(config):
         sources.append(
             DifferenceSource(
-                "kernel", f"the rollout engine is {config.rollout_backend}, the trainer PyTorch", "--profile kernel"
+                "kernel",
+                f"the rollout engine is {config.rollout_backend}, the trainer {_trainer_name(config)}",
+                "--profile kernel",
             )
         )
     elif config.rollout_attention != config.trainer_attention:
@@ -115,15 +132,31 @@ def _describe(sources: Sequence[DifferenceSource]) -> str:
     return "; ".join(f"{s.name} ({s.detail}): use {s.remedy}" for s in sources)
 
 
-def exact_notice(config: Any) -> str | None:
-    """The line printed before any figure when `config` asks for ``exact`` but cannot be promised it."""
-    sources = difference_sources(config)
-    if not sources:
+def _plugin_condition(config: Any) -> str | None:
+    """What ``exact`` rests on when a side is the user's code (``None`` when neither is)."""
+    sides = plugin_sides(config)
+    if not sides:
         return None
+    # The header line names the plug-ins already; this one says what the verdict rests on.
+    named = "the rollout and the trainer are plug-ins" if len(sides) == 2 else f"the {sides[0]} is a plug-in"
     return (
+        f"exact holds only if both sides run the same code on the same kernels in the same batch composition: "
+        f"{named}, whose kernels the checker cannot see (the plug-in template's pair does; a rollout on another "
+        f"engine, vLLM, SGLang or a compiled graph, needs --profile kernel)"
+    )
+
+
+def exact_notice(config: Any) -> str | None:
+    """The line printed before any figure when `config` asks for ``exact`` but cannot be promised it, or when
+    the promise rests on a plug-in side's code (the condition, then)."""
+    sources, condition = difference_sources(config), _plugin_condition(config)
+    if not sources:
+        return condition
+    notice = (
         "exact is NOT promised for this configuration (bits may still agree on this machine; a difference of "
         "a few ULP is not a bug here): " + _describe(sources)
     )
+    return notice if condition is None else f"{notice}; {condition}"
 
 
 def rounding_advice(config: Any, max_abs_dlogp: float) -> str | None:
@@ -138,6 +171,11 @@ def rounding_advice(config: Any, max_abs_dlogp: float) -> str | None:
     sources = difference_sources(config)
     if sources:
         return f"{head}; the configuration has {_describe(sources)}"
+    if plugin_sides(config):
+        return (
+            f"{head}; {_plugin_condition(config)}; with the same code, kernels and batches on both sides it is a "
+            f"different computation, not noise (for another SDE step, --profile implementation)"
+        )
     return (
         f"{head} with the same code, inputs, kernel and batch composition on both sides: that is a different "
         f"computation (a forward that depends on its batch-mates or its position, a RoPE length), not noise"

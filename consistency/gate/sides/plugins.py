@@ -34,7 +34,8 @@ Optional attributes of either side:
 * trainer ``train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)``
   — one optimizer update on its real loss, for the step-2 weight-sync check (see that module).
 * trainer ``experts(batch)`` — for a model with experts by timestep (Wan 2.2), the expert it scores each stored
-  step with (one tuple of names per sample), compared with the rollout's record by the ``experts`` guard.
+  step with (one tuple of names per sample), compared with the rollout's record by the ``experts`` guard;
+  ``None`` when the model has none.
 
 Plug-in output is checked like built-in output: seeds and windows against the plan, float32 only, shapes,
 finiteness. A plug-in that returns something else raises [`PluginError`] (a usage error, exit 2) naming the
@@ -400,7 +401,10 @@ def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...])
     if report is None:
         return None
     with fenced(sides.owner("trainer"), "experts(batch)", timeout_s=sides.timeout_s):
-        names = tuple(tuple(str(n) for n in row) for row in report(batch))
+        rows = report(batch)
+    if rows is None:  # this trainer's model has no experts by timestep
+        return None
+    names = tuple(tuple(str(n) for n in row) for row in rows)
     if len(names) != shape[0] or any(len(row) != shape[1] for row in names):
         raise PluginError(
             f"trainer_backend {backend.plugins.specs['trainer']!r}: experts(batch) must give one name per stored "
