@@ -490,6 +490,94 @@ SPECIAL_FILE_CORPUS = [
 CORPUS += SPECIAL_FILE_CORPUS
 
 
+# -- issue 30, item 5: never write over what is not the command's (output_paths, resolved when a command starts)
+PLUG = "def make(config):\n    raise AssertionError('never built: the output check comes first')\n"
+
+
+def _tree(root: Path, *files: str) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x = 1\n")
+
+
+def _with_files(*files: str) -> Callable[[list[str]], Callable[[Path], list[str]]]:
+    def bind(argv: list[str]) -> Callable[[Path], list[str]]:
+        def setup(root: Path) -> list[str]:
+            _tree(root, *files)
+            return argv
+
+        return setup
+
+    return bind
+
+
+OUTPUTS_CORPUS = [
+    Case("gate-json-dev-full", lambda d: _gate_args(d, "--json", "/dev/full"), 2, "/dev/full is a character device"),
+    Case("gate-junit-dev-zero", lambda d: _gate_args(d, "--junit", "/dev/zero"), 2, "a report is written only to"),
+    Case("gate-json-under-a-file", lambda d: _gate_args(d, "--json", "old.json/r.json"), 2, "a folder on its path"),
+    Case(
+        "gate-json-fifo-nobody-reads",
+        lambda d: _gate_args(d, "--json", _fifo(d)),
+        2,
+        "no process reads this pipe; start its reader first",
+    ),
+    Case(
+        "check-json-is-the-trainer-plugin",
+        _with_files("plug.py")([*CHECK, "--trainer-backend", "plug.py:make", "--json", "plug.py"]),
+        2,
+        "is the file given to --trainer-backend",
+    ),
+    Case(
+        "check-junit-is-a-module-plugin",
+        _with_files("myplug.py")([*CHECK, "--rollout-backend", "myplug:make", "--junit", "myplug.py"]),
+        2,
+        "is the file given to --rollout-backend",
+    ),
+    Case(
+        "check-plot-is-the-weight-sync-file",
+        _with_files("sync.py")([*CHECK, "--weight-sync", "sync.py:push", "--plot", "./sync.py"]),
+        2,
+        "is the file given to --weight-sync",
+    ),
+    Case(
+        "check-json-is-a-model-file",
+        _with_files("m/config.json")([*CHECK, "--model-path", "m", "--json", "m/config.json"]),
+        2,
+        "is a file --model-path reads",
+    ),
+    Case(
+        "checkpointing-json-is-the-checkpoint-file",
+        _with_files("case.py", "ck.py")(
+            ["checkpointing", "case.py:make", "--checkpoint", "ck.py:f", "--json", "ck.py"]
+        ),
+        2,
+        "is the file given to --checkpoint",
+    ),
+    Case(
+        "checkpointing-json-is-a-module-spec",
+        _with_files("usermod.py")(["checkpointing", "usermod:make", "--json", "usermod.py"]),
+        2,
+        "is the file given to SPEC",
+    ),
+    Case(
+        "precision-json-is-the-spec",
+        _with_files("prec.py")(["precision", "--spec", "prec.py:make", "--json", "prec.py"]),
+        2,
+        "is the file given to --spec",
+    ),
+    Case(
+        "lint-output-is-a-linted-file",
+        _with_files("src/a.py")(["lint", "src", "--output", "src/a.py"]),
+        2,
+        "is a file PATH src reads",
+    ),
+    # -- issue 30, item 6: a Ray address is used or refused, never ignored
+    Case("check-ray-address-scheme", lambda d: [*CHECK, "--ray-address", "http://head:6379"], 2, "use 'auto'"),
+    Case("check-ray-address-port", lambda d: [*CHECK, "--ray-address", "head:99999"], 2, "'ray://host:port'"),
+]
+CORPUS += OUTPUTS_CORPUS
+
+
 def _raw_dump(root: Path, *, window_starts: list[int] | None = None, cut: int = 0) -> str:
     """A dump written with safetensors directly (what write_dump refuses to write), optionally cut or extended."""
     import numpy as np
@@ -598,10 +686,37 @@ def test_gate_writes_every_report_or_none(work, capsys):
     assert json.loads((work / "r.json").read_text())["status"] == "PASS"
     (work / "blocker").write_text("a file where a directory should be\n")
     before = _snapshot(work)
-    # The JUnit target cannot be created: the (complete) JSON must not be left either, and r.json stays whole.
+    # The JUnit target cannot be created: refused when the command starts, and r.json stays whole.
     assert main(["gate", str(dump), "--json", "r.json", "--junit", "blocker/r.xml"]) == 2
     err = capsys.readouterr().err
-    assert "none was written" in err.strip().splitlines()[-1]
+    assert "a folder on its path is a file" in err.strip().splitlines()[-1]
+    assert _snapshot(work) == before
+    _no_temp_files(work)
+
+
+def test_a_write_that_fails_midway_leaves_no_report(work):
+    # A real file-size limit (ulimit -f): the JSON and the JUnit fit, the PNG does not; nothing may be left.
+    import resource
+
+    dump = _gate_dump(work)
+    (work / "r.json").write_text("previous\n")
+    before = _snapshot(work)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (24_000, 24_000))
+
+    argv = ["gate", str(dump), "--json", "r.json", "--junit", "r.xml", "--plot", "r.png"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollout_consistency", *argv],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "(File too large); none was written" in line, line
     assert _snapshot(work) == before
     _no_temp_files(work)
 
