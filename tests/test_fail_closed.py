@@ -1208,6 +1208,22 @@ def test_reports_to_the_null_device_leave_it_a_device(null_device, work, capsys)
     assert target.kind == "null" and _is_null_device(null_device)
 
 
+def test_a_path_that_becomes_a_device_is_not_renamed_over(null_device, tmp_path):
+    # Resolved as a new file, then a device appears there before the rename: the report is not written over it.
+    if null_device == Path(os.devnull):
+        pytest.skip("needs a device node of our own (root)")
+    target = tmp_path / "r.json"
+
+    def write(temporary: str) -> None:
+        Path(temporary).write_text("{}\n")
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.stat(os.devnull).st_rdev)
+
+    with pytest.raises(OSError, match="no longer a regular file"):
+        write_all([(target, write)])
+    assert _is_null_device(target)
+    _no_temp_files(tmp_path)
+
+
 def test_a_report_on_stdout_follows_the_table(work):
     dump = _gate_dump(work)
     proc = subprocess.run(
@@ -1421,3 +1437,5 @@ def test_a_ray_address_without_ray_is_refused_not_ignored(work, capsys, monkeypa
     assert code == 2, err
     assert "Ray is required for --ray-address" in err and len(err.strip().splitlines()) == 1
     assert not (work / "r.json").exists()
+    assert main([*CHECK, *TINY, "--ray-address", "http://head:6379"]) == 2  # malformed: named as such
+    assert "use 'auto', 'host:port' or 'ray://host:port'" in capsys.readouterr().err

@@ -36,8 +36,9 @@ def check_outputs(
         raise UsageError(str(error)) from error
 
 
-def write_json(target: OutputTarget | None, data: dict[str, Any]) -> None:
-    """Write `data` as JSON to a target `check_outputs` returned (None: not requested)."""
+def write_json(target: OutputTarget | str | None, data: dict[str, Any]) -> None:
+    """Write `data` as JSON to a target `check_outputs` returned (a plain path is resolved now; None: not
+    requested)."""
     from rollout_consistency.atomic_write import write_all
 
     if target is None:
@@ -46,7 +47,7 @@ def write_json(target: OutputTarget | None, data: dict[str, Any]) -> None:
     try:
         write_all([(target, lambda temporary: Path(temporary).write_text(text))])
     except OSError as error:
-        raise UsageError(f"cannot write {target.given}: {error.strerror or error}") from error
+        raise UsageError(f"cannot write {getattr(target, 'given', target)}: {error.strerror or error}") from error
 
 
 def check_report_file(path: str, what: str) -> None:
