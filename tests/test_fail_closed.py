@@ -1222,6 +1222,15 @@ def test_a_path_that_becomes_a_device_is_not_renamed_over(null_device, tmp_path)
         write_all([(target, write)])
     assert _is_null_device(target)
     _no_temp_files(tmp_path)
+    # And the other way: resolved as the null device, a regular file by the time the report is written.
+    from rollout_consistency.output_paths import resolve_output
+
+    resolved = resolve_output(null_device)
+    os.unlink(null_device)
+    null_device.write_text("the user's file\n")
+    with pytest.raises(OSError, match="no longer the null"):
+        write_all([(resolved, lambda t: Path(t).write_text("report\n"))])
+    assert null_device.read_text() == "the user's file\n"
 
 
 def test_a_report_on_stdout_follows_the_table(work):
