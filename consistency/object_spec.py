@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file"]
+__all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file", "spec_source"]
 
 
 class SpecError(ValueError):
@@ -89,6 +89,34 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
         except AttributeError as error:
             raise SpecError(f"{module_part!r} has no attribute {attr_part!r} (spec {spec!r})") from error
     return value
+
+
+def spec_source(spec: str | None) -> str | None:
+    """The source file a spec's module lives in, found without importing or running anything (None when the
+    spec is not one, or its module is not found the way `load_object` would find it). Commands refuse to write a
+    report over it (`rollout_consistency.output_paths`)."""
+    module_part = (spec or "").rpartition(":")[0]
+    if not module_part:
+        return None
+    if _names_file(module_part):
+        return module_part
+    from importlib.machinery import PathFinder
+
+    search: list[str] | None = [str(Path.cwd()), *sys.path]  # the current directory first, as load_object
+    found = None
+    names = module_part.split(".")
+    for depth in range(1, len(names) + 1):
+        name = ".".join(names[:depth])
+        loaded = sys.modules.get(name)
+        try:  # PathFinder looks in the given folders only: no parent package is imported, no code runs
+            found = getattr(loaded, "__spec__", None) if loaded is not None else PathFinder.find_spec(name, search)
+        except (ImportError, ValueError, OSError):
+            return None
+        if found is None:
+            return None
+        search = list(found.submodule_search_locations or [])
+    origin = getattr(found, "origin", None)
+    return origin if origin and Path(origin).is_file() else None
 
 
 def _load_file(path: Path, spec: str, fence: Any) -> Any:

@@ -28,7 +28,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["enter_user_code", "exit_now", "leave_user_code", "run_supervised"]
+__all__ = ["enter_user_code", "exit_now", "is_channel", "leave_user_code", "run_supervised"]
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -45,6 +45,17 @@ def enter_user_code(what: str) -> bool:
 def leave_user_code() -> None:
     """The call into user code that started last returned."""
     _send("leave")
+
+
+def is_channel(info: os.stat_result) -> bool:
+    """True when `info` (an ``os.stat`` result) is this child's pipe to its supervisor: never a report's target."""
+    if not _channel:
+        return False
+    try:
+        own = os.fstat(_channel[0])
+    except OSError:
+        return False
+    return (own.st_dev, own.st_ino) == (info.st_dev, info.st_ino)
 
 
 def _send(message: str) -> bool:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -490,6 +491,94 @@ SPECIAL_FILE_CORPUS = [
 CORPUS += SPECIAL_FILE_CORPUS
 
 
+# -- issue 30, item 5: never write over what is not the command's (output_paths, resolved when a command starts)
+PLUG = "def make(config):\n    raise AssertionError('never built: the output check comes first')\n"
+
+
+def _tree(root: Path, *files: str) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x = 1\n")
+
+
+def _with_files(*files: str) -> Callable[[list[str]], Callable[[Path], list[str]]]:
+    def bind(argv: list[str]) -> Callable[[Path], list[str]]:
+        def setup(root: Path) -> list[str]:
+            _tree(root, *files)
+            return argv
+
+        return setup
+
+    return bind
+
+
+OUTPUTS_CORPUS = [
+    Case("gate-json-dev-full", lambda d: _gate_args(d, "--json", "/dev/full"), 2, "/dev/full is a character device"),
+    Case("gate-junit-dev-zero", lambda d: _gate_args(d, "--junit", "/dev/zero"), 2, "a report is written only to"),
+    Case("gate-json-under-a-file", lambda d: _gate_args(d, "--json", "old.json/r.json"), 2, "a folder on its path"),
+    Case(
+        "gate-json-fifo-nobody-reads",
+        lambda d: _gate_args(d, "--json", _fifo(d)),
+        2,
+        "no process reads this pipe; start its reader first",
+    ),
+    Case(
+        "check-json-is-the-trainer-plugin",
+        _with_files("plug.py")([*CHECK, "--trainer-backend", "plug.py:make", "--json", "plug.py"]),
+        2,
+        "is the file given to --trainer-backend",
+    ),
+    Case(
+        "check-junit-is-a-module-plugin",
+        _with_files("myplug.py")([*CHECK, "--rollout-backend", "myplug:make", "--junit", "myplug.py"]),
+        2,
+        "is the file given to --rollout-backend",
+    ),
+    Case(
+        "check-plot-is-the-weight-sync-file",
+        _with_files("sync.py")([*CHECK, "--weight-sync", "sync.py:push", "--plot", "./sync.py"]),
+        2,
+        "is the file given to --weight-sync",
+    ),
+    Case(
+        "check-json-is-a-model-file",
+        _with_files("m/config.json")([*CHECK, "--model-path", "m", "--json", "m/config.json"]),
+        2,
+        "is a file --model-path reads",
+    ),
+    Case(
+        "checkpointing-json-is-the-checkpoint-file",
+        _with_files("case.py", "ck.py")(
+            ["checkpointing", "case.py:make", "--checkpoint", "ck.py:f", "--json", "ck.py"]
+        ),
+        2,
+        "is the file given to --checkpoint",
+    ),
+    Case(
+        "checkpointing-json-is-a-module-spec",
+        _with_files("usermod.py")(["checkpointing", "usermod:make", "--json", "usermod.py"]),
+        2,
+        "is the file given to SPEC",
+    ),
+    Case(
+        "precision-json-is-the-spec",
+        _with_files("prec.py")(["precision", "--spec", "prec.py:make", "--json", "prec.py"]),
+        2,
+        "is the file given to --spec",
+    ),
+    Case(
+        "lint-output-is-a-linted-file",
+        _with_files("src/a.py")(["lint", "src", "--output", "src/a.py"]),
+        2,
+        "is a file PATH src reads",
+    ),
+    # -- issue 30, item 6: a Ray address is used or refused, never ignored
+    Case("check-ray-address-scheme", lambda d: [*CHECK, "--ray-address", "http://head:6379"], 2, "use 'auto'"),
+    Case("check-ray-address-port", lambda d: [*CHECK, "--ray-address", "head:99999"], 2, "'ray://host:port'"),
+]
+CORPUS += OUTPUTS_CORPUS
+
+
 def _raw_dump(root: Path, *, window_starts: list[int] | None = None, cut: int = 0) -> str:
     """A dump written with safetensors directly (what write_dump refuses to write), optionally cut or extended."""
     import numpy as np
@@ -598,10 +687,37 @@ def test_gate_writes_every_report_or_none(work, capsys):
     assert json.loads((work / "r.json").read_text())["status"] == "PASS"
     (work / "blocker").write_text("a file where a directory should be\n")
     before = _snapshot(work)
-    # The JUnit target cannot be created: the (complete) JSON must not be left either, and r.json stays whole.
+    # The JUnit target cannot be created: refused when the command starts, and r.json stays whole.
     assert main(["gate", str(dump), "--json", "r.json", "--junit", "blocker/r.xml"]) == 2
     err = capsys.readouterr().err
-    assert "none was written" in err.strip().splitlines()[-1]
+    assert "a folder on its path is a file" in err.strip().splitlines()[-1]
+    assert _snapshot(work) == before
+    _no_temp_files(work)
+
+
+def test_a_write_that_fails_midway_leaves_no_report(work):
+    # A real file-size limit (ulimit -f): the JSON and the JUnit fit, the PNG does not; nothing may be left.
+    import resource
+
+    dump = _gate_dump(work)
+    (work / "r.json").write_text("previous\n")
+    before = _snapshot(work)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (24_000, 24_000))
+
+    argv = ["gate", str(dump), "--json", "r.json", "--junit", "r.xml", "--plot", "r.png"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollout_consistency", *argv],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "(File too large); none was written" in line, line
     assert _snapshot(work) == before
     _no_temp_files(work)
 
@@ -1054,3 +1170,281 @@ def test_load_capture_refuses_a_fifo_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "capture.pt")
     with pytest.raises(InputPathError, match="is a FIFO"):
         load_capture(tmp_path / "capture.pt")
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 30, item 5: outputs never written over what is not theirs; item 6: --ray-address without Ray
+
+
+@pytest.fixture
+def null_device(tmp_path) -> Path:
+    """A null device to write reports to. As root: a node of our own in tmp_path (same device numbers as
+    /dev/null), so that even a regression can replace nothing but it; otherwise /dev/null itself (a user other
+    than root cannot rename over it)."""
+    if os.geteuid() != 0:
+        return Path(os.devnull)
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.stat(os.devnull).st_rdev)
+    except OSError as error:
+        pytest.skip(f"root without the right to make a device node ({error.strerror}); /dev/null is never risked")
+    return node
+
+
+def _is_null_device(path: Path) -> bool:
+    info = os.lstat(path)
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == os.stat(os.devnull).st_rdev
+
+
+def test_reports_to_the_null_device_leave_it_a_device(null_device, work, capsys):
+    dump = _gate_dump(work)
+    before = _snapshot(work)
+    assert main(["gate", str(dump), "--json", str(null_device), "--junit", str(null_device)]) == 0, capsys.readouterr()
+    assert _is_null_device(null_device)  # written to, never renamed over
+    assert _snapshot(work) == before
+    _no_temp_files(work)
+    _no_temp_files(null_device.parent)
+    (target,) = write_all([(null_device, lambda t: Path(t).write_text("discarded\n"))])  # the Python API too
+    assert target.kind == "null" and _is_null_device(null_device)
+
+
+def test_a_path_that_becomes_a_device_is_not_renamed_over(null_device, tmp_path):
+    # Resolved as a new file, then a device appears there before the rename: the report is not written over it.
+    if null_device == Path(os.devnull):
+        pytest.skip("needs a device node of our own (root)")
+    target = tmp_path / "r.json"
+
+    def write(temporary: str) -> None:
+        Path(temporary).write_text("{}\n")
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.stat(os.devnull).st_rdev)
+
+    with pytest.raises(OSError, match="no longer a regular file"):
+        write_all([(target, write)])
+    assert _is_null_device(target)
+    _no_temp_files(tmp_path)
+    # And the other way: resolved as the null device, a regular file by the time the report is written.
+    from rollout_consistency.output_paths import resolve_output
+
+    resolved = resolve_output(null_device)
+    os.unlink(null_device)
+    null_device.write_text("the user's file\n")
+    with pytest.raises(OSError, match="no longer the null"):
+        write_all([(resolved, lambda t: Path(t).write_text("report\n"))])
+    assert null_device.read_text() == "the user's file\n"
+
+
+def test_a_report_on_stdout_follows_the_table(work):
+    dump = _gate_dump(work)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollout_consistency", "gate", str(dump), "--json", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    table, brace, rest = proc.stdout.partition("\n{")
+    assert "step-1 gate" in table and json.loads(brace.strip() + rest)["status"] == "PASS"
+    # stdout redirected to a file: the report is appended through the open descriptor; the file is not replaced.
+    out = work / "out.txt"
+    with out.open("w") as handle:
+        inode = os.fstat(handle.fileno()).st_ino
+        proc = subprocess.run(
+            [sys.executable, "-m", "rollout_consistency", "gate", str(dump), "--junit", "/dev/stdout"],
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert os.stat(out).st_ino == inode
+    assert text.index("step-1 gate") < text.index("<?xml") and text.rstrip().endswith("</testsuites>")
+    _no_temp_files(work)
+
+
+def test_a_relative_output_is_fixed_when_the_command_starts(work, capsys):
+    # User code that changes the working directory cannot move the report (exit 0 said it was written here).
+    (work / "elsewhere").mkdir()
+    (work / "moving.py").write_text(
+        "import os\n" + TOY + "def make(seed=0):\n    os.chdir('elsewhere')\n    return toy_case(seed=seed)\n"
+    )
+    assert main(["checkpointing", "moving.py:make", "--json", "r.json"]) == 0, capsys.readouterr().err
+    os.chdir(work)
+    assert json.loads((work / "r.json").read_text())["passed"] is True
+    assert not (work / "elsewhere" / "r.json").exists()
+
+
+def test_a_check_plugin_that_changes_directory_does_not_move_the_reports(work, capsys):
+    (work / "elsewhere").mkdir()
+    (work / "plug.py").write_text(
+        "import os\nfrom rollout_consistency.plugin_template import make_rollout as _make_rollout, make_trainer\n"
+        "def make_rollout(config):\n    os.chdir('elsewhere')\n    return _make_rollout(config)\n"
+    )
+    plug = work / "plug.py"  # absolute: the trainer's spec is loaded after the rollout's chdir
+    argv = [*CHECK, *TINY, "--rollout-backend", f"{plug}:make_rollout", "--trainer-backend", f"{plug}:make_trainer"]
+    code = main([*argv, "--sde-window-size", "all", "--json", "r.json", "--junit", "r.xml"])
+    os.chdir(work)
+    assert code == 0, capsys.readouterr().err
+    assert (work / "r.json").is_file() and (work / "r.xml").is_file()
+    assert sorted(p.name for p in (work / "elsewhere").iterdir()) == []
+
+
+def test_a_symlinked_output_writes_its_target_and_keeps_the_link(work, capsys):
+    dump = _gate_dump(work)
+    (work / "reports").mkdir()
+    (work / "r.json").symlink_to(work / "reports" / "r.json")
+    assert main(["gate", str(dump), "--json", "r.json"]) == 0, capsys.readouterr().err
+    assert (work / "r.json").is_symlink()
+    assert json.loads((work / "reports" / "r.json").read_text())["status"] == "PASS"
+
+
+def _pair(tmp_path: Path, tag: str) -> list[tuple[Path, Callable[[str], None]]]:
+    return [(tmp_path / name, lambda t, tag=tag: Path(t).write_text(tag * 50_000)) for name in ("r.json", "r.xml")]
+
+
+def test_renames_wait_for_the_reports_lock(tmp_path):
+    from rollout_consistency.atomic_write import reports_lock
+
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (write_all(_pair(tmp_path, "A")), done.set()))
+    with reports_lock([tmp_path / "r.json"]):
+        writer.start()
+        assert not done.wait(0.5)  # the temporaries are written; the renames wait for the lock
+        assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.xml").exists()
+    writer.join(timeout=30)
+    assert done.is_set() and (tmp_path / "r.json").read_text() == (tmp_path / "r.xml").read_text()
+    _no_temp_files(tmp_path)
+
+
+def test_concurrent_runs_leave_their_reports_as_a_pair(tmp_path):
+    # Two writers of the same JSON and JUnit: whoever holds the lock sees both files from the same writer.
+    from rollout_consistency.atomic_write import reports_lock
+
+    stop = threading.Event()
+
+    def writer(tag: str) -> None:
+        while not stop.is_set():
+            write_all(_pair(tmp_path, tag))
+
+    threads = [threading.Thread(target=writer, args=(tag,)) for tag in "AB"]
+    for thread in threads:
+        thread.start()
+    pairs = []
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with reports_lock([tmp_path / "r.json"]):
+                if (tmp_path / "r.xml").exists():
+                    pairs.append(((tmp_path / "r.json").read_text()[0], (tmp_path / "r.xml").read_text()[0]))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert len(pairs) > 10 and all(json_tag == xml_tag for json_tag, xml_tag in pairs), pairs
+    _no_temp_files(tmp_path)
+
+
+def test_a_lock_held_too_long_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    from rollout_consistency import atomic_write
+
+    monkeypatch.setattr(atomic_write, "LOCK_WAIT_S", 0.2)
+    with atomic_write.reports_lock([tmp_path / "r.json"]), pytest.raises(OSError, match="held the reports' lock"):
+        write_all(_pair(tmp_path, "A"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+FULL_DISK_SCRIPT = """
+import sys
+import numpy as np
+from rollout_consistency.cli_guard import guarded
+from rollout_consistency.gate.tables.dump import read_dump, write_dump
+
+small, big = np.full((4, 2), -1.0, np.float32), np.full((64, 512), -1.0, np.float32)
+write_dump(sys.argv[1], small, small.copy())  # fits: the previous dump
+
+def run(argv):
+    write_dump(sys.argv[1], big, big.copy())
+    return 0
+
+code = guarded(run, [], "rollout-consistency")
+assert read_dump(sys.argv[1]).rollout_log_probs.shape == (4, 2)  # the previous dump is whole
+sys.exit(code)
+"""
+
+
+def _dump_on_a_full_disk(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_write_dump_on_a_full_disk_is_one_line(tmp_path):
+    # A real 64 KiB file system, mounted in a private mount namespace (nothing outside the test sees it).
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a private tmpfs needs root and unshare")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    shell = (
+        f"mount -t tmpfs -o size=64k tmpfs {folder} || exit 77; "
+        f"{sys.executable} {script} {folder}/d.safetensors; code=$?; ls -A {folder}; exit $code"
+    )
+    proc = _dump_on_a_full_disk(["unshare", "-m", "--propagation", "private", "sh", "-c", shell])
+    if proc.returncode == 77:
+        pytest.skip(f"no private tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "No space left on device; the dump was not written" in line, line
+    assert proc.stdout.split() == ["d.safetensors"]  # no temporary file left
+
+
+def test_write_dump_over_a_file_size_limit_is_one_line(tmp_path):
+    import resource
+
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK_SCRIPT)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
+
+    proc = _dump_on_a_full_disk([sys.executable, str(script), str(tmp_path / "d.safetensors")], preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "File too large; the dump was not written" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.safetensors", "full.py"]
+
+
+SUPERVISOR_PIPE_SCRIPT = """
+import os, sys
+from rollout_consistency.output_paths import OutputPathError, resolve_output
+from rollout_consistency.supervisor import exit_now, run_supervised
+
+def command(argv):
+    refused = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            resolve_output(f"/dev/fd/{fd}")
+        except OutputPathError as error:
+            refused += ["supervisor" in str(error)]
+    return 0 if refused.count(True) == 1 else 1
+
+exit_now(run_supervised(command, [], "rollout-consistency"))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_the_supervisors_pipe_is_never_a_report(tmp_path):
+    script = tmp_path / "pipe.py"
+    script.write_text(SUPERVISOR_PIPE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_ray_address_without_ray_is_refused_not_ignored(work, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed (importlib finds no spec)
+    code = main([*CHECK, *TINY, "--ray-address", "127.0.0.1:1", "--json", "r.json"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Ray is required for --ray-address" in err and len(err.strip().splitlines()) == 1
+    assert not (work / "r.json").exists()
+    assert main([*CHECK, *TINY, "--ray-address", "http://head:6379"]) == 2  # malformed: named as such
+    assert "use 'auto', 'host:port' or 'ray://host:port'" in capsys.readouterr().err

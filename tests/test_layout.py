@@ -306,10 +306,11 @@ def test_the_rules_catch_what_they_are_for() -> None:
 #: a circle. docs/design.md ("The packages") says what each layer holds.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Import nothing of ours (the last four: the fence around user code, its supervisor, input paths, memory left;
-    # object_spec and cli_guard use them).
+    # object_spec, cli_guard and output_paths use them).
     (
         "schedulers",
         "atomic_write",
+        "output_paths",
         "object_spec",
         "cli_guard",
         "sampling_rules",

@@ -23,6 +23,7 @@ from rollout_consistency.gate.config import (
     parse_thresholds,
 )
 from rollout_consistency.gate.judging.tolerances import PROFILES
+from rollout_consistency.object_spec import spec_source
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
@@ -218,15 +219,24 @@ def _run_check_command(args: argparse.Namespace) -> int:
         exit code 2. UsageError: an output path that is an input, or reports that cannot be written.
     """
     config = config_from_args(args)
-    # Before any work: a report must never replace an input or another report.
-    check_outputs(report_outputs(args), {"--config": args.config, "--trajectory": config.trajectory})
+    # Before any work: a report must never replace an input (a plug-in's source, a model directory's files
+    # included) or another report, and a plug-in that changes the working directory cannot move it.
+    inputs = {
+        "--config": args.config,
+        "--trajectory": config.trajectory,
+        "--model-path": config.model_path,
+        "--rollout-backend": spec_source(config.rollout_backend),
+        "--trainer-backend": spec_source(config.trainer_backend),
+        "--weight-sync": spec_source(config.weight_sync),
+    }
+    targets = check_outputs(report_outputs(args), inputs, directories_read={"--model-path": ()})
     if config.trajectory is not None:
         from rollout_consistency.gate.sides.trajectory_checks import check_explicit_family
 
         check_explicit_family(config.trajectory, _explicit_family(args))
     from rollout_consistency.gate.check import run_step1_check
 
-    return show_and_write(run_step1_check(config), args)
+    return show_and_write(run_step1_check(config), args, targets)
 
 
 def _explicit_family(args: argparse.Namespace) -> str | None:

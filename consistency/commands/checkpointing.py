@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.object_spec import spec_source
 
-from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, spec_file, timeout
+from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
 from .usage import UsageError, check_outputs, write_json
 
 __all__ = ["add_parser", "run"]
@@ -121,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             "rollout-consistency recompute: deprecated name, use 'rollout-consistency checkpointing'", file=sys.stderr
         )
-    check_outputs({"--json": args.json}, {"SPEC": spec_file(args.spec)})
+    # Before any work: the report never replaces the SPEC's or the --checkpoint function's source.
+    targets = check_outputs(
+        {"--json": args.json}, {"SPEC": spec_source(args.spec), "--checkpoint": spec_source(args.checkpoint)}
+    )
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed {args.seed} must lie in [0, 2**63-1].")
     if not 0 <= args.top <= 100000:
@@ -149,5 +153,5 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from error
     print(report.format(top=args.top))
-    write_json(args.json, report.to_dict())
+    write_json(targets.get("--json"), report.to_dict())
     return EXIT_PASS if report.passed else EXIT_FAIL

@@ -12,7 +12,7 @@ from typing import Any
 
 from .usage import UsageError
 
-__all__ = ["add_timeout_argument", "call_factory", "load_spec", "parse_factory_args", "spec_file", "timeout"]
+__all__ = ["add_timeout_argument", "call_factory", "load_spec", "parse_factory_args", "timeout"]
 
 
 def load_spec(spec: str, owner: str, timeout_s: float | None) -> Any:
@@ -82,9 +82,3 @@ def parse_factory_args(pairs: Sequence[str]) -> dict[str, Any]:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             kwargs[name] = text
     return kwargs
-
-
-def spec_file(spec: str | None) -> str | None:
-    """The file a 'path/to/file.py:factory' spec names (None for a module spec)."""
-    module_part = (spec or "").rpartition(":")[0]
-    return module_part if module_part.endswith(".py") else None

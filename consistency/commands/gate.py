@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_consistency.memory_budget import MemoryBudgetError
     from rollout_consistency.paths import InputPathError
 
-    check_outputs(report_outputs(args), {"DUMP": args.dump})
+    targets = check_outputs(report_outputs(args), {"DUMP": args.dump})
     if os.path.isdir(args.dump):
         raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")
     try:
@@ -98,4 +98,4 @@ def run(args: argparse.Namespace) -> int:
         MemoryBudgetError,
     ) as error:
         raise UsageError(str(error)) from error
-    return show_and_write(report, args)
+    return show_and_write(report, args, targets)

@@ -8,8 +8,9 @@ import argparse
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.object_spec import spec_source
 
-from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, spec_file, timeout
+from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
 from .usage import UsageError, check_outputs, read_json, write_json
 
 __all__ = ["add_parser", "run"]
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from rollout_consistency.training.precision import PrecisionReport, audit_precision, diff_precision_reports
 
     diff_a, diff_b = args.diff or (None, None)
-    check_outputs({"--json": args.json}, {"--diff A": diff_a, "--diff B": diff_b, "--spec": spec_file(args.spec)})
+    inputs = {"--diff A": diff_a, "--diff B": diff_b, "--spec": spec_source(args.spec)}
+    json_target = check_outputs({"--json": args.json}, inputs).get("--json")
     if args.diff:
         if args.spec:
             raise UsageError("--diff compares two saved reports; it takes no --spec")
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(error)) from error
         diff = diff_precision_reports(a, b)
         print(diff.format())
-        write_json(args.json, diff.to_dict())
+        write_json(json_target, diff.to_dict())
         return EXIT_PASS if diff.consistent else EXIT_FAIL
 
     objects: dict[str, Any] = {}
@@ -86,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         raise UsageError(f"{args.spec}: {error}") from error
     print(report.format())
-    write_json(args.json, report.to_dict())
+    write_json(json_target, report.to_dict())
     failing = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[args.fail_on]
     return EXIT_FAIL if any(f.severity in failing for f in report.findings) else EXIT_PASS

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.output_paths import OutputTarget
 
 from .usage import UsageError
 
@@ -36,8 +38,9 @@ def add_report_outputs(parser: argparse.ArgumentParser, title: str) -> None:
 
 
 def report_outputs(args: argparse.Namespace) -> dict[str, str | None]:
-    """Output flag -> path (None where not given). Also checks every ``--log`` tracker, so that both commands
-    refuse an unknown one or one whose package is missing (`UsageError`) before any work."""
+    """Output flag -> path (None where not given), for `rollout_consistency.commands.usage.check_outputs`. Also
+    checks every ``--log`` tracker, so that both commands refuse an unknown one or one whose package is missing
+    (`UsageError`) before any work."""
     _trackers(args)
     return {"--json": args.json, "--junit": args.junit, "--plot": args.plot}
 
@@ -51,13 +54,15 @@ def _trackers(args: argparse.Namespace) -> list[Any]:
         raise UsageError(f"--log: {error}") from error
 
 
-def show_and_write(report: Any, args: argparse.Namespace) -> int:
-    """Print the report's table, write the requested files, and return the exit code of its verdict."""
+def show_and_write(report: Any, args: argparse.Namespace, targets: Mapping[str, OutputTarget]) -> int:
+    """Print the report's table, write the requested files to the `targets` resolved when the command started
+    (`rollout_consistency.commands.usage.check_outputs`: flag -> target), and return the exit code of its
+    verdict. The JSON and JUnit of one run are renamed into place together (`rollout_consistency.atomic_write`)."""
     from rollout_consistency.atomic_write import write_all
 
     print(report.format_table(per_sample=args.per_sample))
     writers = {"--json": report.write_json, "--junit": report.write_junit, "--plot": report.write_plot}
-    requested = [(path, writers[flag]) for flag, path in report_outputs(args).items() if path]
+    requested = [(target, writers[flag]) for flag, target in targets.items()]
     try:  # all or nothing: no report may be left that disagrees with the exit code
         written = write_all(requested)
     except OSError as error:

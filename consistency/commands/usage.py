@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rollout_consistency.output_paths import OutputPathError, OutputTarget, check_output_paths
+
 __all__ = ["MAX_REPORT_BYTES", "UsageError", "check_outputs", "check_report_file", "read_json", "write_json"]
 
 #: Largest report a command reads (a report of 65536 samples is a few tens of MB); parsing takes about 10x.
@@ -18,26 +20,34 @@ class UsageError(Exception):
     """Bad input to a command: reported on stderr, exit code 2."""
 
 
-def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
-    """`UsageError` when an output path (flag -> path) is one of the inputs or another output, before any work."""
-    from rollout_consistency.atomic_write import OutputPathError, check_output_paths
-
+def check_outputs(
+    outputs: dict[str, str | None],
+    inputs: dict[str, str | None],
+    *,
+    directories_read: dict[str, tuple[str, ...]] | None = None,
+) -> dict[str, OutputTarget]:
+    """Every requested output (flag -> path) resolved and checked before any work
+    (`rollout_consistency.output_paths.check_output_paths`): flag -> target of each one given. `UsageError` when
+    one is an input, a file read inside an input directory (`directories_read`), another output, a directory or a
+    device other than /dev/null; a relative path is fixed now, whatever the run does to the working directory."""
     try:
-        check_output_paths(outputs, inputs)
+        return check_output_paths(outputs, inputs, directories_read=directories_read)
     except OutputPathError as error:
         raise UsageError(str(error)) from error
 
 
-def write_json(path: str | None, data: dict[str, Any]) -> None:
+def write_json(target: OutputTarget | str | None, data: dict[str, Any]) -> None:
+    """Write `data` as JSON to a target `check_outputs` returned (a plain path is resolved now; None: not
+    requested)."""
     from rollout_consistency.atomic_write import write_all
 
-    if path is None:
+    if target is None:
         return
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     try:
-        write_all([(path, lambda temporary: Path(temporary).write_text(text))])
+        write_all([(target, lambda temporary: Path(temporary).write_text(text))])
     except OSError as error:
-        raise UsageError(f"cannot write {path}: {error}") from error
+        raise UsageError(f"cannot write {getattr(target, 'given', target)}: {error.strerror or error}") from error
 
 
 def check_report_file(path: str, what: str) -> None:

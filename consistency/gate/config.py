@@ -700,7 +700,37 @@ def _validate(config: CheckConfig) -> None:
             "trajectory mode checks a saved trajectory: --inject and step_execution apply to sampling and "
             "cannot be combined with it."
         )
+    if config.ray_address is not None:
+        ray_host_port(config.ray_address)  # malformed: refused here, whether or not Ray is installed
     check_bounds(config, ConfigError)
+
+
+#: Ray's default ports: the client server (``ray://host``) and the GCS (``host``).
+RAY_CLIENT_PORT, RAY_GCS_PORT = 10001, 6379
+
+
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address (``ray://host[:port]``, ``host[:port]``), None for ``auto``/``local``.
+
+    Raises:
+        ConfigError: an address that is neither, naming the accepted forms.
+    """
+    if address in ("auto", "local"):
+        return None
+    rest = address
+    default_port = RAY_GCS_PORT
+    if "://" in address:
+        scheme, rest = address.split("://", 1)
+        if scheme != "ray":
+            raise ConfigError(f"--ray-address {address!r}: use 'auto', 'host:port' or 'ray://host:port'.")
+        default_port = RAY_CLIENT_PORT
+    host, sep, port_text = rest.rpartition(":")
+    if not sep:
+        host, port_text = rest, str(default_port)
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: use 'auto', 'host:port' or 'ray://host:port'.")
+    return host, int(port_text)
 
 
 def parse_thresholds(pairs: list[str]) -> dict[str, float | None]:

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
+from rollout_consistency.atomic_write import write_all
+from rollout_consistency.output_paths import OutputPathError, check_output_paths
 
 from .engine import FILES_PER_JOB, LintUsageError, lint_paths
 from .output import FORMATS, render
@@ -97,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.paths:
         raise LintUsageError("give at least one PATH (file or directory) to lint")
     try:
-        check_output_paths({"--output": args.output}, {f"PATH {path}": path for path in args.paths})
+        # Never over a linted file: one named, or a .py file inside a linted folder.
+        inputs = {f"PATH {path}": path for path in args.paths}
+        targets = check_output_paths(
+            {"--output": args.output}, inputs, directories_read=dict.fromkeys(inputs, (".py",))
+        )
     except OutputPathError as error:
         raise LintUsageError(str(error)) from error
     findings = lint_paths(
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     report = render(findings, args.format)
     if args.output:
         try:
-            write_all([(args.output, lambda temporary: Path(temporary).write_text(report))])
+            write_all([(targets["--output"], lambda temporary: Path(temporary).write_text(report))])
         except OSError as error:
             raise LintUsageError(f"cannot write {args.output}: {error.strerror or error}") from error
     else:

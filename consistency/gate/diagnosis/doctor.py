@@ -398,10 +398,11 @@ def run(args: Any) -> int:
     import json
     from pathlib import Path
 
-    from rollout_consistency.atomic_write import OutputPathError, check_output_paths, write_all
+    from rollout_consistency.atomic_write import write_all
+    from rollout_consistency.output_paths import OutputPathError, check_output_paths
 
     try:
-        check_output_paths({"--json": args.json}, {"REPORT.json": args.report})
+        targets = check_output_paths({"--json": args.json}, {"REPORT.json": args.report})
     except OutputPathError as error:
         raise DoctorInputError(str(error)) from error
     report, stored = read_report(args.report)
@@ -416,7 +417,7 @@ def run(args: Any) -> int:
     if args.json:
         text = json.dumps([d.to_dict() for d in diagnoses], indent=2, allow_nan=False) + "\n"
         try:
-            write_all([(args.json, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))])
+            write_all([(targets["--json"], lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))])
         except OSError as error:
             raise DoctorInputError(f"cannot write {args.json}: {error.strerror or error}") from error
     return 0

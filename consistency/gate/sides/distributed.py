@@ -108,8 +108,8 @@ def run_sharded(
         shards: the units of work, in the order results are returned.
         setup: plain, picklable function building a worker's state (e.g. the backend and its model).
         workers: number of Ray actors (capped at the number of shards).
-        use_ray: ``True`` requires Ray, ``False`` runs in-process, ``None`` uses Ray when `workers` > 1 or a
-            `ray_address` is given and Ray is installed.
+        use_ray: ``True`` requires Ray, ``False`` runs in-process, ``None`` requires Ray when a `ray_address`
+            is given and uses it when `workers` > 1 and Ray is installed (in-process with a note otherwise).
         ray_address: a Ray cluster to join (``"auto"`` or ``"ray://host:10001"``); a local one otherwise.
         on_result: called as ``on_result(shard_index, result)`` as each shard completes (progress bars).
         ray_timeout_s: seconds to reach `ray_address` before raising DistributedError (Ray itself would
@@ -123,8 +123,12 @@ def run_sharded(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}.")
     have_ray = ray_available()
+    if use_ray is False and ray_address is not None:
+        raise ValueError(f"ray_address {ray_address!r} names a Ray cluster, but use_ray=False runs in this process.")
     if use_ray is None:
-        use_ray = have_ray and (workers > 1 or ray_address is not None)
+        # A cluster was named: it is joined or the run stops. Running in-process instead would pass a check
+        # that never ran where the user asked (only more workers without an address fall back, with a note).
+        use_ray = ray_address is not None or (have_ray and workers > 1)
     if use_ray and not have_ray:
         raise DistributedError(
             "Ray is required for --ray-address / use_ray=True but is not installed: "

@@ -12,40 +12,19 @@ from __future__ import annotations
 import socket
 import time
 
-__all__ = ["DistributedError", "check_reachable", "host_port"]
+from rollout_consistency.gate.config import ray_host_port
 
-RAY_CLIENT_PORT, RAY_GCS_PORT = 10001, 6379
+__all__ = ["DistributedError", "check_reachable"]
 
 
 class DistributedError(RuntimeError):
     """Ray could not be used as asked (no Ray for --ray-address, a worker whose setup failed, ...)."""
 
 
-def host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a Ray address (``ray://host:port``, ``host:port``), None for ``auto``/``local``.
-
-    Raises DistributedError for an address that is neither."""
-    if address in ("auto", "local"):
-        return None
-    rest = address
-    default_port = RAY_GCS_PORT
-    if "://" in address:
-        scheme, rest = address.split("://", 1)
-        if scheme != "ray":
-            raise DistributedError(f"--ray-address {address!r}: use 'auto', 'host:port' or 'ray://host:port'.")
-        default_port = RAY_CLIENT_PORT
-    host, sep, port_text = rest.rpartition(":")
-    if not sep:
-        host, port_text = rest, str(default_port)
-    host = host.strip("[]")
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise DistributedError(f"--ray-address {address!r}: use 'auto', 'host:port' or 'ray://host:port'.")
-    return host, int(port_text)
-
-
 def check_reachable(address: str, timeout_s: float) -> None:
-    """Raise DistributedError (naming the fix) when `address` does not accept a connection within `timeout_s`."""
-    target = host_port(address)
+    """Raise DistributedError (naming the fix) when `address` does not accept a connection within `timeout_s`
+    (ConfigError when it is not an address: `rollout_consistency.gate.config.ray_host_port`)."""
+    target = ray_host_port(address)
     if target is None:
         return
     deadline = time.monotonic() + timeout_s

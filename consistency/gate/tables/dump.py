@@ -32,7 +32,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,10 +110,12 @@ def write_dump(
     metadata: Mapping[str, str] | None = None,
     **columns: Any,
 ) -> Path:
-    """Write a dump (format version 1), atomically: a reader never sees half a file.
+    """Write a dump (format version 1), atomically: a reader never sees half a file
+    (`rollout_consistency.atomic_write.write_all`).
 
     Args:
-        path: the ``.safetensors`` file to write (its directory is created).
+        path: the ``.safetensors`` file to write (its directory is created; ``/dev/null`` discards it; a device
+            other than that is refused).
         rollout_log_probs, trainer_log_probs (`(N, T)` float32, NumPy or torch): the two tables. float32 only:
             rounding float64 log-probs here would change the numbers being compared; convert both sides
             before the comparison, not after.
@@ -123,9 +124,16 @@ def write_dump(
             ``sample_ids``, ``prompt_groups``, ``window_starts`` (`(N,)` int), ``advantages`` (`(N,)`); `None`
             leaves one out.
 
+    Returns:
+        The absolute path written.
+
     Raises:
         DumpFormatError: a table or vector of the wrong shape or dtype, or a column the format does not have
             (nothing is written).
+        OSError: the disk is full, a file-size limit, no permission: one line naming the path, with its errno
+            (the command line exits 2 with it); nothing is written and no temporary file is left.
+        rollout_consistency.output_paths.OutputPathError: `path` is a directory or a device other than
+            ``/dev/null``.
     """
     unknown = sorted(set(columns) - set(_SPEC))
     if unknown:
@@ -155,19 +163,18 @@ def write_dump(
     header = {name: (_st_dtype(a.dtype), tuple(a.shape)) for name, a in tensors.items()}
     _check_header(header, meta, where="write_dump")
     _check_values(tensors, where="write_dump")  # never write a dump that read_dump refuses
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
+    from rollout_consistency.atomic_write import write_all
+
+    data = save(tensors, metadata=meta)  # serialised here: a full disk is then an OSError of our own write
     try:
-        save_file(tensors, temporary, metadata=meta)
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    return target
+        (target,) = write_all([(path, lambda temporary: Path(temporary).write_bytes(data))])
+    except OSError as error:
+        raise OSError(
+            error.errno, f"{error.strerror or error}; the dump was not written (no partial file is left)", str(path)
+        ) from error
+    return Path(target.path)
 
 
 def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
