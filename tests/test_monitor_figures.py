@@ -47,8 +47,7 @@ def test_shards_merge_to_the_whole_batch_bit_for_bit_in_any_order() -> None:
     whole = StepStats.from_tables(rollout, trainer, timesteps=timesteps)
     cuts = [0, 13, 40, 41, 97]
     shards = [
-        StepStats.from_tables(rollout[a:b], trainer[a:b], timesteps=timesteps[a:b])
-        for a, b in itertools.pairwise(cuts)
+        StepStats.from_tables(rollout[a:b], trainer[a:b], timesteps=timesteps[a:b]) for a, b in itertools.pairwise(cuts)
     ]
     for order in (shards, shards[::-1], [shards[2], shards[0], shards[3], shards[1]]):
         merged = order[0].merge(*order[1:])
