@@ -43,8 +43,8 @@ from .settings import MonitorError, MonitorSettings
 
 __all__ = ["ALARM_KINDS", "Alarm", "DriftFloor", "JudgeSummary", "StepJudge", "StepVerdict"]
 
-#: Every alarm kind, in the order a step is judged.
-ALARM_KINDS: tuple[str, ...] = ("gap", "nonfinite", "verdict", "sync", "drift")
+#: Every alarm kind, in the order a step is judged (``shape`` comes from the tables: `RunMonitor`).
+ALARM_KINDS: tuple[str, ...] = ("shape", "gap", "nonfinite", "verdict", "sync", "drift")
 
 
 @dataclass(frozen=True)
@@ -220,13 +220,17 @@ class StepJudge:
         alarm naming the weight sync."""
         self._sync_pending = True
 
-    def judge(self, step: int, figures: StepFigures | Mapping[str, float]) -> StepVerdict:
+    def judge(
+        self, step: int, figures: StepFigures | Mapping[str, float], *, extra_alarms: tuple[Alarm, ...] = ()
+    ) -> StepVerdict:
         """Judge one step from its figures.
 
         Args:
             step (`int`): the training step; each call's must be larger than the last's.
             figures (`StepFigures` or mapping of figure name -> float): the step's figures (`FIGURE_NAMES`, and
                 ``entries`` / ``nonfinite`` when known); a mapping may hold only some (a logged series).
+            extra_alarms: alarms the caller raised on this step's inputs (`RunMonitor`'s ``shape``); they fail the
+                step's verdict and are counted with the others.
 
         Raises:
             MonitorError: a step that is not an int, not larger than the last judged one, or figures that hold
@@ -242,7 +246,7 @@ class StepJudge:
             )
         values = _as_mapping(figures)
         settings = self.settings
-        alarms: list[Alarm] = []
+        alarms: list[Alarm] = list(extra_alarms)
         if self._last is not None and step - self._last != settings.step_stride:
             alarms.append(
                 Alarm(
@@ -278,7 +282,7 @@ class StepJudge:
                     value=float(nonfinite),
                 )
             )
-        passed = not failures and not bad and not (nonfinite and nonfinite > 0)
+        passed = not failures and not bad and not (nonfinite and nonfinite > 0) and not extra_alarms
         after_sync = self._sync_pending
         self._sync_pending = False
         if failures:
