@@ -362,7 +362,9 @@ class RunMonitor:
         return self._own_writers[target]
 
     def _alarm(self, step: int, verdict: StepVerdict, tables: _Tables) -> None:
-        causes, diagnosis, status = self._doctor(tables)
+        kept = len(self.alarm_records) < self.settings.max_alarms_kept
+        # The doctor runs for the alarms kept in full: a run that fails every step costs it max_alarms_kept times.
+        causes, diagnosis, status = self._doctor(tables) if kept else ((), (), None)
         if any(a.kind == "sync" for a in verdict.alarms):
             # The step follows a weight sync the loop announced: weights that did not reach the rollout come first.
             causes = ("different-weights", *(c for c in causes if c != "different-weights"))
@@ -377,7 +379,7 @@ class RunMonitor:
                 else f"NaN capture is armed: the first step with non-finite gradients is captured to {where}"
             )
         record = AlarmRecord(step, verdict.alarms, causes, diagnosis, status, dump, dump_error, tuple(notes))
-        if len(self.alarm_records) < self.settings.max_alarms_kept:
+        if kept:
             self.alarm_records.append(record)
         if dump_error is not None:
             warnings.warn(f"run monitor: step {step}: {dump_error}", MonitorWarning, stacklevel=3)
