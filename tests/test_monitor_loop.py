@@ -22,8 +22,8 @@ loop = importlib.util.module_from_spec(_SPEC)
 sys.modules.setdefault("flow_grpo_monitored", loop)
 _SPEC.loader.exec_module(loop)
 
-SETTINGS = MonitorSettings(gate=GateSettings(profile="implementation", clip_ratio=loop.CLIP_RANGE), warmup_steps=5)
-BUG_STEP = 20
+SETTINGS = MonitorSettings(gate=GateSettings(profile="implementation", clip_ratio=loop.CLIP_RANGE))
+BUG_STEP = 25
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,7 +46,7 @@ def test_clean_runs_raise_no_alarm_over_ten_seeds():
         result = _run(seed=seed, steps=50)
         summary = result.monitor.summary()
         assert summary.passed and summary.steps_judged == 50, (seed, summary.format())
-        assert summary.floor is not None and summary.floor.steps == (0, 1, 2, 3, 4)
+        assert summary.floor is not None and summary.floor.steps == tuple(range(20))  # the first K = 20 steps
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,10 @@ def test_a_bug_switched_on_at_step_k_alarms_at_step_k_naming_it(bug_runs, bug, k
 
 
 def test_a_slow_drift_alarms_before_the_mismatch_reaches_the_clip_range():
-    result = _run(seed=2, steps=60, bug="drift", bug_step=10)
+    result = _run(seed=2, steps=70, bug="drift", bug_step=25)
     reached = loop.steps_to_clip(result)
     first = result.first_alarm()
     assert reached is not None and first is not None
-    assert 10 <= first < reached, (first, reached)
+    assert 25 <= first < reached, (first, reached)
     assert result.first_alarm(("drift",)) == first  # the drift alarm, before any verdict fails
     assert first < (result.first_alarm(("verdict",)) or reached)

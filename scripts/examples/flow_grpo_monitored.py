@@ -54,10 +54,13 @@ BUGS = ("sync-drops-layer", "ema-bf16", "noise-schedule", "drift")
 
 
 class VelocityModel(nn.Module):
-    """v(x, t, prompt): three linear layers (``net.0``, ``net.2``, ``net.4``)."""
+    """v(x, t, prompt): three linear layers (``net.0``, ``net.2``, ``net.4``). ``float64=True`` computes the same
+    maths in float64 and rounds the output to float32: a correct engine in other code, which differs from the
+    trainer's float32 forward by float32 rounding (a clean run that is not bit-exact)."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, *, float64: bool = False) -> None:
         super().__init__()
+        self.float64 = float64
         generator = torch.Generator().manual_seed(seed)
         self.net = nn.Sequential(nn.Linear(2 * D + 1, HIDDEN), nn.SiLU(), nn.Linear(HIDDEN, HIDDEN), nn.SiLU())
         self.net.append(nn.Linear(HIDDEN, D))
@@ -67,7 +70,12 @@ class VelocityModel(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, prompt_embeds: torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(t, dtype=torch.float32).expand(x.shape[0])[:, None] / 1000.0
-        return self.net(torch.cat([x, prompt_embeds, t], dim=1))
+        inputs = torch.cat([x, prompt_embeds, t], dim=1)
+        if self.float64:
+            return torch.func.functional_call(
+                self.net, {k: v.double() for k, v in self.net.state_dict().items()}, (inputs.double(),)
+            ).float()
+        return self.net(inputs)
 
 
 def scheduler() -> FlowMatchSDEDiscreteScheduler:
@@ -139,15 +147,17 @@ def run_loop(
     bug: str | None = None,
     bug_step: int = 20,
     log_to: Any = None,
+    engine_float64: bool = False,
 ) -> LoopResult:
-    """Train `steps` GRPO steps with the monitor watching; `bug` (one of `BUGS`) switches on at `bug_step`."""
+    """Train `steps` GRPO steps with the monitor watching; `bug` (one of `BUGS`) switches on at `bug_step`;
+    ``engine_float64`` gives the rollout engine a float64 forward (a clean floor of float32 rounding)."""
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}; one of {', '.join(BUGS)}.")
     torch.manual_seed(seed)  # nothing below draws from it; seeded so a stray draw is reproducible
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.randn(GROUPS, D, generator=generator).repeat_interleave(GROUP_SIZE, 0)
     trainer = VelocityModel(seed)
-    engine = VelocityModel(seed)
+    engine = VelocityModel(seed, float64=engine_float64)
     optimizer = torch.optim.Adam(trainer.parameters(), lr=3e-3)
     monitor = RunMonitor(monitor_settings, optimizer=optimizer, log_to=log_to)
     result = LoopResult(monitor)
@@ -157,7 +167,7 @@ def run_loop(
         active = bug is not None and step >= bug_step
         noise_level = 0.6 if active and bug == "noise-schedule" else NOISE_LEVEL
         if active and bug == "sync-drops-layer" and step == bug_step:
-            engine = VelocityModel(seed)  # the engine restarts from the base weights ...
+            engine = VelocityModel(seed, float64=engine_float64)  # the engine restarts from the base weights ...
             state = {("module." + k if k.startswith("net.2.") else k): v for k, v in trainer.state_dict().items()}
             engine.load_state_dict(state, strict=False)  # ... and net.2 never loads
             monitor.mark_sync()

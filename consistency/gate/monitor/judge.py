@@ -18,10 +18,11 @@ For each judged step, in order:
 **The drift alarm** (Page's one-sided CUSUM on a floor-normalised statistic). With ``x_s`` the step's
 ``drift_figure`` (mean |Δlogp| by default) and ``y_s = log10(x_s + drift_epsilon)``: the floor is measured over
 the first K = ``warmup_steps`` judged steps whose verdict passed — ``μ = mean(y)``, ``σ = max(std(y, ddof=1),
-drift_min_spread)`` — and from then on ``z_s = (y_s − μ)/σ``, ``S_s = max(0, S_{s−1} + z_s − k)``; the alarm fires
-when ``S_s > h`` (k = ``drift_slack``, h = ``drift_threshold``) and ``S`` restarts from 0. The step where ``S`` last
-left 0 is reported as where the growth began. A floor of exact zeros is ``log10(drift_epsilon)``: leaving bit-exact
-agreement crosses ``h`` at once. The floor is measured over the first K clean steps, never at step 1 alone.
+drift_min_spread)`` — and from then on ``z_s = min((y_s − μ)/σ, c)``, ``S_s = max(0, S_{s−1} + z_s − k)``; the alarm
+fires when ``S_s > h`` (k = ``drift_slack``, h = ``drift_threshold``, c = ``drift_z_cap``: one spike adds at most
+``c − k``, so it takes ``h/(c − k)`` steps far above the floor to alarm) and ``S`` restarts from 0. The step where ``S`` last
+left 0 is reported as where the growth began. A floor of exact zeros (bit-exact agreement over all K steps) is
+not noise: the first step whose figure is not 0 raises the drift alarm at once. The floor is measured over the first K clean steps, never at step 1 alone.
 
 Steps must come in increasing order: a repeated or earlier step is a `MonitorError` (a series that goes back is
 a resumed run logged twice or two runs mixed; judge each on its own). Memory is bounded whatever the number of
@@ -64,12 +65,14 @@ class Alarm:
 
 @dataclass(frozen=True)
 class DriftFloor:
-    """The drift alarm's floor: ``log10`` mean and spread of the drift figure over the steps it was measured on."""
+    """The drift alarm's floor: ``log10`` mean and spread of the drift figure over the steps it was measured on;
+    ``exact`` when the figure was exactly 0 on every one of them."""
 
     figure: str
     steps: tuple[int, ...]
     mean_log10: float
     spread_log10: float
+    exact: bool = False
 
     @property
     def value(self) -> float:
@@ -200,6 +203,7 @@ class StepJudge:
         self._failed = 0
         self._sync_pending = False
         self._warm: list[tuple[int, float]] = []
+        self._warm_exact = True
         self._floor: DriftFloor | None = None
         self._cusum = 0.0
         self._rise_from: int | None = None
@@ -364,6 +368,7 @@ class StepJudge:
         if self._floor is None:
             if passed:
                 self._warm.append((step, y))
+                self._warm_exact = self._warm_exact and x == 0
             if len(self._warm) == settings.warmup_steps:
                 ys = [v for _, v in self._warm]
                 mean = math.fsum(ys) / len(ys)
@@ -373,11 +378,25 @@ class StepJudge:
                     tuple(s for s, _ in self._warm),
                     mean,
                     max(spread, settings.drift_min_spread),
+                    exact=self._warm_exact,
                 )
                 self._warm = []
             return None
         floor = self._floor
-        z = (y - floor.mean_log10) / floor.spread_log10
+        if floor.exact and x > 0:
+            alarms.append(
+                Alarm(
+                    "drift",
+                    step,
+                    f"{settings.drift_figure} is {x:.3g} at step {step}: it was exactly 0 over steps "
+                    f"{floor.steps[0]}..{floor.steps[-1]} (bit-exact agreement) and is not any more",
+                    figure=settings.drift_figure,
+                    value=x,
+                    limit=0.0,
+                )
+            )
+            return self._cusum
+        z = min((y - floor.mean_log10) / floor.spread_log10, settings.drift_z_cap)
         before = self._cusum
         self._cusum = max(0.0, before + z - settings.drift_slack)
         if before == 0.0 and self._cusum > 0.0:
