@@ -326,6 +326,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gate.sides",),  # running the rollout and the trainer
     ("gate.diagnosis",),  # the doctor and the localisation
     ("gate.tables",),  # users' own tables: gate(), dumps, the recorder
+    ("gate.monitor",),  # the run monitor: every training step's figures, verdict and alarms
     ("gate", "plugin_template"),  # run_step1_check, the false-alarm sweep, the gate's face; the plug-in template
     ("commands",),  # one module per sub-command
     ("cli", "pytest_plugin", "__main__", ""),
