@@ -114,13 +114,17 @@ def value_bytes(tensor: Any) -> tuple[bytes, bool]:
     import torch
 
     with torch.no_grad():
-        flat = tensor.detach().reshape(-1)
-        if flat.numel() <= _FULL_HASH_ELEMENTS:
-            return _host_bytes(flat), True
-        sample = flat[:: flat.numel() // _SAMPLED_ELEMENTS][:_SAMPLED_ELEMENTS]
-        sums = [torch.sum(flat, dtype=torch.float64)]
-        if flat.is_floating_point():
-            sums.append(torch.linalg.vector_norm(flat, dtype=torch.float64))
+        tensor = tensor.detach()
+        count = tensor.numel()
+        if count <= _FULL_HASH_ELEMENTS:
+            return _host_bytes(tensor.reshape(-1)), True
+        # A strided view (latents[:, :-1]) is read in place: reshaping it would copy it whole.
+        whole = tensor.reshape(-1) if tensor.is_contiguous() else tensor
+        picks = torch.arange(0, count, count // _SAMPLED_ELEMENTS, device=tensor.device)[:_SAMPLED_ELEMENTS]
+        sample = whole[picks] if whole.dim() == 1 else whole[torch.unravel_index(picks, tuple(whole.shape))]
+        sums = [torch.sum(whole, dtype=torch.float64)]
+        if whole.is_floating_point():
+            sums.append(torch.linalg.vector_norm(whole, dtype=torch.float64))
         return _host_bytes(sample) + _host_bytes(torch.stack(sums)), False
 
 
