@@ -1092,6 +1092,7 @@ class Vacuous:
     flags: tuple[str, ...]
     guard: str
     message: str
+    also: str = ""  # another check that must fail too
 
 
 TEMPLATE_TINY = ("--num-prompts", "1", "--num-images-per-prompt", "1", "--rollout-batch-size", "1")
@@ -1117,6 +1118,7 @@ VACUOUS_CORPUS = [
         EVERY_STEP,
         "distinct",
         "the trainer changed what the rollout stored (rollout.log_probs, rollout.batch['log_probs'])",
+        "max_abs_dlogp",  # the rollout's table as it made it, copied before the trainer ran, is what is compared
     ),
     Vacuous(  # after its own recompute, so its table still agrees: only the seal sees it
         "trainer-rounds-a-rollout-tensor-it-kept",
@@ -1174,6 +1176,21 @@ def test_nothing_compared_is_a_fail_naming_the_guard(case, work, capsys):
     assert case.guard in failed and case.message in failed[case.guard], failed
     fix = "bypass_mode" if case.guard == "distinct" else "request" if case.guard == "windows" else "own copy"
     assert fix in failed[case.guard], failed[case.guard]
+    assert not case.also or case.also in failed, failed
+
+
+def test_a_registered_trainer_returning_the_trajectorys_table_fails_distinct(work, capsys):
+    """A trainer backend registered from user code (not a plug-in): its returned array is tested too."""
+    source = "def start(config):\n    return lambda backend, trajectory, kernel: trajectory.log_probs.numpy()\n"
+    path = _user_file("my_trainer.py", source)(work)
+    register_backend(BackendEntry(name="my-trainer", side="trainer", factory=f"{path}:start", summary="reads back"))
+    try:
+        assert main([*CHECK, *TINY, "--trainer-backend", "my-trainer", "--json", "r.json"]) == 1
+    finally:
+        unregister_backend("trainer", "my-trainer")
+    checks = {c["name"]: c for c in json.loads((work / "r.json").read_text())["verdict"]["checks"]}
+    assert not checks["distinct"]["passed"]
+    assert "the trainer returned the memory of trajectory.log_probs" in checks["distinct"]["message"]
 
 
 def test_the_template_itself_passes_every_guard_it_claims(work, capsys):
