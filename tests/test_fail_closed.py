@@ -487,6 +487,13 @@ SPECIAL_FILE_CORPUS = [
     ),
     Case("gate-dump-truncated", lambda d: ["gate", _raw_dump(d, cut=4)], 2, "truncated or has trailing bytes"),
     Case("gate-dump-trailing-bytes", lambda d: ["gate", _raw_dump(d, cut=-4)], 2, "truncated or has trailing bytes"),
+    # -- nothing compared (issue 30): two precision reports with no setting in common
+    Case(
+        "precision-diff-of-reports-with-no-settings",
+        lambda d: ["precision", "--diff", *(str(_file(n, '{"label": "x", "settings": {}}')(d)) for n in "ab")],
+        2,
+        "share no setting",
+    ),
 ]
 CORPUS += SPECIAL_FILE_CORPUS
 
@@ -1448,3 +1455,210 @@ def test_a_ray_address_without_ray_is_refused_not_ignored(work, capsys, monkeypa
     assert not (work / "r.json").exists()
     assert main([*CHECK, *TINY, "--ray-address", "http://head:6379"]) == 2  # malformed: named as such
     assert "use 'auto', 'host:port' or 'ray://host:port'" in capsys.readouterr().err
+
+
+# A PASS is earned (issue 30): nothing compared — one buffer on both sides, a trainer that returns or writes the
+# rollout's own tensors, a side that is not the plan's window, a step 2 that cannot test the sync — is a FAIL
+# (exit 1) naming the guard and the fix, never a PASS. The user's side is the plug-in template with one change,
+# written the way such a change is written in a training loop.
+def _template_variant(*edits: tuple[str, str]) -> str:
+    from rollout_consistency import plugin_template
+
+    source = Path(plugin_template.__file__).read_text(encoding="utf-8")
+    for old, new in edits:
+        assert source.count(old) == 1, old  # the template changed: re-anchor this variant
+        source = source.replace(old, new)
+    return source
+
+
+RECOMPUTED = ("        return out\n", "        {line}\n")
+
+
+def _returning(line: str) -> tuple[str, str]:
+    return RECOMPUTED[0], RECOMPUTED[1].format(line=line)
+
+
+@dataclass(frozen=True)
+class Vacuous:
+    id: str
+    source: str
+    flags: tuple[str, ...]
+    guard: str
+    message: str
+    also: str = ""  # another check that must fail too
+
+
+TEMPLATE_TINY = ("--num-prompts", "1", "--num-images-per-prompt", "1", "--rollout-batch-size", "1")
+EVERY_STEP = (*TEMPLATE_TINY, "--num-inference-steps", "3", "--sde-window-size", "all")
+VACUOUS_CORPUS = [
+    Vacuous(  # verl's bypass mode: old_log_probs := rollout_log_probs
+        "trainer-returns-the-rollouts-table",
+        _template_variant(_returning('return samples["log_probs"]')),
+        EVERY_STEP,
+        "distinct",
+        "the trainer returned the memory of batch['log_probs']",
+    ),
+    Vacuous(  # a trainer off by a bf16 noise level, whose table then overwrote the rollout's: it used to PASS
+        "trainer-writes-into-the-rollouts-log-probs",
+        _template_variant(
+            (
+                "noise_level=self.config.noise_level,\n            prev_sample=",
+                "noise_level=float(torch.tensor(self.config.noise_level, dtype=torch.bfloat16)),\n"
+                "            prev_sample=",
+            ),
+            _returning('samples["log_probs"].copy_(out)  # keep it with the batch\n        return out'),
+        ),
+        EVERY_STEP,
+        "distinct",
+        "the trainer changed what the rollout stored (rollout.log_probs, rollout.batch['log_probs'])",
+        "max_abs_dlogp",  # the rollout's table as it made it, copied before the trainer ran, is what is compared
+    ),
+    Vacuous(  # after its own recompute, so its table still agrees: only the seal sees it
+        "trainer-rounds-a-rollout-tensor-it-kept",
+        _template_variant(
+            _returning('samples["latents"].copy_(samples["latents"].bfloat16().float())\n        return out')
+        ),
+        EVERY_STEP,
+        "distinct",
+        "rollout.batch['latents']",
+    ),
+    Vacuous(  # samples with the SDE on every step, reports the plan's window starts
+        "rollout-samples-every-step-under-a-2-step-plan",
+        _template_variant(("if any(w.start != 0 or w.size != num_steps for w in request.windows):", "if False:")),
+        (*TEMPLATE_TINY, "--num-inference-steps", "4", "--sde-window-size", "2", "--sde-window-range", "0", "2"),
+        "windows",
+        "rollout side: not the plan's window: its tables are 4 steps wide, the plan's SDE window 2",
+    ),
+    Vacuous(  # both sides on one other schedule: they agree with each other, not with the plan
+        "both-sides-on-another-schedule",
+        _template_variant(
+            (
+                "load_qwen_image_scheduler_config(None),",
+                '{**load_qwen_image_scheduler_config(None), "use_dynamic_shifting": False, "shift": 3.0},',
+            )
+        ),
+        EVERY_STEP,
+        "windows",
+        "rollout side: not the plan's window: its timesteps differ from the plan's schedule",
+    ),
+    Vacuous(  # the template's sides share one transformer (module state): the update reaches the rollout unsynced
+        "step-2-with-one-module-on-both-sides",
+        _template_variant(
+            (
+                "def make_rollout(",
+                "def _train_step(self, batches, **settings):\n    for p in self.model.parameters():\n"
+                "        p.data.add_(1e-3)\n\n\nTrainer.train_step = _train_step\n\n\ndef make_rollout(",
+            )
+        ),
+        (*EVERY_STEP, "--weight-sync", "load_state_dict"),
+        "weight_sync",
+        "step 2 cannot test the weight sync 'load_state_dict': the rollout and the trainer hold one module",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", VACUOUS_CORPUS, ids=[c.id for c in VACUOUS_CORPUS])
+def test_nothing_compared_is_a_fail_naming_the_guard(case, work, capsys):
+    path = _user_file("my_sides.py", case.source)(work)
+    argv = [*CHECK, "--rollout-backend", f"{path}:make_rollout", "--trainer-backend", f"{path}:make_trainer"]
+    code = main([*argv, *case.flags, "--json", "r.json"])
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err, captured.err
+    report = json.loads((work / "r.json").read_text())
+    failed = {c["name"]: c["message"] for c in report["verdict"]["checks"] if not c["passed"]}
+    assert case.guard in failed and case.message in failed[case.guard], failed
+    fix = "bypass_mode" if case.guard == "distinct" else "request" if case.guard == "windows" else "own copy"
+    assert fix in failed[case.guard], failed[case.guard]
+    assert not case.also or case.also in failed, failed
+
+
+def test_a_registered_trainer_returning_the_trajectorys_table_fails_distinct(work, capsys):
+    """A trainer backend registered from user code (not a plug-in): its returned array is tested too."""
+    source = "def start(config):\n    return lambda backend, trajectory, kernel: trajectory.log_probs.numpy()\n"
+    path = _user_file("my_trainer.py", source)(work)
+    register_backend(BackendEntry(name="my-trainer", side="trainer", factory=f"{path}:start", summary="reads back"))
+    try:
+        assert main([*CHECK, *TINY, "--trainer-backend", "my-trainer", "--json", "r.json"]) == 1
+    finally:
+        unregister_backend("trainer", "my-trainer")
+    checks = {c["name"]: c for c in json.loads((work / "r.json").read_text())["verdict"]["checks"]}
+    assert not checks["distinct"]["passed"]
+    assert "the trainer returned the memory of trajectory.log_probs" in checks["distinct"]["message"]
+
+
+def test_the_template_itself_passes_every_guard_it_claims(work, capsys):
+    """The negative control of the corpus above: the unchanged pair, each guard checked and ok."""
+    path = _user_file("my_sides.py", _template_variant())(work)
+    argv = [*CHECK, "--rollout-backend", f"{path}:make_rollout", "--trainer-backend", f"{path}:make_trainer"]
+    assert main([*argv, *EVERY_STEP, "--json", "r.json"]) == 0, capsys.readouterr().err
+    checks = {c["name"]: c["passed"] for c in json.loads((work / "r.json").read_text())["verdict"]["checks"]}
+    assert checks["distinct"] and checks["windows"]
+
+
+def _log_probs(shape=(4, 3)):
+    import numpy as np
+
+    return np.random.default_rng(0).normal(-1.0, 0.1, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        lambda t: (t, t),
+        lambda t: (torch.from_numpy(t), t),  # a tensor and the NumPy array over its buffer
+        lambda t: (torch.from_numpy(t), torch.from_numpy(t).detach()[:, :]),  # a view
+        lambda t: (t[:, :2], t.T.T[:, 1:]),  # overlapping slices of one buffer
+    ],
+    ids=["same-array", "tensor-and-its-numpy", "detached-view", "overlapping-slices"],
+)
+def test_gate_of_one_buffer_fails_distinct(pair):
+    from rollout_consistency.gate import gate
+
+    rollout, trainer = pair(_log_probs())
+    if rollout.shape != trainer.shape:  # overlapping slices: same width, one column apart
+        rollout, trainer = rollout, trainer[:, : rollout.shape[1]]
+    report = gate(rollout, trainer)
+    assert not report.passed
+    (reason,) = [r for r in report.reasons if r.startswith("distinct:")]
+    assert "nothing was compared" in reason and "bypass_mode" in reason
+    assert report.diagnosis[0]["cause"] == "aliased-tables"
+
+
+def test_equal_values_in_two_buffers_are_not_aliasing():
+    """Bit-identical tables are what `exact` promises: a copy, and two disjoint halves of one buffer, pass."""
+    import numpy as np
+
+    from rollout_consistency.gate import gate
+
+    table = _log_probs()
+    assert gate(table, table.copy()).passed
+    both = torch.from_numpy(np.concatenate([table, table], axis=1))
+    report = gate(both[:, :3], both[:, 3:])
+    assert report.passed and "distinct ok" in report.format_table()
+
+
+def test_recorder_and_write_dump_refuse_one_buffer(tmp_path):
+    from rollout_consistency.gate import Step1Recorder, write_dump
+    from rollout_consistency.gate.tables.dump import DumpFormatError
+    from rollout_consistency.gate.tables.recorder import RecorderError
+
+    log_prob = torch.from_numpy(_log_probs((4,)))
+    recorder = Step1Recorder()
+    with pytest.raises(RecorderError, match=r"one tensor .* nothing would be compared.*bypass_mode"):
+        recorder.record(torch.arange(4), 0, log_prob, log_prob)  # old_log_probs := rollout_log_probs
+    recorder.record(torch.arange(4), 0, log_prob, log_prob.clone())  # a recomputation that agrees: fine
+    table = _log_probs()
+    with pytest.raises(DumpFormatError, match=r"one array .* nothing would be compared"):
+        write_dump(tmp_path / "d.safetensors", table, table[:, :])
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_nan_capture_check_without_gradients_is_refused(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    capture = NanCapture(model, directory=tmp_path)
+    capture.begin_step(0)
+    with pytest.raises(RuntimeError, match="no gradient on any of the model's 2 trainable parameters"):
+        capture.check({"x": torch.zeros(1, 3)})  # check() before backward: nothing to call finite
+    capture.begin_step(1)
+    model(torch.ones(1, 3)).sum().backward()
+    assert capture.check({"x": torch.ones(1, 3)})

@@ -47,9 +47,9 @@ def test_one_differing_entry_fails_exact_and_names_the_step():
 
 def test_windows_guard_checked_when_groups_and_starts_are_given():
     rollout, _ = tables()
-    ok = gate(rollout, rollout, prompt_groups=[0, 0, 1, 1, 2, 2], window_starts=[3, 3, 1, 1, 0, 0])
+    ok = gate(rollout, rollout.copy(), prompt_groups=[0, 0, 1, 1, 2, 2], window_starts=[3, 3, 1, 1, 0, 0])
     assert ok.passed and "windows" not in ok.not_checked
-    split = gate(rollout, rollout, prompt_groups=[0, 0, 1, 1, 2, 2], window_starts=[3, 3, 1, 2, 0, 0])
+    split = gate(rollout, rollout.copy(), prompt_groups=[0, 0, 1, 1, 2, 2], window_starts=[3, 3, 1, 2, 0, 0])
     assert not split.passed and any(r.startswith("windows:") and "group 1" in r for r in split.reasons)
 
 
@@ -65,7 +65,7 @@ def test_shape_mismatch_is_a_fail_and_bad_inputs_are_one_line_errors():
         (dict(thresholds={"clipfrac_gt_one": None}), "pg_clipfrac_higher"),
     ):
         with pytest.raises(GateInputError, match=None) as error:
-            gate(rollout, rollout, **kwargs)
+            gate(rollout, rollout.copy(), **kwargs)
         assert words in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(GateInputError, match="float16"):
         gate(rollout.astype(np.float16), rollout)
@@ -108,14 +108,16 @@ def test_expected_samples_is_a_setting_the_complete_guard_reads():
     """Coverage travels in GateSettings: a count or ids, checked when built; fewer rows is a `complete` FAIL naming
     the samples not gated and why; a guard the caller cannot support is reported as not checked."""
     rollout, _ = tables()
-    assert gate(rollout, rollout, expected_samples=6).passed
-    counted = gate(rollout, rollout, expected_samples=8, ungated_reason="dropped by the loader")
+    assert gate(rollout, rollout.copy(), expected_samples=6).passed
+    counted = gate(rollout, rollout.copy(), expected_samples=8, ungated_reason="dropped by the loader")
     (reason,) = [r for r in counted.reasons if r.startswith("complete:")]
     assert "2 of the 8 samples the rollout produced were not gated: dropped by the loader" in reason
-    by_ids = gate(rollout, rollout, GateSettings(expected_samples=np.arange(10, 17)), sample_ids=np.arange(10, 16))
+    by_ids = gate(
+        rollout, rollout.copy(), GateSettings(expected_samples=np.arange(10, 17)), sample_ids=np.arange(10, 16)
+    )
     (reason,) = [r for r in by_ids.reasons if r.startswith("complete:")]
     assert "1 of the 7 samples" in reason and "(ids [16])" in reason
-    unsupported = gate(rollout, rollout, not_checked={"complete": "my loop cannot say"})
+    unsupported = gate(rollout, rollout.copy(), not_checked={"complete": "my loop cannot say"})
     assert unsupported.passed and unsupported.not_checked["complete"] == "my loop cannot say"
     assert "complete" not in {check.name for check in unsupported.verdict.checks}
     for bad, words in ((-1, ">= 0"), (True, "count or sample ids"), ([0, 1.5], "integers"), (object(), "count")):
@@ -179,7 +181,7 @@ def test_report_outputs_carry_the_statistics(tmp_path):
 # ---------------------------------------------------------------------------------------------------- dump
 def test_dump_round_trip_and_validation(tmp_path):
     rollout, ts = tables()
-    path = write_dump(tmp_path / "d.safetensors", rollout, rollout, timesteps=ts, sample_ids=np.arange(10, 16))
+    path = write_dump(tmp_path / "d.safetensors", rollout, rollout.copy(), timesteps=ts, sample_ids=np.arange(10, 16))
     dump = read_dump(path)
     assert np.array_equal(dump.rollout_log_probs, rollout) and dump.metadata["format_version"] == "1"
     assert dump.gate().sample_ids == tuple(range(10, 16))
@@ -221,7 +223,7 @@ def test_dump_round_trip_and_validation(tmp_path):
 
 def test_cli_gate_exit_codes_and_outputs(tmp_path, capsys):
     rollout, ts = tables()
-    good = write_dump(tmp_path / "good.safetensors", rollout, rollout, timesteps=ts)
+    good = write_dump(tmp_path / "good.safetensors", rollout, rollout.copy(), timesteps=ts)
     bad = write_dump(tmp_path / "bad.safetensors", rollout, rollout * np.float32(1.001), timesteps=ts)
     out = tmp_path / "out"
     assert (
@@ -259,7 +261,7 @@ def test_cli_gate_exit_codes_and_outputs(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------- pytest
 def test_pytest_fixture_and_marker_gate_a_dump_and_tables(pytester, tmp_path):
     rollout, ts = tables()
-    good = write_dump(tmp_path / "good.safetensors", rollout, rollout, timesteps=ts)
+    good = write_dump(tmp_path / "good.safetensors", rollout, rollout.copy(), timesteps=ts)
     bad = write_dump(tmp_path / "bad.safetensors", rollout, rollout + np.float32(1e-3), timesteps=ts)
     pytester.makepyfile(
         test_user=f"""
@@ -297,6 +299,6 @@ def test_docs_ci_pytest_example_runs_under_pytest(pytester):
     section = page.split("### From pytest", 1)[1]
     block = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
     rollout, ts = tables(n=4)
-    write_dump(pytester.path / "step1_logprobs.safetensors", rollout, rollout, timesteps=ts)
+    write_dump(pytester.path / "step1_logprobs.safetensors", rollout, rollout.copy(), timesteps=ts)
     pytester.makepyfile(test_docs_example=block)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)

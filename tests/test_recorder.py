@@ -112,9 +112,9 @@ def test_a_trainer_bug_fails_the_gate():
 def test_fails_closed_on_bad_recordings():
     recorder = Step1Recorder(num_steps=2)
     one = torch.tensor([-1.0, -2.0])
-    recorder.record(torch.tensor([0, 1]), 0, one, one)
+    recorder.record(torch.tensor([0, 1]), 0, one, one.clone())
     with pytest.raises(RecorderError, match="sample 1 step 0 recorded twice"):
-        recorder.record(torch.tensor([1]), 0, one[:1], one[:1])
+        recorder.record(torch.tensor([1]), 0, one[:1], one[:1].clone())
     with pytest.raises(RecorderError, match="shape"):
         recorder.record(torch.tensor([2, 3]), 0, one, one[:1])
     with pytest.raises(RecorderError, match="nan at sample 5 step 1"):
@@ -126,7 +126,7 @@ def test_fails_closed_on_bad_recordings():
     with pytest.raises(RecorderError, match="nothing was recorded"):
         Step1Recorder().finish()
     absent = Step1Recorder(expected_samples=3)
-    absent.record(torch.tensor([0, 1]), 0, one, one)
+    absent.record(torch.tensor([0, 1]), 0, one, one.clone())
     report = absent.finish()  # a sample never recorded is a `complete` FAIL in the report, naming it
     assert not report.passed and report.run["coverage"]["not_gated"] == [2]
     (reason,) = [r for r in report.reasons if r.startswith("complete:")]
@@ -267,7 +267,7 @@ def test_a_deepspeed_shaped_wrapper_is_looked_through():
     engine = DeepSpeedShapedEngine(torch.optim.SGD(policy.parameters(), lr=0.1))
     recorder = Step1Recorder(engine, num_steps=1)
     one = torch.tensor([-1.0])
-    recorder.record(torch.tensor([0]), 0, one, one)
+    recorder.record(torch.tensor([0]), 0, one, one.clone())
     engine.step()
     assert (
         recorder.done
@@ -281,10 +281,10 @@ def test_nan_timesteps_and_negative_window_starts_are_refused_when_recorded(tmp_
     recorder = Step1Recorder(num_steps=1, dump=tmp_path / "d.safetensors")
     one = torch.tensor([-1.0, -2.0])
     with pytest.raises(RecorderError, match="timesteps is nan at sample 1 step 0"):
-        recorder.record(torch.tensor([0, 1]), 0, one, one, timesteps=torch.tensor([1.0, float("nan")]))
+        recorder.record(torch.tensor([0, 1]), 0, one, one.clone(), timesteps=torch.tensor([1.0, float("nan")]))
     with pytest.raises(RecorderError, match="window_starts must be >= 0"):
-        recorder.record(torch.tensor([0, 1]), 0, one, one, window_starts=torch.tensor([0, -1]))
-    recorder.record(torch.tensor([0, 1]), 0, one, one, timesteps=torch.tensor([1.0, 1.0]))
+        recorder.record(torch.tensor([0, 1]), 0, one, one.clone(), window_starts=torch.tensor([0, -1]))
+    recorder.record(torch.tensor([0, 1]), 0, one, one.clone(), timesteps=torch.tensor([1.0, 1.0]))
     recorder.finish()
     # What the recorder writes, `gate` accepts, and reaches the same verdict with the same coverage.
     again = read_dump(tmp_path / "d.safetensors").gate()

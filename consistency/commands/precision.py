@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--diff compares two saved reports; it takes no --spec")
         try:
             a, b = (PrecisionReport.from_dict(read_json(path, "--diff input")) for path in args.diff)
+            diff = diff_precision_reports(a, b)
         except ValueError as error:
-            raise UsageError(str(error)) from error
-        diff = diff_precision_reports(a, b)
+            raise UsageError(f"precision --diff {diff_a} {diff_b}: {error}") from error
         print(diff.format())
         write_json(json_target, diff.to_dict())
         return EXIT_PASS if diff.consistent else EXIT_FAIL

@@ -111,6 +111,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
     ]
     problems += [Problem("rollout", p) for r in sharded.results if r is not None for p in r.problems]
     results = [r for r in sharded.results if r is not None and not r.problems]
+    problems += [Problem(guard, message) for r in results for guard, message in r.findings]
     samples_by_index = {s.index: s for batch in plan for s in batch.samples}
     returned = [samples_by_index[i] for r in results for i in r.sample_indices]
     starts = [s for r in results for s in r.window_starts]
@@ -178,6 +179,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         score_trajectory(backend, trajectory, batch=0, sample_indices=tuple(range(n))), precision=None
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
+    problems += [Problem(guard, message) for guard, message in result.findings]
     run_extra: dict[str, Any] = {}
     guards = _experts_guard([result], problems, notes, run_extra)
     metrics, tolerance, mismatch = _judge(config, [result], problems, notes)

@@ -226,11 +226,17 @@ class NanCapture:
         Raises:
             NonFiniteGradientError: non-finite gradients, captured (with `stop=True`).
             CaptureWriteError: non-finite gradients, and the capture could not be written (always raised).
-            RuntimeError: `begin_step` was not called for this step.
+            RuntimeError: `begin_step` was not called for this step, or no parameter has a gradient (nothing
+                would be checked: call it after the backward).
         """
         if self._rng is None or self._step is None:
             raise RuntimeError("call capture.begin_step(step) at the start of every step, before the forward")
         grads = [p.grad for _, p in self._params if p.grad is not None]
+        if not grads:  # nothing to check is not "all finite"
+            raise RuntimeError(
+                f"capture.check found no gradient on any of the model's {len(self._params)} trainable parameters: "
+                "call it after loss.backward() and before optimizer.step() (and before zero_grad)"
+            )
         step, rng = self._step, self._rng
         self._rng = None  # each snapshot serves one check
         if grad_norm is None:

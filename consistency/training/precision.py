@@ -689,6 +689,9 @@ def diff_precision_reports(
     Returns:
         PrecisionDiff, most severe difference first. A setting recorded on one side only (e.g. the
         optimizer, absent on the rollout side) is listed with severity `"info"`.
+
+    Raises:
+        ValueError: the reports have no setting in common (e.g. one with no settings): nothing would be compared.
     """
     a = a if isinstance(a, PrecisionReport) else PrecisionReport.from_dict(a)
     b = b if isinstance(b, PrecisionReport) else PrecisionReport.from_dict(b)
@@ -696,6 +699,13 @@ def diff_precision_reports(
         labels = (a.label or "a", b.label or "b")
         if labels[0] == labels[1] or set(labels) & set(_DIFF_ENTRY_KEYS):
             labels = (f"{labels[0]} (1)", f"{labels[1]} (2)")
+    both = (set(a.settings) & set(b.settings)) - _NOT_COMPARED
+    if not both:  # every setting "recorded on one side only" would pass with nothing compared
+        raise ValueError(
+            f"the two precision reports share no setting ({labels[0]}: {len(a.settings)} settings, {labels[1]}: "
+            f"{len(b.settings)}): nothing would be compared; write each with `rollout-consistency precision --json` "
+            f"(or PrecisionReport.to_dict()) on its side"
+        )
     differences = []
     for key in sorted(set(a.settings) | set(b.settings)):
         if key in _NOT_COMPARED:

@@ -10,7 +10,9 @@ can name in users' code (``guidance-mismatch``, ``noise-level-mismatch``, ``sde-
 are no bug (`NOT_A_BUG`: ``attention-kernel``, ``batch-composition``), named only where the report records, or
 the replay measured, that the sides' kernels or batches differ; ``different-computation`` (the sides differ and
 the evidence cannot say where); ``expert-switch`` (Wan 2.2: the sides scored a step with different experts);
-and ``nonfinite``, ``incomplete``, ``worker-failure``, ``calibration``, ``near-limit``.
+``aliased-tables`` (the two tables are one buffer: nothing was compared); ``window-plan`` (a side's tables are not
+the plan's window: another width or other timesteps); and ``nonfinite``, ``incomplete``, ``worker-failure``,
+``calibration``, ``near-limit``.
 
 **What a confidence means.** Each diagnosis rests on one kind of evidence (`CONFIDENCE`'s keys); its
 confidence is the share of the measured cases in which a diagnosis resting on that kind of evidence named the
@@ -126,6 +128,17 @@ FIXES: dict[str, str] = {
         "localise it: plug both sides into the check as plug-ins that expose their `model` "
         "(rollout-consistency check --rollout-backend your_rollout.py:make_rollout --trainer-backend "
         "your_trainer.py:make_trainer): the doctor replays both and names the first stage where they part"
+    ),
+    "aliased-tables": (
+        "give the gate the trainer's own recomputation: the trainer must score the rollout's stored samples with "
+        "its model and return a new table, never the rollout's log-probs or a view of them, and never write into "
+        "what the rollout stored (verl / verl-omni: algorithm.rollout_correction.bypass_mode=True sets "
+        "old_log_probs := rollout_log_probs; turn it off for the step-1 gate)"
+    ),
+    "window-plan": (
+        "sample exactly the window each request names (request.windows: its start and size) on the plan's "
+        "schedule (request.scheduler_setup); a rollout that samples with the SDE on every step needs "
+        "--sde-window-size all"
     ),
     "nonfinite": "find the first NaN/Inf (rollout_consistency.NanCapture); never average non-finite log-probs away",
     "incomplete": (

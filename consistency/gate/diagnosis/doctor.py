@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
+from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
 
 from .catalogue import LOCALISE_HINT, make
 from .figure_causes import from_figures
@@ -183,7 +184,29 @@ def _evidence_text(message: str, limit: int = 300) -> str:
 def _from_guards(report: Any) -> list[Diagnosis]:
     failed = _failed(report)
     out = []
-    if "windows" in failed:
+    if "distinct" in failed:
+        out.append(
+            make(
+                "aliased-tables",
+                "The two log-prob tables are one buffer, or the trainer wrote into the rollout's: nothing was "
+                "compared.",
+                [f"distinct guard: {failed['distinct'].message[:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    windows = failed["windows"].message if "windows" in failed else ""
+    if PLAN_WINDOW_MARK in windows:
+        out.append(
+            make(
+                "window-plan",
+                "A side sampled or scored other steps than the plan's SDE window (another width or schedule).",
+                [f"windows guard: {windows[windows.index(PLAN_WINDOW_MARK) :][:300]}"],
+                "guard",
+                source="guard",
+            )
+        )
+    if any(mark in windows for mark in PER_REQUEST_WINDOW_MARKS):
         out.append(
             make(
                 "per-request-window",

@@ -1,15 +1,19 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """PASS, or FAIL with every reason.
 
-The verdict is a list of checks. Six guard the comparison itself and fail closed (a comparison that cannot be trusted never passes):
+The verdict is a list of checks. Seven guard the comparison itself and fail closed (a comparison that cannot be trusted never passes):
 
 ==============  ==============================================================================
 ``shapes``      both sides scored the same (samples, window steps); a mismatch is a FAIL
 ``nonempty``    at least one (sample, step) entry was compared
+``distinct``    the two tables are two buffers (not one array, a view of it, or the trainer's output sharing
+                the memory of the rollout's), and the trainer left what the rollout stored unchanged
+                (`rollout_consistency.gate.judging.aliasing`); equal *values* are not a failure
 ``finite``      no log-prob is NaN or ±inf, and no figure is
 ``complete``    every window step is on both sides and every sample has a step
 ``workers``     every shard of the work came back (a dead worker, retried once, is a FAIL)
-``windows``     all rollouts of a prompt group share one SDE window, the one the launcher's seed draws
+``windows``     all rollouts of a prompt group share one SDE window, the one the launcher's seed draws; in the
+                step-1 check also: each side's tables are the plan's window wide, at the plan's timesteps
 ==============  ==============================================================================
 
 and, where the model has experts by timestep (Wan 2.2) and both sides recorded them, ``experts``: every stored
@@ -35,7 +39,12 @@ import numpy as np
 from .metrics import METRICS, ConsistencyMetrics, Metric, PerSample, StepMetrics
 from .tolerances import Tolerance
 
-GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "finite", "complete", "workers", "windows")
+GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "distinct", "finite", "complete", "workers", "windows")
+
+#: In a ``windows`` reason: a side's tables are not the plan's window (`plan_window_problems`)...
+PLAN_WINDOW_MARK = "not the plan's window"
+#: ... and the two reasons of `window_problems` (a window drawn per request, not per prompt group).
+PER_REQUEST_WINDOW_MARKS = ("rollouts used different SDE windows", "did not use the window drawn")
 
 #: Under a pooled tolerance a bias (a metric of scale ``"bias"``: ``|ppo_kl|``, ``|ratio_mean − 1|``) fails only when
 #: it exceeds its limit by more than this many standard errors of its mean over samples: the mean of a few samples'
@@ -345,3 +354,55 @@ def window_problems(
                 f"arguments only."
             )
     return problems
+
+
+#: Timesteps match the plan's schedule within float32 rounding of a value computed another way (a few ulp of
+#: 1000); a wrong schedule, step or a bf16 round trip differs by far more (adjacent steps differ by >= ~1).
+TIMESTEP_RTOL, TIMESTEP_ATOL = 1e-5, 1e-4
+
+
+def plan_window_problems(
+    side: str,
+    table: np.ndarray,
+    planned_size: int,
+    samples: Sequence[int],
+    *,
+    timesteps: np.ndarray | None = None,
+    expected: np.ndarray | None = None,
+) -> list[str]:
+    """The ``windows`` guard against the plan: why `side`'s ``(n, W)`` table is not the plan's window.
+
+    Args:
+        side: ``"rollout"`` or ``"trainer"`` (named in the reason).
+        table: the side's log-prob table, ``(n, W)``.
+        planned_size: the plan's window size (every sample's).
+        samples: the global index of each row.
+        timesteps, expected: the side's ``(n, W)`` timesteps and the plan's schedule at each sample's window,
+            ``(n, planned_size)`` (compared when both are given and the widths agree).
+    """
+    n, width = np.shape(table)[0], np.shape(table)[1]
+    where = f"samples {samples[0]}-{samples[-1]}" if len(samples) > 1 else f"sample {samples[0]}" if samples else ""
+    if width != planned_size:
+        return [
+            f"{side} side: {PLAN_WINDOW_MARK}: its tables are {width} steps wide, the plan's SDE window {planned_size} "
+            f"({where}): it sampled or scored other steps than the plan asked for; take each sample's window from "
+            f"the request (request.windows), or run the check with --sde-window-size all for a {side} that uses "
+            f"the SDE on every step"
+        ]
+    if timesteps is None or expected is None or np.shape(timesteps) != np.shape(expected) or n == 0:
+        return []
+    got, want = np.asarray(timesteps, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    off = ~np.isclose(got, want, rtol=TIMESTEP_RTOL, atol=TIMESTEP_ATOL)
+    if not off.any():
+        return []
+    rows, cols = np.nonzero(off)
+    shown = ", ".join(
+        f"sample {samples[i]} step {j}: {got[i, j]:.6g}, the plan's {want[i, j]:.6g}"
+        for i, j in zip(rows[:3].tolist(), cols[:3].tolist(), strict=True)
+    )
+    return [
+        f"{side} side: {PLAN_WINDOW_MARK}: its timesteps differ from the plan's schedule at {int(off.sum())} of "
+        f"{off.size} stored steps ({shown}{', …' if rows.size > 3 else ''}): it sampled on another schedule (other "
+        f"num_inference_steps, shift or sigmas) or maps steps to timesteps another way; build the schedule from "
+        f"the request (request.scheduler_setup) and store each step's own timestep"
+    ]

@@ -273,7 +273,7 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     from rollout_consistency.adapters.vllm_omni import VllmOmniEngineError  # imports no vLLM
 
     if backend.plugins is not None and backend.plugins.rollout is not None:
-        return plugins.run_plugin_batch(backend, batch)
+        return with_plan_findings(backend, batch, plugins.run_plugin_batch(backend, batch))
     start = time.perf_counter()
     try:
         trajectory = rollout_trajectory(backend, batch)
@@ -286,7 +286,7 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         return _failed_batch(batch, backend.config, f"{batch.describe()}: the vLLM-omni engine failed: {error}")
     seconds = {"rollout": time.perf_counter() - start}
     forwards = {"rollout": max(w.stop for w in trajectory.windows) * backend.cfg_passes}
-    return score_trajectory(
+    result = score_trajectory(
         backend,
         trajectory,
         batch=batch.index,
@@ -294,6 +294,29 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         seconds=seconds,
         forwards=forwards,
     )
+    return with_plan_findings(backend, batch, result)
+
+
+def with_plan_findings(backend: Backend, batch: BatchSpec, result: BatchResult) -> BatchResult:
+    """`result` with the ``windows`` guard's reasons when a side's tables are not the plan's window: as many steps
+    wide as the plan's window, at the plan's timesteps (`rollout_consistency.gate.judging.verdict.plan_window_problems`).
+    A plug-in rollout reports its own tables, so a 2-step plan must not pass on a rollout that sampled 6."""
+    import dataclasses
+
+    from rollout_consistency.gate.judging.verdict import plan_window_problems
+
+    if result.problems:
+        return result
+    size = batch.samples[0].window_size
+    schedule = backend.scheduler_setup.timesteps().detach().cpu().numpy()
+    expected = np.stack([schedule[s.window_start : s.window_start + s.window_size] for s in batch.samples])
+    found = plan_window_problems(
+        "rollout", result.rollout_log_probs, size, batch.sample_indices, timesteps=result.timesteps, expected=expected
+    )
+    found += plan_window_problems("trainer", result.trainer_log_probs, size, batch.sample_indices)
+    if not found:
+        return result
+    return dataclasses.replace(result, findings=(*result.findings, *(("windows", m) for m in found)))
 
 
 def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:

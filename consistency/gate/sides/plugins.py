@@ -368,20 +368,33 @@ def as_float32_table(value: Any, what: str) -> np.ndarray:
 
 
 def trainer_log_probs(sides: PluginSides, batch: Any, micro_batch_size: int) -> np.ndarray:
-    """The trainer plug-in's ``(n, W)`` float32 log-probs of `batch` (a Trajectory is cut into micro-batches)."""
+    """The trainer plug-in's ``(n, W)`` float32 log-probs of `batch` (a Trajectory is cut into micro-batches).
+
+    Raises:
+        SharedTableError: an output shares memory with a tensor of what the plug-in was given (it returned the
+            rollout's stored log-probs, or a view of them); the error keeps the table.
+    """
     import torch
 
     from rollout_consistency.adapters import Trajectory
 
+    from .rollout_seal import aliased
+    from .shared import SharedTableError
+
     what = f"{sides.owner('trainer')} output"
+    whole = not isinstance(batch, Trajectory)
+    starts = [0] if whole else range(0, batch.batch_size, micro_batch_size)
+    parts, shared = [], []
     with torch.no_grad():
-        if isinstance(batch, Trajectory):
-            parts = []
-            for start in range(0, batch.batch_size, micro_batch_size):
-                part = batch.select(range(start, min(start + micro_batch_size, batch.batch_size)))
-                parts.append(as_float32_table(sides.call_trainer(part, micro_batch_size), what))
-            return np.concatenate(parts, axis=0)
-        return as_float32_table(sides.call_trainer(batch, micro_batch_size), what)
+        for start in starts:  # one micro-batch at a time: each selected copy is freed after its call
+            piece = batch if whole else batch.select(range(start, min(start + micro_batch_size, batch.batch_size)))
+            output = sides.call_trainer(piece, micro_batch_size)
+            shared += aliased(output, piece, "batch" if whole else "micro_batch")
+            parts.append(as_float32_table(output, what))
+    table = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    if shared:
+        raise SharedTableError(f"{sides.owner('trainer')}: {shared[0]}", table)
+    return table
 
 
 def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
@@ -424,6 +437,7 @@ def plugin_experts(backend: Backend, out: PluginRollout) -> dict[str, Any] | Non
 
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
+    from .rollout_seal import recompute_checked, seal, seal_problems
     from .shared import BatchResult
     from .trainer import score_trajectory
 
@@ -439,36 +453,44 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
             f"'package.module:factory'."
         )
     config = backend.config
+    spec = backend.plugins.specs["rollout"]
+    # Sealed before the trainer (user code) sees the batch: the tables compared are the rollout's as it made them.
+    sealed = seal(
+        as_float32_table(out.log_probs, f"rollout_backend {spec!r} log_probs"),
+        as_float32_table(out.timesteps, f"rollout_backend {spec!r} timesteps"),
+        out,
+        "rollout",
+    )
     start = time.perf_counter()
-    trainer = plugin_recompute(backend, out.batch, config.trainer_attention)
+    trainer, findings = recompute_checked(backend, out.batch, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
     floor = None
     if backend.floor_kernel is not None:
         start = time.perf_counter()
-        floor = plugin_recompute(backend, out.batch, backend.floor_kernel)
+        floor, _ = recompute_checked(backend, out.batch, backend.floor_kernel)
         seconds["floor"] = time.perf_counter() - start
-    spec = backend.plugins.specs["rollout"]
+    experts = plugin_experts(backend, out)  # user code too (a plug-in's experts(batch)): before the seal is checked
+    findings += seal_problems(sealed)
     return BatchResult(
         batch=batch.index,
         sample_indices=batch.sample_indices,
-        rollout_log_probs=as_float32_table(out.log_probs, f"rollout_backend {spec!r} log_probs"),
+        rollout_log_probs=sealed.log_probs,
         trainer_log_probs=trainer,
         floor_log_probs=floor,
-        timesteps=as_float32_table(out.timesteps, f"rollout_backend {spec!r} timesteps"),
+        timesteps=sealed.timesteps,
         window_starts=tuple(int(s) for s in out.window_starts),
         prompt_groups=tuple(int(g) for g in out.prompt_groups),
         seeds=tuple(int(s) for s in out.seeds),
         seconds=seconds,
         precision=backend.precision,
         weights=backend.weights,
-        experts=plugin_experts(backend, out),
+        experts=experts,
+        findings=tuple(("distinct", message) for message in findings),
     )
 
 
 # ----------------------------------------------------------------------------------------------------
 # Weight fingerprints.
-_FULL_HASH_ELEMENTS = 1 << 20  # tensors up to this size are hashed byte for byte
-_SAMPLED_ELEMENTS = 1 << 16  # larger ones: a strided sample of this many elements + float64 sum and norm
 
 
 def weights_fingerprint(module: Any) -> dict[str, Any] | None:
@@ -482,30 +504,22 @@ def weights_fingerprint(module: Any) -> dict[str, Any] | None:
     """
     import torch
 
+    from .rollout_seal import value_bytes
+
     if module is None:
         return None
     state = module.state_dict()
     layout, values = hashlib.sha256(), hashlib.sha256()
     exact, elements = True, 0
-    with torch.no_grad():
-        for name in sorted(state):
-            tensor = state[name]
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            tensor = tensor.detach()
-            layout.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-            flat = tensor.reshape(-1)
-            elements += flat.numel()
-            if flat.numel() > _FULL_HASH_ELEMENTS:
-                exact = False
-                stride = flat.numel() // _SAMPLED_ELEMENTS
-                sample = flat[::stride][:_SAMPLED_ELEMENTS]
-                summary = torch.stack(
-                    [torch.sum(flat, dtype=torch.float64), torch.linalg.vector_norm(flat, dtype=torch.float64)]
-                )
-                values.update(_bytes(sample) + _bytes(summary))
-            else:
-                values.update(_bytes(flat))
+    for name in sorted(state):
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        layout.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        elements += tensor.numel()
+        data, whole = value_bytes(tensor)
+        values.update(data)
+        exact = exact and whole
     return {
         "sha256": values.hexdigest(),
         "layout": layout.hexdigest(),
@@ -513,15 +527,6 @@ def weights_fingerprint(module: Any) -> dict[str, Any] | None:
         "elements": elements,
         "exact": exact,
     }
-
-
-def _bytes(tensor: Any) -> bytes:
-    import torch
-
-    tensor = tensor.cpu().contiguous()
-    if tensor.dtype == torch.bool:
-        tensor = tensor.to(torch.uint8)
-    return tensor.view(torch.uint8).numpy().tobytes()
 
 
 def compare_fingerprints(weights: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:

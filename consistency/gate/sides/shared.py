@@ -22,6 +22,16 @@ class BackendError(RuntimeError):
     """A backend cannot be built as configured (missing package, unknown kernel, model not found)."""
 
 
+class SharedTableError(BackendError):
+    """The trainer's output shares memory with what it was given (the rollout's stored log-probs): it recomputed
+    nothing. The batch's scorer turns it into a ``distinct`` FAIL that keeps `table` (the output's values) to
+    show; anywhere else it is a usage error."""
+
+    def __init__(self, message: str, table: np.ndarray) -> None:
+        super().__init__(message)
+        self.table = table
+
+
 @dataclass(frozen=True)
 class BatchResult:
     """What one rollout batch gives back (numpy, small, picklable).
@@ -36,6 +46,9 @@ class BatchResult:
         seconds: wall time by stage.
         precision: the precision-audit diff (rollout vs trainer) of the process that ran the batch, or None.
         problems: why the batch has no log-probs (the rollout engine failed); empty on success.
+        findings: ``(guard, reason)`` pairs this batch fails although both tables came back (they are still
+            compared and shown): ``distinct`` (the trainer's output is the rollout's memory, or it changed what
+            the rollout stored), ``windows`` (a side's tables are not the plan's window).
     """
 
     batch: int
@@ -58,6 +71,7 @@ class BatchResult:
     #: Models with experts by timestep (Wan 2.2): ``{"rollout": rows, "trainer": rows}``, one tuple of expert names
     #: per sample (window order) each side scored the stored steps with; a side's None: it recorded none.
     experts: Mapping[str, Any] | None = None
+    findings: tuple[tuple[str, str], ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -38,11 +38,15 @@ def score_trajectory(
 
     `seconds` / `forwards` carry the rollout's own figures when there was a rollout in this process.
     """
+    from .rollout_seal import recompute_checked, seal, seal_problems
+
     config = backend.config
     seconds, forwards = dict(seconds or {}), dict(forwards or {})
     cfg_passes = backend.cfg_passes
+    # Sealed before the trainer (possibly user code) runs: the tables compared are the rollout's as it made them.
+    sealed = seal(trajectory.log_probs, trajectory.timesteps, trajectory, "trajectory")
     start = time.perf_counter()
-    trainer = trainer_log_probs(backend, trajectory, config.trainer_attention)
+    trainer, findings = recompute_checked(backend, trajectory, config.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
     micro = config.resolved_micro_batch_size
     n_micro = -(-trajectory.batch_size // micro)
@@ -51,18 +55,22 @@ def score_trajectory(
     floor, floor_tables = None, {}
     if backend.floor_kernel is not None:
         start = time.perf_counter()
-        floor = trainer_log_probs(backend, trajectory, backend.floor_kernel)
+        floor, _ = recompute_checked(backend, trajectory, backend.floor_kernel)
         floor_tables = measure_floor_tables(backend, trajectory)
         seconds["floor"] = time.perf_counter() - start
         forwards["floor"] = forwards["trainer"] * (1 + len(floor_tables))
 
+    experts = side_experts(
+        backend, trajectory
+    )  # user code too (a plug-in's experts(batch)): before the seal is checked
+    findings += seal_problems(sealed)
     return BatchResult(
         batch=batch,
         sample_indices=sample_indices,
-        rollout_log_probs=trajectory.log_probs.detach().cpu().numpy().copy(),
+        rollout_log_probs=sealed.log_probs,
         trainer_log_probs=trainer,
         floor_log_probs=floor,
-        timesteps=trajectory.timesteps.detach().cpu().numpy().copy(),
+        timesteps=sealed.timesteps,
         window_starts=tuple(w.start for w in trajectory.windows),
         prompt_groups=tuple(trajectory.prompt_groups),
         seeds=tuple(trajectory.seeds),
@@ -71,7 +79,8 @@ def score_trajectory(
         precision=backend.precision,
         floor_tables=floor_tables,
         weights=backend.weights,
-        experts=side_experts(backend, trajectory),
+        experts=experts,
+        findings=tuple(("distinct", message) for message in findings),
     )
 
 

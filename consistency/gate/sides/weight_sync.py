@@ -19,6 +19,8 @@ Step 1 (before any update) cannot see a broken weight sync: both sides still hol
    reached no module;
 5. the check again on the plan of ``global_step + 1``, with the same profile.
 
+Both sides holding one module (or parameters sharing storage) is a ``weight_sync`` FAIL before any update: the
+update would reach the rollout with no sync, so a sync that copies nothing would pass (step 2 cannot test it).
 A rollout that still samples the old weights, or whose LoRA is bound to no module, FAILs with a
 ``weight_sync`` reason that says so (the rollout's weight fingerprint unchanged by the sync, the peft layers
 it has active, the step-2 figures).
@@ -35,7 +37,15 @@ import numpy as np
 
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 
-__all__ = ["SideHandle", "Step2Result", "grpo_advantages", "lora_binding", "run_weight_sync_check", "torch_train_step"]
+__all__ = [
+    "SideHandle",
+    "Step2Result",
+    "grpo_advantages",
+    "lora_binding",
+    "run_weight_sync_check",
+    "shared_parameters",
+    "torch_train_step",
+]
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,15 @@ def lora_binding(model: Any) -> dict[str, int] | None:
     return {"layers": len(layers), "active": len(active)}
 
 
+def shared_parameters(rollout_model: Any, trainer_model: Any) -> int:
+    """How many of the rollout model's parameter tensors share storage with the trainer's (one module, tied
+    weights, a wrapper around the trainer's module); 0 when either side exposes no module."""
+    if rollout_model is None or trainer_model is None or not hasattr(rollout_model, "parameters"):
+        return 0
+    storage = {(p.device, p.untyped_storage().data_ptr()) for p in trainer_model.parameters()}
+    return sum((p.device, p.untyped_storage().data_ptr()) in storage for p in rollout_model.parameters())
+
+
 # ----------------------------------------------------------------------------------------------------
 def grpo_advantages(seed: int, global_step: int, prompt_groups: Sequence[int]) -> np.ndarray:
     """GRPO advantages ``(N,)`` float32: rewards drawn from a generator seeded with (seed, global_step),
@@ -195,8 +214,18 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     sides = backend.plugins
     rollout = SideHandle(backend.rollout_model, sides.rollout if sides is not None else None)
     trainer = SideHandle(backend.trainer_model, sides.trainer if sides is not None else None)
-    if rollout.model is not None and rollout.model is trainer.model:
-        notes.append("step 2: rollout and trainer share one module, so the sync has nothing to move")
+    shared = shared_parameters(rollout.model, trainer.model)
+    if shared:  # the update reaches the rollout without any sync: a no-op sync would pass
+        return Step2Result(
+            (
+                f"step 2 cannot test the weight sync {name!r}: the rollout and the trainer hold one module ({shared} "
+                f"parameter tensors in common), so the trainer's update reaches the rollout with no sync at all and "
+                f"a sync that copies nothing would pass; give the rollout its own copy of the weights (as a rollout "
+                f"engine holds), or run without --weight-sync",
+            ),
+            tuple(notes),
+            {"sync": name, "shared_parameters": shared},
+        )
 
     plan = make_plan(config)
     step1 = [_sample(backend, batch) for batch in plan]
@@ -332,9 +361,9 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
 
 
 def _score(backend: Any, batch: Any) -> np.ndarray:
-    from .trainer import trainer_log_probs  # a plug-in trainer's own recompute when there is one
+    from .rollout_seal import recompute_checked  # a plug-in trainer's own recompute when there is one
 
-    return trainer_log_probs(backend, batch, backend.config.trainer_attention)
+    return recompute_checked(backend, batch, backend.config.trainer_attention)[0]  # step 1 FAILs an aliased table
 
 
 def _train_step(

@@ -5,7 +5,9 @@ The tables come from the user's rollout and the user's trainer (or a dump of the
 or the in-loop recorder, `rollout_consistency.gate.tables.recorder`); the metrics, tolerance profiles, verdict and
 report are the step-1 checker's. What the inputs cannot support is shown as **not checked**, never as
 passed: the ``workers`` guard (the tables did not come from the checker's workers) always, and the
-``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given.
+``windows`` guard unless both ``window_starts`` and ``prompt_groups`` are given. Two tables that are one
+array or tensor, or share memory (a view, ``t.numpy()`` of ``t``), FAIL the ``distinct`` guard: nothing was
+compared (`rollout_consistency.gate.judging.aliasing`); equal values in two buffers are what ``exact`` asks for.
 
 `GateReport` is a `Report` (which carries the mismatch statistics, `rollout_consistency.gate.judging.mismatch`, as every
 report does) plus the guards that were not checked and the sample ids; its table, JSON (same schema, extra
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis
+from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
 from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
@@ -111,7 +114,8 @@ def gate(
 
     Returns:
         `GateReport`: PASS, or FAIL with every reason. A shape mismatch between the two tables is a FAIL
-        (``shapes``), not an exception: it is what the gate is for.
+        (``shapes``), not an exception: it is what the gate is for; so are two tables that are one array or
+        share memory (``distinct``: nothing was compared).
 
     Raises:
         GateInputError: an input cannot be used (a non-2-D or non-float table, an optional array of the wrong
@@ -150,6 +154,13 @@ def gate(
     low, high = settings.clip_range
 
     problems: list[Problem] = []
+    if shares_memory(rollout_log_probs, trainer_log_probs):
+        how = (
+            "are one object" if rollout_log_probs is trainer_log_probs else "share memory (one is a view of the other)"
+        )
+        problems.append(
+            Problem("distinct", f"rollout_log_probs and trainer_log_probs {how}: nothing was compared; {ALIASED_FIX}")
+        )
     problems += _coverage_problems(settings.expected_samples, ids, settings.ungated_reason)
     not_checked = {**_NEVER_CHECKED, **dict(settings.not_checked or {})}
     if groups is not None and starts is not None:

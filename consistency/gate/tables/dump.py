@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
+
 from .coverage import COVERAGE_KEY, parse_coverage, settings_with_coverage
 
 DUMP_FORMAT = "rollout-consistency/logprob-dump"
@@ -134,8 +136,9 @@ def write_dump(
         The absolute path written.
 
     Raises:
-        DumpFormatError: a table or vector of the wrong shape or dtype, or a column the format does not have
-            (nothing is written).
+        DumpFormatError: a table or vector of the wrong shape or dtype, a column the format does not have, or
+            two tables that are one array or share memory (nothing would be compared; the file could not show it
+            later): nothing is written.
         OSError: the disk is full, a file-size limit, no permission: one line naming the path, with its errno
             (the command line exits 2 with it); nothing is written and no temporary file is left.
         rollout_consistency.output_paths.OutputPathError: `path` is a directory or a device other than
@@ -146,6 +149,11 @@ def write_dump(
         raise DumpFormatError(
             f"write_dump: no column {', '.join(map(repr, unknown))}; the optional ones are "
             f"{', '.join(n for n in _SPEC if n not in _TABLES)}."
+        )
+    if shares_memory(rollout_log_probs, trainer_log_probs):  # the file would hold two copies: refused here
+        raise DumpFormatError(
+            f"write_dump: rollout_log_probs and trainer_log_probs are one array (or share memory): nothing would be "
+            f"compared; {ALIASED_FIX}."
         )
     given = {"rollout_log_probs": rollout_log_probs, "trainer_log_probs": trainer_log_probs, **columns}
     tensors: dict[str, np.ndarray] = {}

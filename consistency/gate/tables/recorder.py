@@ -37,7 +37,8 @@ sample ids must be global), so every rank holds the same tables. The recorded sa
 id) and the recorded steps columns; rank 0 writes the dump (`rollout_consistency.gate.tables.dump`) when asked, and every
 rank gates the tables (`rollout_consistency.gate.gate`) into ``recorder.report``.
 
-Fails closed with a `RecorderError` naming the cell: a (sample, step) recorded twice (also across ranks), a
+Fails closed with a `RecorderError` naming the cell: ``old_log_probs`` and ``log_probs`` that are one tensor or
+share memory (nothing would be compared: verl's bypass mode), a (sample, step) recorded twice (also across ranks), a
 recorded sample lacking a recorded step (or a step of ``range(num_steps)``), mismatched shapes, a NaN/inf
 log-prob or timestep, a negative window start, a per-sample value (prompt group, window start, advantage)
 that changes between calls, or nothing recorded at all — so every dump it writes is one ``gate`` accepts.
@@ -54,6 +55,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
 
 from .coverage import COVERAGE_KEY, settings_with_coverage
 
@@ -179,6 +182,11 @@ class Step1Recorder:
         steps = _ints(step, "step", n)
         old = _floats(old_log_probs, "old_log_probs", n)
         new = _floats(log_probs, "log_probs", n)
+        if shares_memory(old_log_probs, log_probs):  # the cells keep values only: refused here, or never seen
+            raise RecorderError(
+                f"old_log_probs and log_probs are one tensor (or share memory) at step {sorted(set(steps.tolist()))[:4]}: nothing "
+                f"would be compared; {ALIASED_FIX}."
+            )
         ts = None if timesteps is None else _floats(timesteps, "timesteps", n, allow_wide=True)
         if (steps < 0).any():
             raise RecorderError(f"step must be >= 0, got {steps.tolist()}.")
