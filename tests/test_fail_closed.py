@@ -1533,8 +1533,8 @@ VACUOUS_CORPUS = [
         "both-sides-on-another-schedule",
         _template_variant(
             (
-                "load_qwen_image_scheduler_config(None),",
-                '{**load_qwen_image_scheduler_config(None), "use_dynamic_shifting": False, "shift": 3.0},',
+                "family.scheduler_setup(family.scheduler_config,",
+                'family.scheduler_setup({**family.scheduler_config, "use_dynamic_shifting": False, "shift": 3.0},',
             )
         ),
         EVERY_STEP,
