@@ -1,0 +1,80 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""The mixed-precision settings a set of linted files shows: whether the model (and so a sampler's input) runs in
+bf16/fp16 or in float32.
+
+A sampler step that returns `prev_sample.type(sample.dtype)` (the DDPO lineage) rounds only if `sample` is
+bf16/fp16, which its pipeline decides from the trainer's mixed-precision setting (`inference_dtype = torch.float16
+if accelerator.mixed_precision == "fp16"`). Where the setting is visible — in a config file, a config class, a
+command-line default, the `Accelerator(...)` call — it is read from the text, as written:
+
+* `config.mixed_precision = "fp16"`, `mixed_precision: str = "fp16"`, `Accelerator(mixed_precision="bf16")`;
+* `mixed_precision: str = field(default="fp16", ...)`;
+* `parser.add_argument("--mixed_precision", ..., default="bf16")`;
+* `mixed_precision: bf16` in a YAML file is not read (only the `*.py` files are linted).
+
+Values: `fp16`/`bf16` (and `float16`/`bfloat16`) are low precision; `no`/`fp32`/`float32` are not; anything else
+(a variable) says nothing. The files are read again here (most were never parsed), and only when a finding
+depends on the setting.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Setting", "mixed_precision_settings"]
+
+_LOW = frozenset({"fp16", "bf16", "float16", "bfloat16"})
+_FLOAT32 = frozenset({"no", "fp32", "float32"})
+_VALUE = r"[\"'](\w+)[\"']"
+_PATTERNS = (
+    # `x.mixed_precision = "fp16"`, `mixed_precision="bf16"`, `mixed_precision: str = "fp16"`
+    re.compile(rb"\bmixed_precision\s*(?::\s*[\w.\[\], ]+)?=\s*" + _VALUE.encode()),
+    # `mixed_precision: str = field(default="fp16", ...)`
+    re.compile(rb"\bmixed_precision\s*(?::\s*[\w.\[\], ]+)?=\s*field\(\s*default\s*=\s*" + _VALUE.encode()),
+    # `add_argument("--mixed_precision", type=str, default="bf16", ...)`
+    re.compile(rb"[\"']--mixed[_-]precision[\"'][^)]*?\bdefault\s*=\s*" + _VALUE.encode(), re.DOTALL),
+)
+_WORD = b"mixed_precision"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One mixed-precision setting found in a file."""
+
+    value: str
+    path: str
+    line: int
+
+    @property
+    def low(self) -> bool:
+        return self.value.lower() in _LOW
+
+    @property
+    def where(self) -> str:
+        return f"`mixed_precision` at {self.path}:{self.line}"
+
+
+def mixed_precision_settings(linted: Sequence[tuple[str, tuple[str, ...]]]) -> list[Setting]:
+    """The low-precision and float32 settings of the linted files (path, components), in path order; a value
+    neither (a variable, `"auto"`) is left out."""
+    found: list[Setting] = []
+    for path, _ in linted:
+        data = _read(path)
+        if _WORD not in data and b"mixed-precision" not in data:
+            continue
+        for pattern in _PATTERNS:
+            for match in pattern.finditer(data):
+                value = match.group(1).decode("ascii", "replace")
+                if value.lower() in _LOW | _FLOAT32:
+                    found.append(Setting(value, path, data.count(b"\n", 0, match.start(1)) + 1))
+    return sorted(found, key=lambda s: (s.path, s.line))
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""

@@ -1,0 +1,160 @@
+# Copyright 2026 The rollout-consistency authors. Apache-2.0.
+"""Whether anything reads the log-probs a function returns: its callers among the linted files, followed
+through the functions that pass the value on.
+
+A sampler that rounds its latents beside float32 log-probs disagrees with a trainer only if a trainer reads
+those log-probs. DiffusionNFT's `run_sampling` returns `latents, all_latents, all_log_probs`; its pipeline
+binds `all_log_probs` and returns it; the trainer unpacks `images, latents, _ = pipeline_with_logprob(...)`:
+no one reads them (negative-aware fine-tuning needs none), so the rounding there is not a finding.
+
+A call site, per position of the returned tuple: *discarded* (bound to `_`-prefixed name, to a name never read,
+a position its unpacking does not have, or the call is a statement of its own), *forwarded* (bound to a name
+that the calling function only returns, at some positions: the question moves to that function's callers) or
+*read* (anything else: a name used, an attribute, a single name bound to the whole tuple, an argument).
+
+Callers are found by the function's name in the text of every linted file (the files are read again here, and
+only the few that name the function are parsed), so a function that no linted file calls is taken as read
+(its caller is elsewhere), and so is a function whose name is one plain word (`step`, `forward`, `__call__`:
+too common to tell its callers from others').
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .astutil import iter_statements, last_name, own_nodes, words
+from .source import SourceFile, parse_source
+
+__all__ = ["unread_log_probs"]
+
+_READ = "read"
+_DISCARDED = "discarded"
+#: a site's statuses: position -> _READ | _DISCARDED | (the calling function, the positions it returns it at)
+_Site = dict
+
+
+def unread_log_probs(slots: Mapping[str, Sequence[int]], linted: Sequence[tuple[str, tuple[str, ...]]]) -> set[str]:
+    """The names of `slots` (function -> the positions of its returned tuples that hold a log-prob) that some
+    linted file calls, and whose log-prob positions none of their callers reads, directly or through a caller
+    that returns them."""
+    names = {name for name in slots if _resolvable(name)}
+    if not names:
+        return set()
+    sites = _call_sites(names, linted)
+    unread = set()
+    for name in names:
+        if sites.get(name) and not any(_is_read(name, slot, sites, set()) for slot in slots[name]):
+            unread.add(name)
+    return unread
+
+
+def _resolvable(name: str) -> bool:
+    """A name specific enough to find its callers by: more than one word, not a dunder."""
+    return len(words(name)) > 1 and not name.startswith("__")
+
+
+def _is_read(name: str, slot: int, sites: Mapping[str, list[_Site]], seen: set[tuple[str, int]]) -> bool:
+    if (name, slot) in seen:
+        return False
+    seen.add((name, slot))
+    calls = sites.get(name) if _resolvable(name) else None
+    if not calls:
+        return True  # no caller in sight: its caller is elsewhere
+    for site in calls:
+        status = site.get(slot, site.get("*", _DISCARDED))
+        if status == _READ:
+            return True
+        if isinstance(status, tuple) and any(_is_read(status[0], j, sites, seen) for j in status[1]):
+            return True
+    return False
+
+
+def _call_sites(names: set[str], linted: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, list[_Site]]:
+    """name -> the statuses of each of its call sites in the linted files, for `names` and every function
+    that forwards their values (found as they are met)."""
+    sites: dict[str, list[_Site]] = {}
+    pending, done = set(names), set()
+    texts: dict[str, bytes] = {}
+    while pending:
+        batch = pending - done
+        if not batch:
+            break
+        done |= batch
+        pending = set()
+        pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(batch)) + rb")\s*\(")
+        for path, parts in linted:
+            data = texts.get(path)
+            if data is None:
+                data = texts[path] = _read(path)
+            if not pattern.search(data):
+                continue
+            parsed = parse_source(data, path, parts)
+            if not isinstance(parsed, SourceFile):
+                continue
+            for name, site in _sites_in(parsed, batch):
+                sites.setdefault(name, []).append(site)
+                pending.update(s[0] for s in site.values() if isinstance(s, tuple) and _resolvable(s[0]))
+    return sites
+
+
+def _sites_in(file: SourceFile, names: set[str]) -> Iterable[tuple[str, _Site]]:
+    for scope in (file.tree, *file.functions):
+        for stmt, _ in iter_statements(scope.body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for node in own_nodes(stmt):
+                if isinstance(node, ast.Call) and last_name(node.func) in names:
+                    yield last_name(node.func), _site(file, scope, stmt, node)
+
+
+def _site(file: SourceFile, scope: ast.AST, stmt: ast.stmt, call: ast.Call) -> _Site:
+    parent = file.parents.get(call)
+    if isinstance(stmt, ast.Expr) and stmt.value is call:
+        return {"*": _DISCARDED}
+    if isinstance(parent, ast.Subscript) and parent.value is call:
+        index = parent.slice
+        if isinstance(index, ast.Constant) and isinstance(index.value, int):
+            return {index.value: _READ, "*": _DISCARDED}
+        return {"*": _READ}
+    if not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1):
+        return {"*": _READ}
+    target = stmt.targets[0]
+    if not isinstance(target, (ast.Tuple, ast.List)) or any(isinstance(e, ast.Starred) for e in target.elts):
+        return {"*": _READ}
+    site: _Site = {"*": _DISCARDED}
+    for index, element in enumerate(target.elts):
+        site[index] = _name_status(scope, element.id) if isinstance(element, ast.Name) else _READ
+    return site
+
+
+def _name_status(scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
+    """What the calling scope does with `name`: discards it, only returns it (at these positions), or reads it."""
+    if name.startswith("_"):
+        return _DISCARDED
+    returned: set[int] = set()
+    for stmt, _ in iter_statements(scope.body):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        elements = stmt.value.elts if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Tuple) else None
+        for node in own_nodes(stmt):
+            if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
+                continue
+            index = next((i for i, e in enumerate(elements or ()) if e is node), None)
+            if index is None:
+                return _READ
+            returned.add(index)
+    if not returned:
+        return _DISCARDED
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return _READ
+    return (scope.name, tuple(sorted(returned)))
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
