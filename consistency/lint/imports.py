@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["programs"]
+__all__ = ["import_edges", "programs"]
 
 _FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 _IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
@@ -39,7 +39,7 @@ def programs(files: Sequence[tuple[str, tuple[str, ...]]], members: Iterable[str
     import a common helper, nor through a package's `__init__` (`import trl` is the whole library, not a data
     flow): an import of a name from a package follows the package's re-export of that name to its module, and
     goes no further than the `__init__` otherwise. Larger programs first; none is a subset of another."""
-    edges = _edges(files)
+    edges = import_edges(files)
     importers: dict[str, set[str]] = {path: set() for path, _ in files}
     for path, targets in edges.items():
         for target in targets:
@@ -85,7 +85,7 @@ def _is_init(path: str) -> bool:
     return path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py"
 
 
-def _edges(files: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, set[str]]:
+def import_edges(files: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, set[str]]:
     """path -> the linted files it imports (read again here: a file that cannot be read imports nothing). An
     `__init__.py` imports nothing: it is a package's index; a name taken from it leads to the module that
     defines it."""

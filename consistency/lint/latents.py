@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .astutil import bound_names, iter_statements, last_name, own_nodes, short, words
 from .model import Finding, span
-from .precision import mixed_precision_settings
+from .precision import mixed_precision_settings, nearest_settings
 from .readers import unread_log_probs
 from .source import SourceFile
 
@@ -190,15 +190,18 @@ def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]
     if not candidates:
         return
     settings = mixed_precision_settings(linted) if any(c.kind == "model" for c in candidates) else []
-    low = [s for s in settings if s.low]
-    unread = unread_log_probs({c.function: c.log_prob_slots for c in candidates if c.function}, linted)
+    unread = unread_log_probs(
+        {(c.finding.path, c.function): c.log_prob_slots for c in candidates if c.function}, linted
+    )
     for candidate in candidates:
-        if candidate.function in unread:
+        if (candidate.finding.path, candidate.function) in unread:
             continue
         note = ""
-        if candidate.kind == "model" and settings:
+        nearest = nearest_settings(settings, candidate.finding.path) if candidate.kind == "model" else []
+        if nearest:
+            low = [s for s in nearest if s.low]
             if not low:
-                continue  # every visible setting keeps float32: the cast is to float32
+                continue  # every setting of this project keeps float32: the cast is to float32
             note = f" ({low[0].value} under mixed precision, {low[0].where})"
         finding = candidate.finding
         yield Finding(

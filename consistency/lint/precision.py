@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Setting", "mixed_precision_settings"]
+__all__ = ["Setting", "mixed_precision_settings", "nearest_settings"]
 
 _LOW = frozenset({"fp16", "bf16", "float16", "bfloat16"})
 _FLOAT32 = frozenset({"no", "fp32", "float32"})
@@ -78,3 +78,21 @@ def _read(path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError:
         return b""
+
+
+def nearest_settings(settings: Sequence[Setting], path: str) -> list[Setting]:
+    """The settings of the project `path` belongs to: those in the deepest directory they share with it (a
+    repository linted beside another keeps its own config; `config/base.py` serves `ddpo/...` in one tree)."""
+    directory = path.replace("\\", "/").split("/")[:-1]
+
+    def shared(setting: Setting) -> int:
+        other = setting.path.replace("\\", "/").split("/")[:-1]
+        depth = 0
+        while depth < min(len(directory), len(other)) and directory[depth] == other[depth]:
+            depth += 1
+        return depth
+
+    if not settings:
+        return []
+    deepest = max(shared(s) for s in settings)
+    return [s for s in settings if shared(s) == deepest]

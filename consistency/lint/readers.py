@@ -26,29 +26,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .astutil import iter_statements, last_name, own_nodes, words
+from .imports import import_edges
 from .source import SourceFile, parse_source
 
 __all__ = ["unread_log_probs"]
 
 _READ = "read"
 _DISCARDED = "discarded"
-#: a site's statuses: position -> _READ | _DISCARDED | (the calling function, the positions it returns it at)
+#: a site's statuses: position -> _READ | _DISCARDED | ((path, the calling function), the positions it returns
+#: the value at)
 _Site = dict
 
 
-def unread_log_probs(slots: Mapping[str, Sequence[int]], linted: Sequence[tuple[str, tuple[str, ...]]]) -> set[str]:
-    """The names of `slots` (function -> the positions of its returned tuples that hold a log-prob) that some
-    linted file calls, and whose log-prob positions none of their callers reads, directly or through a caller
-    that returns them."""
-    names = {name for name in slots if _resolvable(name)}
-    if not names:
+def unread_log_probs(
+    slots: Mapping[tuple[str, str], Sequence[int]], linted: Sequence[tuple[str, tuple[str, ...]]]
+) -> set[tuple[str, str]]:
+    """The (path, function) keys of `slots` (-> the positions of the function's returned tuples that hold a
+    log-prob) that some linted file calls, and whose log-prob positions none of their callers reads, directly
+    or through a caller that returns them. A call counts where the calling file is the function's own or
+    imports it (`imports.import_edges`): a function of the same name in another program is another function."""
+    keys = {key for key in slots if _resolvable(key[1])}
+    if not keys:
         return set()
-    sites = _call_sites(names, linted)
-    unread = set()
-    for name in names:
-        if sites.get(name) and not any(_is_read(name, slot, sites, set()) for slot in slots[name]):
-            unread.add(name)
-    return unread
+    sites = _call_sites(keys, linted)
+    return {key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])}
 
 
 def _resolvable(name: str) -> bool:
@@ -56,11 +57,11 @@ def _resolvable(name: str) -> bool:
     return len(words(name)) > 1 and not name.startswith("__")
 
 
-def _is_read(name: str, slot: int, sites: Mapping[str, list[_Site]], seen: set[tuple[str, int]]) -> bool:
-    if (name, slot) in seen:
+def _is_read(key: tuple[str, str], slot: int, sites: Mapping[tuple[str, str], list[_Site]], seen: set[tuple]) -> bool:
+    if (key, slot) in seen:
         return False
-    seen.add((name, slot))
-    calls = sites.get(name) if _resolvable(name) else None
+    seen.add((key, slot))
+    calls = sites.get(key) if _resolvable(key[1]) else None
     if not calls:
         return True  # no caller in sight: its caller is elsewhere
     for site in calls:
@@ -72,19 +73,20 @@ def _is_read(name: str, slot: int, sites: Mapping[str, list[_Site]], seen: set[t
     return False
 
 
-def _call_sites(names: set[str], linted: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, list[_Site]]:
-    """name -> the statuses of each of its call sites in the linted files, for `names` and every function
-    that forwards their values (found as they are met)."""
-    sites: dict[str, list[_Site]] = {}
-    pending, done = set(names), set()
+def _call_sites(
+    keys: set[tuple[str, str]], linted: Sequence[tuple[str, tuple[str, ...]]]
+) -> dict[tuple[str, str], list[_Site]]:
+    """(path, function) -> the statuses of each of its call sites in the linted files, for `keys` and every
+    function that forwards their values (found as they are met)."""
+    edges = import_edges(linted)
+    sites: dict[tuple[str, str], list[_Site]] = {}
+    pending, done = set(keys), set()
     texts: dict[str, bytes] = {}
-    while pending:
+    while pending - done:
         batch = pending - done
-        if not batch:
-            break
         done |= batch
-        pending = set()
-        pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(batch)) + rb")\s*\(")
+        names = {name for _, name in batch}
+        pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\s*\(")
         for path, parts in linted:
             data = texts.get(path)
             if data is None:
@@ -94,9 +96,11 @@ def _call_sites(names: set[str], linted: Sequence[tuple[str, tuple[str, ...]]]) 
             parsed = parse_source(data, path, parts)
             if not isinstance(parsed, SourceFile):
                 continue
-            for name, site in _sites_in(parsed, batch):
-                sites.setdefault(name, []).append(site)
-                pending.update(s[0] for s in site.values() if isinstance(s, tuple) and _resolvable(s[0]))
+            for name, site in _sites_in(parsed, names):
+                for key in batch:
+                    if key[1] == name and (key[0] == path or key[0] in edges.get(path, ())):
+                        sites.setdefault(key, []).append(site)
+                        pending.update(s[0] for s in site.values() if isinstance(s, tuple) and _resolvable(s[0][1]))
     return sites
 
 
@@ -126,11 +130,11 @@ def _site(file: SourceFile, scope: ast.AST, stmt: ast.stmt, call: ast.Call) -> _
         return {"*": _READ}
     site: _Site = {"*": _DISCARDED}
     for index, element in enumerate(target.elts):
-        site[index] = _name_status(scope, element.id) if isinstance(element, ast.Name) else _READ
+        site[index] = _name_status(file, scope, element.id) if isinstance(element, ast.Name) else _READ
     return site
 
 
-def _name_status(scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
+def _name_status(file: SourceFile, scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
     """What the calling scope does with `name`: discards it, only returns it (at these positions), or reads it."""
     if name.startswith("_"):
         return _DISCARDED
@@ -150,7 +154,7 @@ def _name_status(scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]
         return _DISCARDED
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return _READ
-    return (scope.name, tuple(sorted(returned)))
+    return ((file.path, scope.name), tuple(sorted(returned)))
 
 
 def _read(path: str) -> bytes:
