@@ -101,24 +101,42 @@ def import_edges(files: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, set[
     for path, module in modules.items():
         if _is_init(path):
             continue
-        package = module[:-1]
+        package = module if _is_init(path) else module[:-1]
         roots = {package[:depth] for depth in range(len(package) + 1)} - packages
         targets: set[str] = set()
         for imported, names in _imports(texts[path], package):
             for other in _resolve(imported, by_last, modules, roots):
-                if _is_init(other) and names:
-                    for name in names:
-                        source = reexports[other].get(name)
-                        if source is not None:
-                            targets.update(_resolve(source, by_last, modules, {()} | roots | _prefixes(source)))
                 targets.add(other)
+                for name in names if _is_init(other) else ():
+                    targets.update(_definition(name, other, reexports, by_last, modules))
         targets.discard(path)
         edges[path] = targets
     return edges
 
 
-def _prefixes(module: tuple[str, ...]) -> set[tuple[str, ...]]:
-    return {module[:depth] for depth in range(len(module))}
+def _definition(
+    name: str,
+    init: str,
+    reexports: dict[str, dict[str, tuple[str, ...]]],
+    by_last: dict[str, list[str]],
+    modules: dict[str, tuple[str, ...]],
+) -> set[str]:
+    """The linted modules a package's `__init__` takes `name` from, through the `__init__`s of subpackages
+    (`from trl import DDPOTrainer` -> `trl/trainer/__init__.py` -> `trl/trainer/ddpo_trainer.py`)."""
+    found: set[str] = set()
+    pending, seen = [init], set()
+    while pending:
+        current = pending.pop()
+        source = reexports.get(current, {}).get(name)
+        if current in seen or source is None:
+            continue
+        seen.add(current)
+        for module in _resolve(source, by_last, modules, {()}):  # `source` is the module's whole path
+            if _is_init(module):
+                pending.append(module)
+            else:
+                found.add(module)
+    return found
 
 
 def _reexports(data: bytes, package: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

@@ -1,5 +1,5 @@
-"""DDIM steps whose cast back to the input's dtype rounds nothing: the config trains in float32, or the step
-made its input float32 first. Written for the lint's tests.
+"""A DDIM step whose cast back to the input's dtype rounds nothing: the config trains in float32.
+Written for the lint's tests.
 
 Lint fixture: parsed, never imported or run.
 """
@@ -15,12 +15,3 @@ def ddim_step_with_logprob(scheduler, model_output, timestep, sample, eta=1.0, p
     log_prob = -((prev_sample.detach() - prev_sample_mean) ** 2) / (2 * (std_dev_t**2)) - torch.log(std_dev_t)
     return prev_sample.type(sample.dtype), log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
 
-
-def sde_step_with_logprob(scheduler, model_output, sigma, sigma_next, sample, noise_level=0.7):
-    sample = sample.float()
-    model_output = model_output.float()
-    std_dev_t = noise_level * (sigma / (1 - sigma)) ** 0.5
-    prev_sample_mean = sample + (sigma_next - sigma) * model_output
-    prev_sample = prev_sample_mean + std_dev_t * torch.randn_like(sample)
-    log_prob = -((prev_sample.detach() - prev_sample_mean) ** 2) / (2 * std_dev_t**2)
-    return prev_sample.to(sample.dtype), log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
