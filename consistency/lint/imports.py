@@ -85,21 +85,24 @@ def _is_init(path: str) -> bool:
     return path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py"
 
 
-def import_edges(files: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, set[str]]:
-    """path -> the linted files it imports (read again here: a file that cannot be read imports nothing). An
-    `__init__.py` imports nothing: it is a package's index; a name taken from it leads to the module that
-    defines it."""
+def import_edges(
+    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
+) -> dict[str, set[str]]:
+    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
+    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
+    name taken from it leads to the module that defines it."""
     modules = {path: _module_of(parts) for path, parts in files}
     packages = {module for path, module in modules.items() if _is_init(path)}
     by_last: dict[str, list[str]] = {}
     for path, module in modules.items():
         if module:
             by_last.setdefault(module[-1], []).append(path)
-    texts = {path: _read(path) for path in modules}
+    wanted = set(modules) if importing is None else set(importing)
+    texts = {path: _read(path) for path in modules if path in wanted or _is_init(path)}
     reexports = {path: _reexports(texts[path], modules[path]) for path in modules if _is_init(path)}
     edges: dict[str, set[str]] = {}
     for path, module in modules.items():
-        if _is_init(path):
+        if _is_init(path) or path not in wanted:
             continue
         package = module if _is_init(path) else module[:-1]
         roots = {package[:depth] for depth in range(len(package) + 1)} - packages

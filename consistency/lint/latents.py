@@ -32,13 +32,15 @@ a cast whose result is dropped are not reported.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .astutil import bound_names, iter_statements, last_name, own_nodes, short, words
 from .model import Finding, span
 from .precision import mixed_precision_settings, nearest_settings
-from .readers import unread_log_probs
+from .readers import call_pattern, resolvable, unread_log_probs
 from .source import SourceFile
 
 __all__ = ["RULE_ID", "Candidate", "Facts", "compare", "is_log_prob_name", "log_prob_slots", "needs", "summarise"]
@@ -150,17 +152,26 @@ class Facts:
 
 def summarise(file: SourceFile) -> Facts:
     """The file's candidates: every rounded scored sample it keeps (`_Scope`)."""
-    scopes = [file.tree, *file.functions]
+    # Only scopes whose text names a log-prob can score a sample (a function that returns a scored sample
+    # names one too): most functions of a file that does are skipped unwalked.
+    scored_scopes = [scope for scope in file.functions if _names_log_prob(file.text_of(scope))]
     # Functions of this file that return a scored sample: a call to one of them scores what it binds.
     returns_scored: set[str] = set()
+    results: dict[int, dict[str, ast.AST]] = {}  # scope -> `_results_with_log_prob`, computed once
     for _ in range(2):  # the second pass sees the summaries of functions defined below their callers
-        found = {name for scope in scopes for name in _Scope(file, scope, returns_scored).summary()}
+        found = {name for scope in scored_scopes for name in _Scope(file, scope, returns_scored, results).summary()}
         if found <= returns_scored:
             break
         returns_scored |= found
+    calls_scored = re.compile(r"\b(?:" + "|".join(sorted(returns_scored)) + r")\s*\(") if returns_scored else None
+    scopes = [file.tree] + [
+        scope
+        for scope in file.functions
+        if _names_log_prob(text := file.text_of(scope)) or (calls_scored is not None and calls_scored.search(text))
+    ]
     candidates = []
     for scope in scopes:
-        kept = list(_Scope(file, scope, returns_scored).run())
+        kept = list(_Scope(file, scope, returns_scored, results).run())
         if not kept:
             continue
         function = scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
@@ -189,10 +200,22 @@ def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]
     candidates = [c for file_facts in facts for c in file_facts.candidates if not c.suppressed]
     if not candidates:
         return
-    settings = mixed_precision_settings(linted) if any(c.kind == "model" for c in candidates) else []
-    unread = unread_log_probs(
-        {(c.finding.path, c.function): c.log_prob_slots for c in candidates if c.function}, linted
-    )
+    slots = {(c.finding.path, c.function): c.log_prob_slots for c in candidates if c.function}
+    slots = {key: value for key, value in slots.items() if resolvable(key[1])}
+    # One read of every linted file (most were never parsed) for both questions: the mixed-precision settings,
+    # and the files that call a sampler whose log-probs may go unread.
+    want_settings = any(c.kind == "model" for c in candidates)
+    calls = call_pattern({name for _, name in slots}) if slots else None
+    settings: list = []
+    naming: dict[str, bytes] = {}
+    if want_settings or calls is not None:
+        for path, _ in linted:
+            data = _read(path)
+            if want_settings:
+                settings.extend(mixed_precision_settings(path, data))
+            if calls is not None and calls(data):
+                naming[path] = data
+    unread = unread_log_probs(slots, linted, naming) if slots else set()
     for candidate in candidates:
         if (candidate.finding.path, candidate.function) in unread:
             continue
@@ -227,6 +250,11 @@ def log_prob_slots(function: ast.AST) -> tuple[int, ...]:
                 ):
                     slots.add(index)
     return tuple(sorted(slots))
+
+
+def _names_log_prob(text: str) -> bool:
+    lowered = text.lower()
+    return "logp" in lowered or "log_prob" in lowered
 
 
 def is_log_prob_name(name: str | None) -> bool:
@@ -351,7 +379,9 @@ def _callee_key(call: ast.Call) -> str | None:
 class _Scope:
     """One function (or the module's top level), walked statement by statement."""
 
-    def __init__(self, file: SourceFile, scope: ast.AST, returns_scored: set[str]) -> None:
+    def __init__(
+        self, file: SourceFile, scope: ast.AST, returns_scored: set[str], results: dict[int, dict[str, ast.AST]]
+    ) -> None:
         self.file = file
         self.scope = scope
         self.returns_scored = returns_scored
@@ -361,7 +391,9 @@ class _Scope:
         self.reported: set[int] = set()
         self.kept: list[tuple[_Cast, str]] = []  # (a rounded copy, where it is kept)
         self.returns_a_scored_sample = False
-        self.results_with_log_prob = _results_with_log_prob(scope)
+        if id(scope) not in results:
+            results[id(scope)] = _results_with_log_prob(file, scope)
+        self.results_with_log_prob = results[id(scope)]
 
     def run(self) -> Iterator[tuple[_Cast, str]]:
         self._block(self.scope.body, ())
@@ -560,7 +592,7 @@ def _message(origin: _Cast, sink: str) -> tuple[str, str]:
     )
 
 
-def _results_with_log_prob(scope: ast.AST) -> dict[str, ast.AST]:
+def _results_with_log_prob(file: SourceFile, scope: ast.AST) -> dict[str, ast.AST]:
     """Names bound from a step call whose log-prob is read (`out.log_prob`, `out["log_prob"]`) in the scope."""
     from_step: dict[str, ast.AST] = {}
     read: set[str] = set()
@@ -572,7 +604,7 @@ def _results_with_log_prob(scope: ast.AST) -> dict[str, ast.AST]:
             and _is_step_call(stmt.value)
         ):
             from_step[stmt.targets[0].id] = stmt.value
-        for node in own_nodes(stmt):
+        for node in file.own_nodes(stmt):
             if (
                 isinstance(node, (ast.Attribute, ast.Subscript))
                 and isinstance(node.value, ast.Name)
@@ -632,3 +664,10 @@ def _assigned_names(stmt: ast.stmt) -> list[str]:
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
         targets = [stmt.target]
     return [name for target in targets for name in bound_names(target)]
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""

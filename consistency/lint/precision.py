@@ -13,7 +13,7 @@ command-line default, the `Accelerator(...)` call — it is read from the text, 
 * `mixed_precision: bf16` in a YAML file is not read (only the `*.py` files are linted).
 
 Values: `fp16`/`bf16` (and `float16`/`bfloat16`) are low precision; `no`/`fp32`/`float32` are not; anything else
-(a variable) says nothing. The files are read again here (most were never parsed), and only when a finding
+(a variable) says nothing. The files are read again (most were never parsed), and only when a finding
 depends on the setting.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 __all__ = ["Setting", "mixed_precision_settings", "nearest_settings"]
 
@@ -57,27 +56,18 @@ class Setting:
         return f"`mixed_precision` at {self.path}:{self.line}"
 
 
-def mixed_precision_settings(linted: Sequence[tuple[str, tuple[str, ...]]]) -> list[Setting]:
-    """The low-precision and float32 settings of the linted files (path, components), in path order; a value
-    neither (a variable, `"auto"`) is left out."""
+def mixed_precision_settings(path: str, data: bytes) -> list[Setting]:
+    """The low-precision and float32 settings of one file (its path and bytes), in order; a value neither (a
+    variable, `"auto"`) is left out."""
+    if _WORD not in data and b"mixed-precision" not in data:
+        return []
     found: list[Setting] = []
-    for path, _ in linted:
-        data = _read(path)
-        if _WORD not in data and b"mixed-precision" not in data:
-            continue
-        for pattern in _PATTERNS:
-            for match in pattern.finditer(data):
-                value = match.group(1).decode("ascii", "replace")
-                if value.lower() in _LOW | _FLOAT32:
-                    found.append(Setting(value, path, data.count(b"\n", 0, match.start(1)) + 1))
-    return sorted(found, key=lambda s: (s.path, s.line))
-
-
-def _read(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError:
-        return b""
+    for pattern in _PATTERNS:
+        for match in pattern.finditer(data):
+            value = match.group(1).decode("ascii", "replace")
+            if value.lower() in _LOW | _FLOAT32:
+                found.append(Setting(value, path, data.count(b"\n", 0, match.start(1)) + 1))
+    return sorted(found, key=lambda s: s.line)
 
 
 def nearest_settings(settings: Sequence[Setting], path: str) -> list[Setting]:

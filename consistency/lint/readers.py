@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .astutil import iter_statements, last_name, own_nodes, words
 from .imports import import_edges
 from .source import SourceFile, parse_source
 
-__all__ = ["unread_log_probs"]
+__all__ = ["call_pattern", "resolvable", "unread_log_probs"]
 
 _READ = "read"
 _DISCARDED = "discarded"
@@ -38,21 +38,33 @@ _DISCARDED = "discarded"
 _Site = dict
 
 
+def call_pattern(names: Iterable[str]) -> Callable[[bytes], bool]:
+    """Whether a file's text calls one of `names` (`pipeline_with_logprob(`): a plain substring test first (most
+    files name none of them), then the pattern."""
+    encoded = [name.encode() for name in sorted(names)]
+    pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n) for n in encoded) + rb")\s*\(")
+    return lambda data: any(n in data for n in encoded) and pattern.search(data) is not None
+
+
 def unread_log_probs(
-    slots: Mapping[tuple[str, str], Sequence[int]], linted: Sequence[tuple[str, tuple[str, ...]]]
+    slots: Mapping[tuple[str, str], Sequence[int]],
+    linted: Sequence[tuple[str, tuple[str, ...]]],
+    naming: Mapping[str, bytes],
 ) -> set[tuple[str, str]]:
     """The (path, function) keys of `slots` (-> the positions of the function's returned tuples that hold a
     log-prob) that some linted file calls, and whose log-prob positions none of their callers reads, directly
     or through a caller that returns them. A call counts where the calling file is the function's own or
-    imports it (`imports.import_edges`): a function of the same name in another program is another function."""
-    keys = {key for key in slots if _resolvable(key[1])}
+    imports it (`imports.import_edges`): a function of the same name in another program is another function.
+    `naming`: path -> text of the files that match `call_pattern` of the functions' names (the caller reads the
+    files once for this and for other questions)."""
+    keys = {key for key in slots if resolvable(key[1])}
     if not keys:
         return set()
-    sites = _call_sites(keys, linted)
+    sites = _call_sites(keys, linted, naming)
     return {key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])}
 
 
-def _resolvable(name: str) -> bool:
+def resolvable(name: str) -> bool:
     """A name specific enough to find its callers by: more than one word, not a dunder."""
     return len(words(name)) > 1 and not name.startswith("__")
 
@@ -61,7 +73,7 @@ def _is_read(key: tuple[str, str], slot: int, sites: Mapping[tuple[str, str], li
     if (key, slot) in seen:
         return False
     seen.add((key, slot))
-    calls = sites.get(key) if _resolvable(key[1]) else None
+    calls = sites.get(key) if resolvable(key[1]) else None
     if not calls:
         return True  # no caller in sight: its caller is elsewhere
     for site in calls:
@@ -74,52 +86,57 @@ def _is_read(key: tuple[str, str], slot: int, sites: Mapping[tuple[str, str], li
 
 
 def _call_sites(
-    keys: set[tuple[str, str]], linted: Sequence[tuple[str, tuple[str, ...]]]
+    keys: set[tuple[str, str]], linted: Sequence[tuple[str, tuple[str, ...]]], naming: Mapping[str, bytes]
 ) -> dict[tuple[str, str], list[_Site]]:
     """(path, function) -> the statuses of each of its call sites in the linted files, for `keys` and every
-    function that forwards their values (found as they are met)."""
-    edges = import_edges(linted)
+    function that forwards their values (found as they are met; their callers' files are read again)."""
     sites: dict[tuple[str, str], list[_Site]] = {}
     pending, done = set(keys), set()
-    texts: dict[str, bytes] = {}
+    parts_of = dict(linted)
+    texts = dict(naming)
     while pending - done:
         batch = pending - done
-        done |= batch
         names = {name for _, name in batch}
-        pattern = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\s*\(")
-        for path, parts in linted:
-            data = texts.get(path)
-            if data is None:
-                data = texts[path] = _read(path)
-            if not pattern.search(data):
-                continue
-            parsed = parse_source(data, path, parts)
+        if done:  # functions met on the way: find the files that name them
+            calls = call_pattern(names)
+            texts = {path: data for path, _ in linted if calls(data := _read(path))}
+        done |= batch
+        edges = import_edges(linted, list(texts))  # only the files that name a function
+        defined_in = {key[0] for key in batch}
+        for path, data in texts.items():
+            if path not in defined_in and not defined_in & edges.get(path, set()):
+                continue  # imports none of the functions' files: cannot call them
+            parsed = parse_source(data, path, parts_of[path])
             if not isinstance(parsed, SourceFile):
                 continue
             for name, site in _sites_in(parsed, names):
                 for key in batch:
                     if key[1] == name and (key[0] == path or key[0] in edges.get(path, ())):
                         sites.setdefault(key, []).append(site)
-                        pending.update(s[0] for s in site.values() if isinstance(s, tuple) and _resolvable(s[0][1]))
+                        pending.update(s[0] for s in site.values() if isinstance(s, tuple) and resolvable(s[0][1]))
     return sites
 
 
 def _sites_in(file: SourceFile, names: set[str]) -> Iterable[tuple[str, _Site]]:
     for scope in (file.tree, *file.functions):
+        text = file.text_of(scope) if scope is not file.tree else None
+        if text is not None and not any(name in text for name in names):
+            continue
         for stmt, _ in iter_statements(scope.body):
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
-            for node in own_nodes(stmt):
+            nodes = file.own_nodes(stmt)
+            indexed = {id(n.value): n for n in nodes if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Call)}
+            for node in nodes:
                 if isinstance(node, ast.Call) and last_name(node.func) in names:
-                    yield last_name(node.func), _site(file, scope, stmt, node)
+                    yield last_name(node.func), _site(file.path, scope, stmt, node, indexed.get(id(node)))
 
 
-def _site(file: SourceFile, scope: ast.AST, stmt: ast.stmt, call: ast.Call) -> _Site:
-    parent = file.parents.get(call)
+def _site(path: str, scope: ast.AST, stmt: ast.stmt, call: ast.Call, subscript: ast.Subscript | None) -> _Site:
     if isinstance(stmt, ast.Expr) and stmt.value is call:
         return {"*": _DISCARDED}
-    if isinstance(parent, ast.Subscript) and parent.value is call:
-        index = parent.slice
+    if subscript is not None:
+        index = subscript.slice
         if isinstance(index, ast.Constant) and isinstance(index.value, int):
             return {index.value: _READ, "*": _DISCARDED}
         return {"*": _READ}
@@ -130,11 +147,11 @@ def _site(file: SourceFile, scope: ast.AST, stmt: ast.stmt, call: ast.Call) -> _
         return {"*": _READ}
     site: _Site = {"*": _DISCARDED}
     for index, element in enumerate(target.elts):
-        site[index] = _name_status(file, scope, element.id) if isinstance(element, ast.Name) else _READ
+        site[index] = _name_status(path, scope, element.id) if isinstance(element, ast.Name) else _READ
     return site
 
 
-def _name_status(file: SourceFile, scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
+def _name_status(path: str, scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
     """What the calling scope does with `name`: discards it, only returns it (at these positions), or reads it."""
     if name.startswith("_"):
         return _DISCARDED
@@ -154,7 +171,7 @@ def _name_status(file: SourceFile, scope: ast.AST, name: str) -> str | tuple[str
         return _DISCARDED
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return _READ
-    return ((file.path, scope.name), tuple(sorted(returned)))
+    return ((path, scope.name), tuple(sorted(returned)))
 
 
 def _read(path: str) -> bytes:
