@@ -132,6 +132,11 @@ def _one_sided(
     """Per program (the files one file reaches by imports): only there can one side miss what the other sets."""
     if not any(setting.side != "shared" for file_facts in facts for setting in file_facts.settings):
         return  # settings that no name puts on a side: nothing can be one-sided
+    # A test module (`test_*.py`, `*_test.py`, `conftest.py`) runs no side of a deployed system: it is no
+    # program's root (a test importing a trainer and a rollout worker does not run them as one) and its name
+    # says nothing (`test_grouped_rollout.py` beside a single-process trainer).
+    linted = [item for item in linted if not _is_test(item[1][-1] if item[1] else item[0])]
+    facts = [f for f in facts if not _is_test(f.path)]
     for program in programs(linted, [f.path for f in facts if f.settings]):
         yield from _one_sided_in(
             [f for f in facts if f.path in program], [item for item in linted if item[0] in program]
@@ -174,6 +179,11 @@ def _one_sided_in(
                     f"{other_side} side has it {other.shown_value()} ({other.where}); set it identically on both "
                     "sides, or once in a launcher both sides run",
                 )
+
+
+def _is_test(path: str) -> bool:
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
 
 
 def _present_sides(facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, str]:

@@ -105,6 +105,8 @@ _STEP_FUNCTION_WORDS = frozenset(
         "previous",
     }
 )
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_LOG_PROB_CONTAINER_CALLS = frozenset({"stack", "cat", "concat", "concatenate", "tensor", "as_tensor", "list", "tuple"})
 _CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "stack", "cat", "concat", "concatenate"})
 _CAST_TOKENS = (b".to(", b".half(", b".bfloat16(", b".type(", b".type_as(")
 
@@ -239,7 +241,12 @@ def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]
 
 
 def log_prob_slots(function: ast.AST) -> tuple[int, ...]:
-    """The positions of the tuples `function` returns that hold a log-prob (`return latents, all_log_probs`)."""
+    """The positions of the tuples `function` returns that hold a log-prob (`return latents, all_log_probs`);
+    none when a log-prob also leaves it another way — stored on an object (`child.log_prob = lp`) or in a
+    container that is not itself a log-prob (`buffer["x"] = log_prob`), passed to a constructor
+    (`TreeNode(latent, log_prob)`) — so that only its returned tuples can carry it to a trainer."""
+    if _log_prob_escapes(function):
+        return ()
     slots: set[int] = set()
     for stmt, _ in iter_statements(function.body):
         if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Tuple):
@@ -576,6 +583,39 @@ class _Scope:
     def _where(self, node: ast.AST) -> str:
         line = getattr(self.file.statement_of(node), "lineno", None)
         return f" (line {line})" if line is not None else ""
+
+
+def _reads_log_prob(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and is_log_prob_name(last_name(n))
+        for n in ast.walk(node)
+    )
+
+
+def _log_prob_escapes(function: ast.AST) -> bool:
+    """Whether a log-prob leaves `function` other than in its returned tuples (see `log_prob_slots`)."""
+    for stmt, _ in iter_statements(function.body):
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None and _reads_log_prob(stmt.value):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    if isinstance(element, (ast.Attribute, ast.Subscript)) and not is_log_prob_name(
+                        last_name(element.value)
+                    ):
+                        return True
+        for node in ast.walk(stmt) if not isinstance(stmt, _SCOPES) else ():
+            if not isinstance(node, ast.Call) or not any(
+                _reads_log_prob(arg) for arg in [*node.args, *(kw.value for kw in node.keywords)]
+            ):
+                continue
+            func = node.func
+            receiver = func.value if isinstance(func, ast.Attribute) else None
+            if receiver is not None and is_log_prob_name(last_name(receiver)):
+                continue  # `all_log_probs.append(log_prob)`
+            if last_name(func) in _LOG_PROB_CONTAINER_CALLS or (last_name(func) or "").islower():
+                continue  # `torch.stack(log_probs)`, `torch.exp(log_prob - old)`, a helper computing from it
+            return True
+    return False
 
 
 def _message(origin: _Cast, sink: str) -> tuple[str, str]:
