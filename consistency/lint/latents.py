@@ -106,7 +106,6 @@ _STEP_FUNCTION_WORDS = frozenset(
     }
 )
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-_LOG_PROB_CONTAINER_CALLS = frozenset({"stack", "cat", "concat", "concatenate", "tensor", "as_tensor", "list", "tuple"})
 _CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "stack", "cat", "concat", "concatenate"})
 _CAST_TOKENS = (b".to(", b".half(", b".bfloat16(", b".type(", b".type_as(")
 
@@ -177,6 +176,8 @@ def summarise(file: SourceFile) -> Facts:
         if not kept:
             continue
         function = scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+        if function is not None and not log_prob_leaves(scope):
+            continue  # its log-probs die inside it: no trainer can read them
         slots = log_prob_slots(scope) if function is not None else ()
         for origin, sink in kept:
             lead, rest = _message(origin, sink)
@@ -592,6 +593,29 @@ def _reads_log_prob(node: ast.AST) -> bool:
     )
 
 
+def _is_local_log_prob(node: ast.AST) -> bool:
+    """A local log-prob list or dict (`all_log_probs`, `all_log_probs[key]`), not `self.log_probs`."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Name) and is_log_prob_name(node.id)
+
+
+def log_prob_leaves(function: ast.AST) -> bool:
+    """Whether the log-probs `function` computes can reach anyone: returned (in a tuple or otherwise), yielded,
+    or leaving another way (`_log_prob_escapes`). A sampler that computes them and keeps them to itself (its
+    pipeline returns `image, all_latents`) hands no trainer a log-prob to disagree with."""
+    if _log_prob_escapes(function):
+        return True
+    for stmt, _ in iter_statements(function.body):
+        if isinstance(stmt, _SCOPES):
+            continue
+        for node in own_nodes(stmt):
+            returned = isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and node.value is not None
+            if returned and _reads_log_prob(node.value):
+                return True
+    return False
+
+
 def _log_prob_escapes(function: ast.AST) -> bool:
     """Whether a log-prob leaves `function` other than in its returned tuples (see `log_prob_slots`)."""
     for stmt, _ in iter_statements(function.body):
@@ -599,9 +623,7 @@ def _log_prob_escapes(function: ast.AST) -> bool:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
                 for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-                    if isinstance(element, (ast.Attribute, ast.Subscript)) and not is_log_prob_name(
-                        last_name(element.value)
-                    ):
+                    if isinstance(element, (ast.Attribute, ast.Subscript)) and not _is_local_log_prob(element.value):
                         return True
         for node in ast.walk(stmt) if not isinstance(stmt, _SCOPES) else ():
             if not isinstance(node, ast.Call) or not any(
@@ -609,12 +631,12 @@ def _log_prob_escapes(function: ast.AST) -> bool:
             ):
                 continue
             func = node.func
-            receiver = func.value if isinstance(func, ast.Attribute) else None
-            if receiver is not None and is_log_prob_name(last_name(receiver)):
-                continue  # `all_log_probs.append(log_prob)`
-            if last_name(func) in _LOG_PROB_CONTAINER_CALLS or (last_name(func) or "").islower():
-                continue  # `torch.stack(log_probs)`, `torch.exp(log_prob - old)`, a helper computing from it
-            return True
+            if isinstance(func, ast.Attribute) and func.attr in (*_STORE_METHODS, "update", "setdefault"):
+                if not _is_local_log_prob(func.value):  # `buffer.log_probs.append(lp)`, not `all_log_probs.append`
+                    return True
+            elif (last_name(func) or "")[:1].isupper():
+                return True  # `TreeNode(latent, log_prob)`, `SchedulerOutput(prev_sample, log_prob)`
+            # else `torch.stack(log_probs)`, `torch.exp(log_prob - old)`: computing from it, not keeping it
     return False
 
 
