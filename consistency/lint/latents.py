@@ -586,10 +586,17 @@ class _Scope:
         return f" (line {line})" if line is not None else ""
 
 
-def _reads_log_prob(node: ast.AST) -> bool:
+def _reads_log_prob(node: ast.AST, holding: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether `node` reads a log-prob (a log-prob name, or a name of `holding`; not a function named for one:
+    `sde_step_with_logprob(...)` also returns the sample)."""
+    nodes = list(ast.walk(node))
+    called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     return any(
-        isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and is_log_prob_name(last_name(n))
-        for n in ast.walk(node)
+        isinstance(n, (ast.Name, ast.Attribute))
+        and isinstance(n.ctx, ast.Load)
+        and id(n) not in called
+        and (is_log_prob_name(last_name(n)) or (isinstance(n, ast.Name) and n.id in holding))
+        for n in nodes
     )
 
 
@@ -606,12 +613,27 @@ def log_prob_leaves(function: ast.AST) -> bool:
     pipeline returns `image, all_latents`) hands no trainer a log-prob to disagree with."""
     if _log_prob_escapes(function):
         return True
-    for stmt, _ in iter_statements(function.body):
-        if isinstance(stmt, _SCOPES):
-            continue
+    statements = [stmt for stmt, _ in iter_statements(function.body) if not isinstance(stmt, _SCOPES)]
+    # names holding a log-prob: a log-prob's own, and what is built from one (`ret = (image, all_log_probs)`)
+    holding: set[str] = set()
+    for _ in range(3):
+        before = len(holding)
+        for stmt in statements:
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None:
+                if _reads_log_prob(stmt.value, holding):
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    holding.update(name for target in targets for name in bound_names(target))
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+                func = stmt.value.func  # `ret.append(all_log_probs)`
+                receiver = func.value if isinstance(func, ast.Attribute) else None
+                if isinstance(receiver, ast.Name) and any(_reads_log_prob(a, holding) for a in stmt.value.args):
+                    holding.add(receiver.id)
+        if len(holding) == before:
+            break
+    for stmt in statements:
         for node in own_nodes(stmt):
             returned = isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and node.value is not None
-            if returned and _reads_log_prob(node.value):
+            if returned and _reads_log_prob(node.value, holding):
                 return True
     return False
 
