@@ -13,9 +13,10 @@ that the calling function only returns, at some positions: the question moves to
 *read* (anything else: a name used, an attribute, a single name bound to the whole tuple, an argument).
 
 Callers are found by the function's name in the text of every linted file (the files are read again here, and
-only the few that name the function are parsed), so a function that no linted file calls is taken as read
-(its caller is elsewhere), and so is a function whose name is one plain word (`step`, `forward`, `__call__`:
-too common to tell its callers from others').
+only the few that name and import the function are parsed), so a sampler that no linted file calls is taken as
+read (its caller is elsewhere: a file linted alone), and so is a function whose name is one plain word (`step`,
+`forward`, `__call__`: too common to tell its callers from others'), and a caller that passes the log-probs on
+and that no linted file calls in turn (a trainer not linted, a `functools.partial`; a dead copy too).
 """
 
 from __future__ import annotations
@@ -73,9 +74,11 @@ def _is_read(key: tuple[str, str], slot: int, sites: Mapping[tuple[str, str], li
     if (key, slot) in seen:
         return False
     seen.add((key, slot))
-    calls = sites.get(key) if resolvable(key[1]) else None
+    if not resolvable(key[1]):
+        return True  # a plain word (`step`, `__call__`): its callers cannot be told from others'
+    calls = sites.get(key)
     if not calls:
-        return True  # no caller in sight: its caller is elsewhere
+        return True  # no caller in sight: its caller is elsewhere (a trainer not linted, an indirect call)
     for site in calls:
         status = site.get(slot, site.get("*", _DISCARDED))
         if status == _READ:
@@ -151,8 +154,9 @@ def _site(path: str, scope: ast.AST, stmt: ast.stmt, call: ast.Call, subscript: 
     return site
 
 
-def _name_status(path: str, scope: ast.AST, name: str) -> str | tuple[str, tuple[int, ...]]:
-    """What the calling scope does with `name`: discards it, only returns it (at these positions), or reads it."""
+def _name_status(path: str, scope: ast.AST, name: str, depth: int = 0) -> str | tuple[str, tuple[int, ...]]:
+    """What the calling scope does with `name`: discards it, only returns it (at these positions, also through a
+    local list it is appended to: `all_log_probs.append(log_prob)`), or reads it."""
     if name.startswith("_"):
         return _DISCARDED
     returned: set[int] = set()
@@ -164,14 +168,50 @@ def _name_status(path: str, scope: ast.AST, name: str) -> str | tuple[str, tuple
             if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
                 continue
             index = next((i for i, e in enumerate(elements or ()) if e is node), None)
-            if index is None:
+            if index is not None:
+                returned.add(index)
+                continue
+            if _collects(stmt, node):
+                continue  # `all_log_probs.append(...)`: the list filled, not read
+            collected = _appended_to(stmt, node)
+            if collected is None or depth > 2:
                 return _READ
-            returned.add(index)
+            status = _name_status(path, scope, collected, depth + 1)
+            if status == _READ or (isinstance(status, tuple) and status[0] != (path, getattr(scope, "name", ""))):
+                return _READ
+            if isinstance(status, tuple):
+                returned.update(status[1])
     if not returned:
         return _DISCARDED
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return _READ
     return ((path, scope.name), tuple(sorted(returned)))
+
+
+def _collects(stmt: ast.stmt, node: ast.Name) -> bool:
+    """Whether `node` is the list `stmt` appends to (`node.append(...)` as a statement)."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("append", "extend")
+        and call.func.value is node
+    )
+
+
+def _appended_to(stmt: ast.stmt, node: ast.Name) -> str | None:
+    """`all_log_probs` when `stmt` is `all_log_probs.append(node)` (a local list collecting it), else None."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("append", "extend")
+        and isinstance(call.func.value, ast.Name)
+        and call.args
+        and call.args[0] is node
+    ):
+        return call.func.value.id
+    return None
 
 
 def _read(path: str) -> bytes:

@@ -29,3 +29,15 @@ def run_sampling(v_pred_fn, z, sigmas, noise_level=0.7):
         all_log_probs.append(log_prob)
     latents = z.to(dtype)
     return latents, all_latents, all_log_probs
+
+
+def flow_sde_step(model_output, sigmas, index, sample, noise_level=0.7):
+    """One step that hands back its sample in the model dtype beside the float32 log-prob."""
+    dtype = model_output.dtype
+    z = sample.float()
+    sigma, sigma_prev = sigmas[index], sigmas[index + 1]
+    std_dev_t = noise_level * (sigma / (1 - sigma)) ** 0.5
+    prev_sample_mean = z + (sigma_prev - sigma) * model_output.float()
+    prev_sample = prev_sample_mean + std_dev_t * torch.randn_like(z)
+    log_prob = -((prev_sample.detach() - prev_sample_mean) ** 2) / (2 * std_dev_t**2)
+    return prev_sample.to(dtype), log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
