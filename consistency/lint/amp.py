@@ -8,7 +8,7 @@ bf16 has float32's exponent range: scaling buys nothing, and the scaler's skippe
 trainer's update differ from a plain one. Left alone: `enabled=<expression>` (a scaler switched on for fp16
 only), a scaler built under a condition that mentions fp16, files with an fp16 (or unresolvable) autocast.
 
-`clip-before-unscale`: in one function that calls `<scaler>.step(...)`, a `clip_grad_norm_` /
+`clip-before-unscale`: in one function (or a script's top level) that calls `<scaler>.step(...)`, a `clip_grad_norm_` /
 `clip_grad_value_` that comes before `<scaler>.unscale_(...)` (or with no `unscale_` at all): the clip then
 measures the scaled gradients, so the threshold is off by the loss scale (which changes during training).
 Left alone: `accelerator.clip_grad_norm_` / Fabric / DeepSpeed engines (they unscale themselves), clipping
@@ -48,8 +48,8 @@ def check_scaler(file: SourceFile) -> Iterator[Hit]:
 
 
 def check_clip(file: SourceFile) -> Iterator[Hit]:
-    for function in file.functions:
-        yield from _check_clip_function(file, function)
+    for scope in (file.tree, *file.functions):  # a script's top-level training loop too
+        yield from _check_clip_function(file, scope)
 
 
 def _precision_of(node: ast.AST, assigned: dict[str, list[ast.AST]], depth: int = 0) -> set[str]:

@@ -20,8 +20,8 @@ The side of a setting is read from names of such places (`sides.side_of`): an en
 names a role, the enclosing classes, the file name, then the directories — rollout, vllm, sglang against
 actor, trainer, learner. A setting no such name decides is *shared* (a launcher, a single-process script).
 
-Within each group of linted files linked by imports (`imports.linked_groups`: one program, not a reward
-model's training script beside a vLLM-served reward), per flag: a flag set on one side, never on the other and
+Within each program (`imports.programs`: the files a linted file reaches by imports; not a reward model's
+training script beside a vLLM-served reward, nor a library's DDPO trainer beside its LLM vLLM client), per flag: a flag set on one side, never on the other and
 nowhere shared, is a finding at each of that side's settings — provided the group *has* the other side (a
 file or directory named for it, or a class named for it in a file with settings). Otherwise, when both sides' effective values are constants (a side's own settings,
 else the shared ones) and differ, each side's own setting is a finding.
@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .astutil import call_name, const, dotted, short, words
-from .imports import linked_groups
+from .imports import programs
 from .model import Finding, span
 from .sides import side_of, side_of_words
 from .source import SourceFile
@@ -129,13 +129,17 @@ def compare(facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]
 def _one_sided(
     facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]
 ) -> Iterator[tuple[_Setting, str]]:
-    """Per group of files linked by imports (one program): only there can one side miss what the other sets."""
+    """Per program (the files one file reaches by imports): only there can one side miss what the other sets."""
     if not any(setting.side != "shared" for file_facts in facts for setting in file_facts.settings):
         return  # settings that no name puts on a side: nothing can be one-sided
-    groups = linked_groups(linted)
-    for group in sorted(set(groups.values())):
+    # A test module (`test_*.py`, `*_test.py`, `conftest.py`) runs no side of a deployed system: it is no
+    # program's root (a test importing a trainer and a rollout worker does not run them as one) and its name
+    # says nothing (`test_grouped_rollout.py` beside a single-process trainer).
+    linted = [item for item in linted if not _is_test(item[1][-1] if item[1] else item[0])]
+    facts = [f for f in facts if not _is_test(f.path)]
+    for program in programs(linted, [f.path for f in facts if f.settings]):
         yield from _one_sided_in(
-            [f for f in facts if groups.get(f.path) == group], [item for item in linted if groups[item[0]] == group]
+            [f for f in facts if f.path in program], [item for item in linted if item[0] in program]
         )
 
 
@@ -175,6 +179,11 @@ def _one_sided_in(
                     f"{other_side} side has it {other.shown_value()} ({other.where}); set it identically on both "
                     "sides, or once in a launcher both sides run",
                 )
+
+
+def _is_test(path: str) -> bool:
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
 
 
 def _present_sides(facts: Sequence[_Facts], linted: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, str]:

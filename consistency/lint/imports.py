@@ -1,9 +1,13 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Which linted files belong to one program: the groups of files linked by imports among them.
+"""Which linted files belong to one program: what a file reaches by the imports among the linted files.
 
 A rollout worker and a trainer's actor are parts of one RL system when one imports the other, or both are
 imported by a third linted file (verl's `fsdp_workers.py` imports `dp_actor` and `vllm_rollout`); a reward
-model's training script and an OCR reward served by vLLM in the same repository are not. Imports are read
+model's training script and an OCR reward served by vLLM in the same repository are not, and neither are a
+library's single-process DDPO trainer and its LLM vLLM client, though both import the library's helpers and
+its tests import the whole library (trl). Imports are followed in their direction only, and a package's
+`__init__` is not followed (it imports the whole package): a name imported from it leads to the module it
+re-exports that name from. Imports are read
 from the text (`import a.b`, `from a.b import c`, `from ..x import y`, indented ones too), not from a parsed
 tree: the files are many, and most are never parsed.
 
@@ -21,37 +25,138 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["linked_groups"]
+__all__ = ["import_edges", "programs"]
 
 _FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 _IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
+_REEXPORT = re.compile(rb"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 
 
-def linked_groups(files: Sequence[tuple[str, tuple[str, ...]]]) -> dict[str, int]:
-    """path -> group number, for (path, path components) of every linted file (read again here: a file that
-    cannot be read now links nothing)."""
+def programs(files: Sequence[tuple[str, tuple[str, ...]]], members: Iterable[str]) -> list[frozenset[str]]:
+    """The programs `members` belong to: for each linted file that reaches a member by imports (the member
+    itself included), the set of files it reaches. Two files are in one program when one reaches the other, or
+    a third reaches both (verl's `fsdp_workers.py` imports `dp_actor` and `vllm_rollout`) — never because both
+    import a common helper, nor through a package's `__init__` (`import trl` is the whole library, not a data
+    flow): an import of a name from a package follows the package's re-export of that name to its module, and
+    goes no further than the `__init__` otherwise. Larger programs first; none is a subset of another."""
+    edges = import_edges(files)
+    importers: dict[str, set[str]] = {path: set() for path, _ in files}
+    for path, targets in edges.items():
+        for target in targets:
+            importers[target].add(path)
+    ancestors: set[str] = set()
+    stack = [m for m in members if m in importers]
+    while stack:
+        path = stack.pop()
+        if path in ancestors:
+            continue
+        ancestors.add(path)
+        stack.extend(importers[path])
+    found: list[frozenset[str]] = []
+    covered: set[str] = set()
+    # roots first (files no linted file imports), then what cycles leave uncovered
+    for path in sorted(ancestors, key=lambda p: (bool(importers[p]), p)):
+        if path in covered:
+            continue
+        reached = _reach(path, edges)
+        covered |= reached
+        found.append(frozenset(reached))
+    found.sort(key=len, reverse=True)
+    kept: list[frozenset[str]] = []
+    for program in found:
+        if not any(program <= other for other in kept):
+            kept.append(program)
+    return kept
+
+
+def _reach(start: str, edges: dict[str, set[str]]) -> set[str]:
+    reached: set[str] = set()
+    stack = [start]
+    while stack:
+        path = stack.pop()
+        if path in reached:
+            continue
+        reached.add(path)
+        stack.extend(edges.get(path, ()))
+    return reached
+
+
+def _is_init(path: str) -> bool:
+    return path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py"
+
+
+def import_edges(
+    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
+) -> dict[str, set[str]]:
+    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
+    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
+    name taken from it leads to the module that defines it."""
     modules = {path: _module_of(parts) for path, parts in files}
-    packages = {module for path, module in modules.items() if path.replace("\\", "/").endswith("/__init__.py")}
+    packages = {module for path, module in modules.items() if _is_init(path)}
     by_last: dict[str, list[str]] = {}
     for path, module in modules.items():
         if module:
             by_last.setdefault(module[-1], []).append(path)
-    parent = {path: path for path in modules}
-
-    def find(path: str) -> str:
-        while parent[path] != path:
-            parent[path] = parent[parent[path]]
-            path = parent[path]
-        return path
-
+    wanted = set(modules) if importing is None else set(importing)
+    texts = {path: _read(path) for path in modules if path in wanted or _is_init(path)}
+    reexports = {path: _reexports(texts[path], modules[path]) for path in modules if _is_init(path)}
+    edges: dict[str, set[str]] = {}
     for path, module in modules.items():
-        package = module if path.replace("\\", "/").endswith("/__init__.py") else module[:-1]
+        if _is_init(path) or path not in wanted:
+            continue
+        package = module if _is_init(path) else module[:-1]
         roots = {package[:depth] for depth in range(len(package) + 1)} - packages
-        for imported in _imported_modules(_read(path), package):
+        targets: set[str] = set()
+        for imported, names in _imports(texts[path], package):
             for other in _resolve(imported, by_last, modules, roots):
-                parent[find(other)] = find(path)
-    roots: dict[str, int] = {}
-    return {path: roots.setdefault(find(path), len(roots)) for path in modules}
+                targets.add(other)
+                for name in names if _is_init(other) else ():
+                    targets.update(_definition(name, other, reexports, by_last, modules))
+        targets.discard(path)
+        edges[path] = targets
+    return edges
+
+
+def _definition(
+    name: str,
+    init: str,
+    reexports: dict[str, dict[str, tuple[str, ...]]],
+    by_last: dict[str, list[str]],
+    modules: dict[str, tuple[str, ...]],
+) -> set[str]:
+    """The linted modules a package's `__init__` takes `name` from, through the `__init__`s of subpackages
+    (`from trl import DDPOTrainer` -> `trl/trainer/__init__.py` -> `trl/trainer/ddpo_trainer.py`)."""
+    found: set[str] = set()
+    pending, seen = [init], set()
+    while pending:
+        current = pending.pop()
+        source = reexports.get(current, {}).get(name)
+        if current in seen or source is None:
+            continue
+        seen.add(current)
+        for module in _resolve(source, by_last, modules, {()}):  # `source` is the module's whole path
+            if _is_init(module):
+                pending.append(module)
+            else:
+                found.add(module)
+    return found
+
+
+def _reexports(data: bytes, package: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """name -> the module a package's `__init__` takes it from (`from .vllm_rollout import vLLMRollout`)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for match in _REEXPORT.finditer(data):
+        level = len(match.group(1))
+        if level - 1 > len(package):
+            continue
+        base = (*package[: len(package) - (level - 1)], *_parts(match.group(2)))
+        for name in _names(match.group(3)):
+            found.setdefault(name, base)
+    return found
+
+
+def _parts(dotted: bytes) -> tuple[str, ...]:
+    return tuple(part for part in dotted.decode("ascii", "replace").split(".") if part)
 
 
 def _module_of(parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -69,24 +174,26 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _imported_modules(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[str, ...]]:
-    """Module paths an import of the file may name: `a.b` and `a.b.c` for `from a.b import c`."""
+def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(module path, names taken from it) for each module an import of the file may name: for `from a.b import
+    c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
     for match in _FROM.finditer(data):
         level = len(match.group(1))
-        base = tuple(part for part in match.group(2).decode("ascii", "replace").split(".") if part)
+        base = _parts(match.group(2))
         if level:
             if level - 1 > len(package):
                 continue
             base = (*package[: len(package) - (level - 1)], *base)
+        names = tuple(_names(match.group(3)))
         if base:
-            yield base
-        for name in _names(match.group(3)):
-            yield (*base, name)
+            yield base, names
+        for name in names:
+            yield (*base, name), ()
     for match in _IMPORT.finditer(data):
         for name in match.group(1).decode("ascii", "replace").split(","):
             module = name.split(" as ")[0].strip()
             if module:
-                yield tuple(module.split("."))
+                yield tuple(module.split(".")), ()
 
 
 def _names(listed: bytes) -> Iterable[str]:

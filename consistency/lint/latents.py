@@ -32,14 +32,18 @@ a cast whose result is dropped are not reported.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .astutil import bound_names, iter_statements, last_name, own_nodes, short, words
-from .model import Hit
+from .model import Finding, span
+from .precision import mixed_precision_settings, nearest_settings
+from .readers import call_pattern, resolvable, unread_log_probs
 from .source import SourceFile
 
-__all__ = ["RULE_ID", "check", "needs"]
+__all__ = ["RULE_ID", "Candidate", "Facts", "compare", "is_log_prob_name", "log_prob_slots", "needs", "summarise"]
 
 RULE_ID = "low-precision-latents"
 
@@ -101,6 +105,7 @@ _STEP_FUNCTION_WORDS = frozenset(
         "previous",
     }
 )
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "stack", "cat", "concat", "concatenate"})
 _CAST_TOKENS = (b".to(", b".half(", b".bfloat16(", b".type(", b".type_as(")
 
@@ -117,6 +122,7 @@ class _Cast:
     call: ast.Call
     dtype: str
     scored_at: ast.AST  # where the log-prob of the uncast sample was computed
+    kind: str  # 'low' (bf16/fp16 written out) or 'model' (another tensor's dtype, a dtype variable)
 
 
 @dataclass(frozen=True)
@@ -125,17 +131,138 @@ class _Scored:
     loop: ast.stmt | None  # the innermost loop it is in
 
 
-def check(file: SourceFile) -> Iterator[Hit]:
-    scopes = [file.tree, *file.functions]
+@dataclass(frozen=True)
+class Candidate:
+    """A rounded scored sample that is kept, as plain data (the file's tree is dropped): reported unless the
+    files linted with it show that it cannot disagree (`compare`)."""
+
+    finding: Finding  # as reported when nothing else is known (its message without a precision note)
+    suppressed: bool
+    kind: str  # 'low' (bf16/fp16 written out) or 'model' (another tensor's dtype, a dtype variable)
+    lead: str  # the message up to where a mixed-precision note goes
+    rest: str  # the message after it
+    function: str | None  # the enclosing function, when it returns its log-probs in a tuple
+    log_prob_slots: tuple[int, ...]  # the positions of that function's returned tuples that hold a log-prob
+
+
+@dataclass(frozen=True)
+class Facts:
+    path: str
+    candidates: tuple[Candidate, ...]
+
+
+def summarise(file: SourceFile) -> Facts:
+    """The file's candidates: every rounded scored sample it keeps (`_Scope`)."""
+    # Only scopes whose text names a log-prob can score a sample (a function that returns a scored sample
+    # names one too): most functions of a file that does are skipped unwalked.
+    scored_scopes = [scope for scope in file.functions if _names_log_prob(file.text_of(scope))]
     # Functions of this file that return a scored sample: a call to one of them scores what it binds.
     returns_scored: set[str] = set()
+    results: dict[int, dict[str, ast.AST]] = {}  # scope -> `_results_with_log_prob`, computed once
     for _ in range(2):  # the second pass sees the summaries of functions defined below their callers
-        found = {name for scope in scopes for name in _Scope(file, scope, returns_scored).summary()}
+        found = {name for scope in scored_scopes for name in _Scope(file, scope, returns_scored, results).summary()}
         if found <= returns_scored:
             break
         returns_scored |= found
+    calls_scored = re.compile(r"\b(?:" + "|".join(sorted(returns_scored)) + r")\s*\(") if returns_scored else None
+    scopes = [file.tree] + [
+        scope
+        for scope in file.functions
+        if _names_log_prob(text := file.text_of(scope)) or (calls_scored is not None and calls_scored.search(text))
+    ]
+    candidates = []
     for scope in scopes:
-        yield from _Scope(file, scope, returns_scored).run()
+        kept = list(_Scope(file, scope, returns_scored, results).run())
+        if not kept:
+            continue
+        function = scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+        if function is not None and not log_prob_leaves(scope):
+            continue  # its log-probs die inside it: no trainer can read them
+        slots = log_prob_slots(scope) if function is not None else ()
+        for origin, sink in kept:
+            lead, rest = _message(origin, sink)
+            line, col, end_line, end_col = span(file, origin.call)
+            candidates.append(
+                Candidate(
+                    finding=Finding(file.path, line, col, RULE_ID, lead + rest, end_line, end_col),
+                    suppressed=file.is_suppressed(origin.call, RULE_ID),
+                    kind=origin.kind,
+                    lead=lead,
+                    rest=rest,
+                    function=function if slots else None,
+                    log_prob_slots=slots,
+                )
+            )
+    return Facts(file.path, tuple(candidates))
+
+
+def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]]) -> Iterator[Finding]:
+    """The candidates of all files, less those the other linted files clear: a rounding to another tensor's
+    dtype (or a dtype variable) where every visible mixed-precision setting is float32, and a function whose
+    callers discard the log-probs it returns (no trainer reads them: nothing to disagree with)."""
+    candidates = [c for file_facts in facts for c in file_facts.candidates if not c.suppressed]
+    if not candidates:
+        return
+    slots = {(c.finding.path, c.function): c.log_prob_slots for c in candidates if c.function}
+    slots = {key: value for key, value in slots.items() if resolvable(key[1])}
+    # One read of every linted file (most were never parsed) for both questions: the mixed-precision settings,
+    # and the files that call a sampler whose log-probs may go unread.
+    want_settings = any(c.kind == "model" for c in candidates)
+    calls = call_pattern({name for _, name in slots}) if slots else None
+    settings: list = []
+    naming: dict[str, bytes] = {}
+    if want_settings or calls is not None:
+        for path, _ in linted:
+            data = _read(path)
+            if want_settings:
+                settings.extend(mixed_precision_settings(path, data))
+            if calls is not None and calls(data):
+                naming[path] = data
+    unread = unread_log_probs(slots, linted, naming) if slots else set()
+    for candidate in candidates:
+        if (candidate.finding.path, candidate.function) in unread:
+            continue
+        note = ""
+        nearest = nearest_settings(settings, candidate.finding.path) if candidate.kind == "model" else []
+        if nearest:
+            low = [s for s in nearest if s.low]
+            if not low:
+                continue  # every setting of this project keeps float32: the cast is to float32
+            note = f" ({low[0].value} under mixed precision, {low[0].where})"
+        finding = candidate.finding
+        yield Finding(
+            finding.path,
+            finding.line,
+            finding.col,
+            RULE_ID,
+            candidate.lead + note + candidate.rest,
+            finding.end_line,
+            finding.end_col,
+        )
+
+
+def log_prob_slots(function: ast.AST) -> tuple[int, ...]:
+    """The positions of the tuples `function` returns that hold a log-prob (`return latents, all_log_probs`);
+    none when a log-prob also leaves it another way — stored on an object (`child.log_prob = lp`) or in a
+    container that is not itself a log-prob (`buffer["x"] = log_prob`), passed to a constructor
+    (`TreeNode(latent, log_prob)`) — so that only its returned tuples can carry it to a trainer."""
+    if _log_prob_escapes(function):
+        return ()
+    slots: set[int] = set()
+    for stmt, _ in iter_statements(function.body):
+        if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Tuple):
+            for index, element in enumerate(stmt.value.elts):
+                if any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and is_log_prob_name(last_name(n))
+                    for n in ast.walk(element)
+                ):
+                    slots.add(index)
+    return tuple(sorted(slots))
+
+
+def _names_log_prob(text: str) -> bool:
+    lowered = text.lower()
+    return "logp" in lowered or "log_prob" in lowered
 
 
 def is_log_prob_name(name: str | None) -> bool:
@@ -144,8 +271,13 @@ def is_log_prob_name(name: str | None) -> bool:
     return "logp" in lowered or "log_prob" in lowered
 
 
-def dtype_kind(node: ast.AST) -> str | None:
-    """'low' (bf16/fp16), 'model' (a model's dtype), 'high' (float32/64) or None (not a dtype)."""
+def dtype_kind(node: ast.AST, receiver: str | None = None, float32_names: frozenset[str] = frozenset()) -> str | None:
+    """'low' (bf16/fp16), 'model' (another tensor's or a model's dtype, a dtype variable: bf16/fp16 under mixed
+    precision), 'high' (float32/64) or None (not a dtype, or the cast value's own: `latents.to(latents.dtype)`).
+
+    `receiver`: the name of the value being cast; `float32_names`: names this scope bound to a float32 value
+    (`sample = sample.float()`), whose `.dtype` is float32.
+    """
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return "low" if node.value in _LOW else "high" if node.value in _HIGH else None
     if isinstance(node, ast.Call):
@@ -158,33 +290,53 @@ def dtype_kind(node: ast.AST) -> str | None:
     if name in _HIGH:
         return "high"
     if isinstance(node, ast.Attribute) and node.attr == "dtype":
-        return None if words(last_name(node.value)) & _SAMPLE_WORDS else "model"  # `latents.dtype`: its own
+        owner = _strip(node.value)
+        owner_name = owner.id if isinstance(owner, ast.Name) else last_name(owner)
+        if owner_name in float32_names:
+            return "high"
+        # `latents.to(latents.dtype)`: its own dtype; `prev_sample.type(sample.dtype)`: the input's (fp16 under
+        # mixed precision, while the step computed `prev_sample` in float32)
+        return None if owner_name is not None and owner_name == receiver else "model"
     parts = words(name)
     if "dtype" in parts:
         return "high" if parts & {"float32", "fp32", "float64", "fp64"} else "model"
     return None
 
 
-def _low_cast(call: ast.Call) -> tuple[ast.expr, str] | None:
-    """(the cast value, the dtype as shown) for a down-cast call, else None."""
+def _low_cast(call: ast.Call, float32_names: frozenset[str] = frozenset()) -> tuple[ast.expr, str, str] | None:
+    """(the cast value, the dtype as shown, 'low' or 'model') for a down-cast call, else None."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
     if func.attr in ("half", "bfloat16") and not call.args:
-        return func.value, f"torch.{'float16' if func.attr == 'half' else 'bfloat16'}"
+        return func.value, f"torch.{'float16' if func.attr == 'half' else 'bfloat16'}", "low"
     if func.attr in ("to", "type"):
+        base = _strip(func.value)
+        receiver = base.id if isinstance(base, ast.Name) else None
         candidates = [kw.value for kw in call.keywords if kw.arg == "dtype"] or list(call.args)
         for arg in candidates:
-            kind = dtype_kind(arg)
+            kind = dtype_kind(arg, receiver, float32_names)
             if kind is not None:
-                return (func.value, short(arg, 40)) if kind != "high" else None
+                return (func.value, short(arg, 40), kind) if kind != "high" else None
         return None
     if func.attr == "type_as" and call.args:
         other = call.args[0]
         if words(last_name(other)) & _SAMPLE_WORDS:
             return None
-        return func.value, f"{short(other, 30)}.dtype"
+        return func.value, f"{short(other, 30)}.dtype", "model"
     return None
+
+
+def _is_float32_cast(value: ast.AST) -> bool:
+    """`x.float()`, `x.to(torch.float32)`, `x.double()`: a value that holds float32 (or wider) from here on."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)):
+        return False
+    if value.func.attr in ("float", "double") and not value.args:
+        return True
+    if value.func.attr in ("to", "type"):
+        candidates = [kw.value for kw in value.keywords if kw.arg == "dtype"] or list(value.args)
+        return any(dtype_kind(arg) == "high" for arg in candidates)
+    return False
 
 
 def _strip(node: ast.AST) -> ast.AST:
@@ -235,20 +387,25 @@ def _callee_key(call: ast.Call) -> str | None:
 class _Scope:
     """One function (or the module's top level), walked statement by statement."""
 
-    def __init__(self, file: SourceFile, scope: ast.AST, returns_scored: set[str]) -> None:
+    def __init__(
+        self, file: SourceFile, scope: ast.AST, returns_scored: set[str], results: dict[int, dict[str, ast.AST]]
+    ) -> None:
         self.file = file
         self.scope = scope
         self.returns_scored = returns_scored
         self.scored: dict[str, _Scored] = {}  # name -> where its current value was scored
         self.rounded: dict[str, _Cast] = {}  # name -> the rounded copy of a scored sample it holds
+        self.float32: set[str] = set()  # names bound to a float32 value (`sample = sample.float()`)
         self.reported: set[int] = set()
-        self.hits: list[Hit] = []
+        self.kept: list[tuple[_Cast, str]] = []  # (a rounded copy, where it is kept)
         self.returns_a_scored_sample = False
-        self.results_with_log_prob = _results_with_log_prob(scope)
+        if id(scope) not in results:
+            results[id(scope)] = _results_with_log_prob(file, scope)
+        self.results_with_log_prob = results[id(scope)]
 
-    def run(self) -> Iterator[Hit]:
+    def run(self) -> Iterator[tuple[_Cast, str]]:
         self._block(self.scope.body, ())
-        yield from self.hits
+        yield from self.kept
 
     def summary(self) -> Iterator[str]:
         """The name of this function if it returns a scored (unrounded) sample first."""
@@ -267,13 +424,14 @@ class _Scope:
                 self._block(stmt.orelse, loops)
                 continue
             if isinstance(stmt, ast.If):  # each branch from the same state; after it, what either left
-                before = (dict(self.scored), dict(self.rounded))
+                before = (dict(self.scored), dict(self.rounded), set(self.float32))
                 self._block(stmt.body, loops)
-                after_body = (self.scored, self.rounded)
-                self.scored, self.rounded = before
+                after_body = (self.scored, self.rounded, self.float32)
+                self.scored, self.rounded, self.float32 = before
                 self._block(stmt.orelse, loops)
                 self.scored = {**self.scored, **after_body[0]}
                 self.rounded = {**self.rounded, **after_body[1]}
+                self.float32 = self.float32 & after_body[2]  # float32 after the `if` only if on both branches
                 continue
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list) and name != "targets":
@@ -288,12 +446,12 @@ class _Scope:
         for node in self.file.own_nodes(stmt):
             origin = None
             if isinstance(node, ast.Call):
-                cast = _low_cast(node)
+                cast = _low_cast(node, frozenset(self.float32))
                 if cast is not None:
                     scored = self._scored_at(cast[0])
                     # Scored inside a loop the cast is not in: the loop's final result (decoded, not re-scored).
                     if scored is not None and (scored.loop is None or any(scored.loop is loop for loop in loops)):
-                        origin = _Cast(node, cast[1], scored.at)
+                        origin = _Cast(node, cast[1], scored.at, cast[2])
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 origin = self.rounded.get(node.id)
             if origin is None:
@@ -303,18 +461,22 @@ class _Scope:
                 bound.setdefault(name, origin)
             if sink is not None and id(origin.call) not in self.reported:
                 self.reported.add(id(origin.call))
-                self.hits.append(Hit(self.file, origin.call, self._message(origin, sink)))
+                self.kept.append((origin, sink))
         if isinstance(stmt, ast.Return) and stmt.value is not None:
             first = stmt.value.elts[0] if isinstance(stmt.value, ast.Tuple) and stmt.value.elts else stmt.value
             first = _strip(first)
             if isinstance(first, ast.Name) and first.id in self.scored and first.id not in self.rounded:
                 self.returns_a_scored_sample = True
         newly_scored = self._scores(stmt)
+        float32 = isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _is_float32_cast(stmt.value)
         for target in _assigned_names(stmt):
             self.rounded.pop(target, None)
             self.scored.pop(target, None)
+            self.float32.discard(target)
             if target in bound:
                 self.rounded[target] = bound[target]
+            elif float32:
+                self.float32.add(target)
         for name, where in newly_scored.items():
             self.scored[name] = _Scored(where, loops[-1] if loops else None)
             self.rounded.pop(name, None)  # a rounded copy scored from here on is consistent with its log-prob
@@ -423,20 +585,98 @@ class _Scope:
         line = getattr(self.file.statement_of(node), "lineno", None)
         return f" (line {line})" if line is not None else ""
 
-    def _message(self, origin: _Cast, sink: str) -> str:
-        scored = origin.scored_at
-        if isinstance(scored, ast.Call):
-            how = f"`{short(scored.func, 40)}(...)` at line {scored.lineno}"
-        else:
-            how = f"line {scored.lineno}"
-        return (
-            f"`{short(origin.call)}` rounds to {origin.dtype} a sample whose log-prob was computed in float32 "
-            f"({how}), and the rounded value is {sink}: the trainer re-scores a latent the rollout never scored; "
-            f"{_FIX}"
-        )
+
+def _reads_log_prob(node: ast.AST, holding: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether `node` reads a log-prob (a log-prob name, or a name of `holding`; not a function named for one:
+    `sde_step_with_logprob(...)` also returns the sample)."""
+    nodes = list(ast.walk(node))
+    called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+    return any(
+        isinstance(n, (ast.Name, ast.Attribute))
+        and isinstance(n.ctx, ast.Load)
+        and id(n) not in called
+        and (is_log_prob_name(last_name(n)) or (isinstance(n, ast.Name) and n.id in holding))
+        for n in nodes
+    )
 
 
-def _results_with_log_prob(scope: ast.AST) -> dict[str, ast.AST]:
+def _is_local_log_prob(node: ast.AST) -> bool:
+    """A local log-prob list or dict (`all_log_probs`, `all_log_probs[key]`), not `self.log_probs`."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Name) and is_log_prob_name(node.id)
+
+
+def log_prob_leaves(function: ast.AST) -> bool:
+    """Whether the log-probs `function` computes can reach anyone: returned (in a tuple or otherwise), yielded,
+    or leaving another way (`_log_prob_escapes`). A sampler that computes them and keeps them to itself (its
+    pipeline returns `image, all_latents`) hands no trainer a log-prob to disagree with."""
+    if _log_prob_escapes(function):
+        return True
+    statements = [stmt for stmt, _ in iter_statements(function.body) if not isinstance(stmt, _SCOPES)]
+    # names holding a log-prob: a log-prob's own, and what is built from one (`ret = (image, all_log_probs)`)
+    holding: set[str] = set()
+    for _ in range(3):
+        before = len(holding)
+        for stmt in statements:
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None:
+                if _reads_log_prob(stmt.value, holding):
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    holding.update(name for target in targets for name in bound_names(target))
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+                func = stmt.value.func  # `ret.append(all_log_probs)`
+                receiver = func.value if isinstance(func, ast.Attribute) else None
+                if isinstance(receiver, ast.Name) and any(_reads_log_prob(a, holding) for a in stmt.value.args):
+                    holding.add(receiver.id)
+        if len(holding) == before:
+            break
+    for stmt in statements:
+        for node in own_nodes(stmt):
+            returned = isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and node.value is not None
+            if returned and _reads_log_prob(node.value, holding):
+                return True
+    return False
+
+
+def _log_prob_escapes(function: ast.AST) -> bool:
+    """Whether a log-prob leaves `function` other than in its returned tuples (see `log_prob_slots`)."""
+    for stmt, _ in iter_statements(function.body):
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None and _reads_log_prob(stmt.value):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    if isinstance(element, (ast.Attribute, ast.Subscript)) and not _is_local_log_prob(element.value):
+                        return True
+        for node in ast.walk(stmt) if not isinstance(stmt, _SCOPES) else ():
+            if not isinstance(node, ast.Call) or not any(
+                _reads_log_prob(arg) for arg in [*node.args, *(kw.value for kw in node.keywords)]
+            ):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in (*_STORE_METHODS, "update", "setdefault"):
+                if not _is_local_log_prob(func.value):  # `buffer.log_probs.append(lp)`, not `all_log_probs.append`
+                    return True
+            elif (last_name(func) or "")[:1].isupper():
+                return True  # `TreeNode(latent, log_prob)`, `SchedulerOutput(prev_sample, log_prob)`
+            # else `torch.stack(log_probs)`, `torch.exp(log_prob - old)`: computing from it, not keeping it
+    return False
+
+
+def _message(origin: _Cast, sink: str) -> tuple[str, str]:
+    """The finding's message, in two parts: a note on the mixed-precision setting goes between them."""
+    scored = origin.scored_at
+    if isinstance(scored, ast.Call):
+        how = f"`{short(scored.func, 40)}(...)` at line {scored.lineno}"
+    else:
+        how = f"line {scored.lineno}"
+    return (
+        f"`{short(origin.call)}` rounds to {origin.dtype}",
+        f" a sample whose log-prob was computed in float32 ({how}), and the rounded value is {sink}: the trainer "
+        f"re-scores a latent the rollout never scored; {_FIX}",
+    )
+
+
+def _results_with_log_prob(file: SourceFile, scope: ast.AST) -> dict[str, ast.AST]:
     """Names bound from a step call whose log-prob is read (`out.log_prob`, `out["log_prob"]`) in the scope."""
     from_step: dict[str, ast.AST] = {}
     read: set[str] = set()
@@ -448,7 +688,7 @@ def _results_with_log_prob(scope: ast.AST) -> dict[str, ast.AST]:
             and _is_step_call(stmt.value)
         ):
             from_step[stmt.targets[0].id] = stmt.value
-        for node in own_nodes(stmt):
+        for node in file.own_nodes(stmt):
             if (
                 isinstance(node, (ast.Attribute, ast.Subscript))
                 and isinstance(node.value, ast.Name)
@@ -508,3 +748,10 @@ def _assigned_names(stmt: ast.stmt) -> list[str]:
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
         targets = [stmt.target]
     return [name for target in targets for name in bound_names(target)]
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""

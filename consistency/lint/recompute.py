@@ -58,6 +58,11 @@ _FIX = (
 )
 
 
+#: a helper re-runs its function for backward under one of these (`_check_helper`): `save_checkpoint` and
+#: `load_checkpoint` in a file with none of them are not looked at
+_RERUN_TOKENS = (b"enable_grad", b"set_grad_enabled", b"hook", b"no_grad")
+#: ... or in a nested function run at backward time (`_backward_hooks`)
+_BACKWARD_DEFINITION = re.compile(rb"def [a-z0-9_]*(?:backward|unpack|recompute)")
 _HELPER_DEFINITION = re.compile(rb"def [a-z0-9_]*(?:checkpoint|recompute|remat)")
 
 
@@ -66,9 +71,10 @@ def needs(text: bytes, path: str) -> bool:
     (`text` lower-cased)."""
     return (
         b"preserve_rng_state" in text
-        or (b"autograd" in text and b"backward" in text)
+        or (b"autograd" in text and b"def backward" in text)
         or (
             (b"checkpoint" in text or b"recompute" in text or b"remat" in text)
+            and (any(token in text for token in _RERUN_TOKENS) or bool(_BACKWARD_DEFINITION.search(text)))
             and bool(_HELPER_DEFINITION.search(text))
         )
     )

@@ -25,7 +25,9 @@ _ALL = (
         "prev_sample.to(model_output.dtype) beside a float32 log-prob)",
         fix="keep latents float32 end to end; cast only a copy for the transformer forward",
         needs=latents.needs,
-        check=latents.check,
+        check=_no_hits,
+        summarise=latents.summarise,
+        compare=latents.compare,
     ),
     Rule(
         id=rope.RULE_ID,

@@ -5,6 +5,7 @@ Lint fixture: parsed, never imported or run.
 """
 
 import hashlib
+import os
 import random
 import time
 
@@ -54,3 +55,10 @@ def window_per_request_digest(req, low, high, sde_window_size):
     rng = random.Random(int.from_bytes(digest[:8], "big"))
     begin = rng.randint(low, high - sde_window_size)
     return begin, begin + sde_window_size
+
+
+def window_from_env_rank(num_steps, sde_window_size):
+    rank = int(os.getenv("RANK", "0"))  # expect: non-launcher-seed
+    rng = random.Random(rank)
+    sde_window_start = rng.randint(0, num_steps - sde_window_size)
+    return sde_window_start

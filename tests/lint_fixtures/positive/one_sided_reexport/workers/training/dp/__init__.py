@@ -1,0 +1,3 @@
+"""Lint fixture: parsed, never imported or run."""
+
+from .dp_actor import DataParallelPPOActor
