@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from rollout_consistency.supervisor import announce_temp
+
 __all__ = ["OutputPathError", "check_output_paths", "write_all"]
 
 TEMP_PREFIX = ".rc-tmp-"
@@ -80,6 +82,7 @@ def write_all(writes: Iterable[tuple[str | os.PathLike[str], Callable[[str], Non
                 target.parent.mkdir(parents=True, exist_ok=True)
             fd, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent or ".")
             os.close(fd)
+            announce_temp(temporary)  # the supervisor removes it if this process is killed before the rename
             pending.append((target, temporary))
             os.chmod(temporary, 0o644)  # mkstemp's 0600 would make shared CI reports unreadable
             write(temporary)
