@@ -327,7 +327,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gate.tables",),  # users' own tables: gate(), dumps, the recorder
     ("gate", "plugin_template"),  # run_step1_check, the false-alarm sweep, the gate's face; the plug-in template
     ("commands",),  # one module per sub-command
-    ("cli", "pytest_plugin", "__main__", ""),
+    ("cli", "pytest_plugin", "supervised_call", "__main__", ""),
 )
 
 
