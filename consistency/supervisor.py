@@ -14,9 +14,10 @@ how it ended and which call into user code was running (the fence leaves a bread
   collective), or with ``SIGALRM`` blocked or replaced — is stopped by the parent [`KILL_GRACE_S`] after its
   bound: the child and every process it started are killed, and the parent exits 2 naming the call and the
   setting.
-* **The verdict, then nothing.** Once the code is handed over, the child has [`HANDOVER_GRACE_S`] to exit; an
-  ``atexit`` handler or a non-daemon thread of user code that holds it longer is killed, and the parent exits
-  with the handed-over code (and says so on stderr).
+* **The verdict, then nothing.** Once the code is handed over, the child has [`HANDOVER_GRACE_S`] to join its
+  threads and run its ``atexit`` handlers, and [`FINALIZE_GRACE_S`] more for the interpreter's own shutdown
+  (seconds, with torch and diffusers loaded); an ``atexit`` handler or a non-daemon thread of user code that
+  holds it longer is killed, and the parent exits with the handed-over code (and says so on stderr).
 * **Temporary files.** The child announces each temporary file or directory it creates ([`announce_temp`]: the
   report writer's, the local Ray cluster's); whatever of them is left when the child ends — killed (SIGKILL, the
   out-of-memory killer) or hung up — the parent removes.
@@ -38,6 +39,7 @@ plugin's checks of user code).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import select
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FINALIZE_GRACE_S",
     "HANDOVER_GRACE_S",
     "KILL_GRACE_S",
     "announce_temp",
@@ -67,8 +70,12 @@ EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 #: Seconds past a call's bound before the parent kills the child: the fence's own timer interrupts a call that
 #: returns to Python within milliseconds, and then cleans up (Ray processes, temporary files) itself.
 KILL_GRACE_S = 2.0
-#: Seconds the child may take to exit after handing its code over (a normal exit takes a fraction of a second).
+#: Seconds the child may take, after handing its code over, to join its threads and run its atexit handlers (ours
+#: take milliseconds; user code's may block for ever).
 HANDOVER_GRACE_S = 5.0
+#: Seconds the interpreter's own shutdown may take after the last atexit handler: tearing down torch and diffusers
+#: took 2-6 s on a loaded 2-core machine.
+FINALIZE_GRACE_S = 60.0
 
 #: The signals forwarded to the child; the child interrupts on each (exit 130).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
@@ -136,7 +143,7 @@ def run_supervised(
 
     Returns the code to exit with, in the parent. The child never returns from here: it raises
     ``SystemExit(code)`` once the code is handed over, so the caller's code after this call runs only in the
-    parent (the child exits normally: ``finally`` blocks and ``atexit`` handlers run, within HANDOVER_GRACE_S).
+    parent (the child exits normally: ``finally`` blocks and ``atexit`` handlers run, within the graces above).
     """
     if not hasattr(os, "fork"):
         return command(list(argv))
@@ -158,6 +165,9 @@ def run_supervised(
             _channel.append(write_fd)
             for signum, handler in replaced.items():
                 signal.signal(signum, handler)
+            # Registered before any user code's, so it runs last: the threads are joined and every other atexit
+            # handler has returned; only the interpreter's own shutdown is left.
+            atexit.register(_send, "finalizing")
             code = command(list(argv))
             _flush_streams()  # the verdict's output is out before the parent may stop this process
             _send(f"done\t{code}")
@@ -266,6 +276,7 @@ class _Listener:
         self.running: list[_Call] = []
         self.code: int | None = None
         self.handed_at = 0.0
+        self.finalizing_at: float | None = None
         self.temps: list[str] = []
 
     def feed(self, chunk: bytes, *, final: bool = False) -> None:
@@ -282,6 +293,8 @@ class _Listener:
                 bound, setting, what = [*rest.split("\t", 2), "", ""][:3]
                 with contextlib.suppress(ValueError):
                     self.running.append(_Call(what, float(bound) if bound else None, setting, time.monotonic()))
+            elif kind == "finalizing":
+                self.finalizing_at = time.monotonic()
             elif kind == "leave" and self.running:
                 self.running.pop()
             elif kind == "temp":
@@ -298,7 +311,7 @@ def _watch(read_fd: int, pid: int) -> _Watched:
     while True:
         now = time.monotonic()
         if overran is None and not held:
-            if heard.code is not None and now > heard.handed_at + HANDOVER_GRACE_S:
+            if heard.code is not None and now > _exit_deadline(heard):
                 held = True
                 _kill_tree(pid)
             late = _overrun(heard.running, now)
@@ -320,6 +333,14 @@ def _watch(read_fd: int, pid: int) -> _Watched:
                 heard.feed(chunk)
             heard.feed(b"", final=True)
             return _Watched(status, heard.code, tuple(heard.running), overran, held, tuple(heard.temps))
+
+
+def _exit_deadline(heard: _Listener) -> float:
+    """When a child that handed its code over is stopped: its threads and atexit handlers get HANDOVER_GRACE_S, the
+    interpreter's shutdown after them FINALIZE_GRACE_S."""
+    if heard.finalizing_at is not None:
+        return heard.finalizing_at + FINALIZE_GRACE_S
+    return heard.handed_at + HANDOVER_GRACE_S
 
 
 def _read(fd: int) -> bytes:
@@ -384,8 +405,8 @@ def _decide(watched: _Watched, prog: str) -> int:
         if watched.held_after_handover:
             _say(
                 prog,
-                f"the command's process had not exited {HANDOVER_GRACE_S:g} s after handing over its verdict (an atexit "
-                f"handler or a non-daemon thread of user code?); it was stopped. The exit code is the verdict's.",
+                "the command's process did not exit after handing over its verdict (an atexit handler or a non-daemon "
+                "thread of user code held it); it was stopped. The exit code is the verdict's.",
                 kind="note",
             )
         return watched.code

@@ -1156,7 +1156,11 @@ def test_supervisor_enforces_bounds_handover_and_temp_files_from_outside(tmp_pat
         assert seconds < 1 + KILL_GRACE_S + 15, (name, seconds)  # hung for ever before
     for name in ("atexit holds", "non-daemon thread holds"):
         code, said, seconds, _ = results[name]
-        assert code == 1 and "had not exited" in said and "The exit code is the verdict's" in said, (name, said)
+        assert (
+            code == 1
+            and "did not exit after handing over its verdict" in said
+            and "The exit code is the verdict's" in said
+        ), (name, said)
         assert seconds < HANDOVER_GRACE_S + 15, (name, seconds)
     code, said, _, left = results["SIGKILL while writing"]
     assert code == 2 and "killed by signal 9 (SIGKILL" in said and left == [], (said, left)
