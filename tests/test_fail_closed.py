@@ -1097,6 +1097,10 @@ def handed_over(hold):
         return 1
     return command
 
+class SlowToTearDown:  # as torch and diffusers are on a loaded machine: seconds after the last atexit handler
+    def __del__(self):
+        time.sleep(6)
+
 def killed_while_writing(signum):
     def command(argv):
         write_all([("report.json", lambda temporary: os.kill(os.getpid(), signum))])
@@ -1111,6 +1115,7 @@ cases = {
     "a grandchild holds the output": in_user_code(grandchild_then_blocked),
     "atexit holds": handed_over(lambda: atexit.register(threading.Event().wait)),
     "non-daemon thread holds": handed_over(lambda: threading.Thread(target=threading.Event().wait).start()),
+    "slow interpreter shutdown": handed_over(lambda: setattr(sys.modules["__main__"], "slow", SlowToTearDown())),
     "SIGKILL while writing": killed_while_writing(signal.SIGKILL),
     "SIGHUP while writing": killed_while_writing(signal.SIGHUP),
 }
@@ -1128,7 +1133,7 @@ def test_supervisor_enforces_bounds_handover_and_temp_files_from_outside(tmp_pat
 
     names = ["sigalrm blocked", "sigalrm replaced", "alarm cancelled", "nested calls", "a grandchild holds the output"]
     names += ["atexit holds"]
-    names += ["non-daemon thread holds", "SIGKILL while writing", "SIGHUP while writing"]
+    names += ["non-daemon thread holds", "slow interpreter shutdown", "SIGKILL while writing", "SIGHUP while writing"]
     procs = {}
     results = {}
     try:
@@ -1162,6 +1167,8 @@ def test_supervisor_enforces_bounds_handover_and_temp_files_from_outside(tmp_pat
             and "The exit code is the verdict's" in said
         ), (name, said)
         assert seconds < HANDOVER_GRACE_S + 15, (name, seconds)
+    code, said, seconds, _ = results["slow interpreter shutdown"]
+    assert code == 1 and said == "" and seconds > 6, (said, seconds)  # not mistaken for a hold
     code, said, _, left = results["SIGKILL while writing"]
     assert code == 2 and "killed by signal 9 (SIGKILL" in said and left == [], (said, left)
     code, said, _, left = results["SIGHUP while writing"]
