@@ -1210,3 +1210,18 @@ def test_the_console_command_stops_a_factory_stuck_outside_python(work):
     assert "the factory did not return within 1 s (user_code_timeout_s); the supervisor stopped it" in line, line
     assert not (work / "r.json").exists()
     _no_temp_files(work)
+
+
+def test_a_hangup_is_an_interrupt(tmp_path):
+    # A closed terminal sends SIGHUP: clean up and exit 130 as for Ctrl-C or SIGTERM (before: killed on the spot)
+    code = (
+        "import os, signal\nfrom rollout_consistency.cli_guard import guarded\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+        "def run(argv):\n    os.kill(os.getpid(), signal.SIGHUP)\n    signal.pause()\n"
+        "raise SystemExit(guarded(run, [], 'prog'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().endswith(
+        "interrupted; no report was written (reports are written all at once at the end)."
+    )
