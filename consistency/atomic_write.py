@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rollout_consistency.output_paths import OutputTarget, resolve_output
+from rollout_consistency.supervisor import announce_temp
 
 __all__ = ["LOCK_WAIT_S", "TEMP_PREFIX", "reports_lock", "write_all"]
 
@@ -74,6 +75,7 @@ def write_all(writes: Iterable[tuple[Target, Callable[[str], None]]]) -> list[Ou
                 directory, name = tempfile.gettempdir(), "stream"
             fd, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX + name + ".", dir=directory)
             os.close(fd)
+            announce_temp(temporary)  # the supervisor removes it if this process is killed before the rename
             pending.append((target, temporary))
             os.chmod(temporary, 0o644)  # mkstemp's 0600 would make shared CI reports unreadable
             write(temporary)

@@ -35,15 +35,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Without `argv` — the process entry: the console script, ``python -m rollout_consistency`` — the command runs
     in a supervised child process (`rollout_consistency.supervisor`), so no user code can turn the run into exit
-    0 without a verdict, and the process exits with the code (this call does not return). With `argv` (tests, a
-    Python launcher) it runs in this process, fenced but unsupervised, and returns the code.
+    0 without a verdict, and the process exits with the code (this call does not return). Called so from a
+    process that runs other threads or has imported torch, which cannot be forked safely, it runs
+    ``python -m rollout_consistency`` with ``sys.argv[1:]`` in a fresh interpreter instead (supervised there). With
+    `argv` (tests, a Python launcher) it runs in this process, fenced but unsupervised, and returns the code.
     """
     from rollout_consistency.cli_guard import guarded
 
     if argv is None:  # the process entry: the process ends here, with the code the child handed over
         from rollout_consistency.supervisor import exit_now, run_supervised
 
-        exit_now(run_supervised(main, sys.argv[1:], PROG))
+        respawn = [sys.executable, "-m", "rollout_consistency", *sys.argv[1:]] if sys.executable else None
+        exit_now(run_supervised(main, sys.argv[1:], PROG, respawn=respawn))
     return guarded(_main, argv, PROG)
 
 

@@ -7,9 +7,9 @@
 * 2 could not run: a usage error, an unreadable or invalid input, a resource limit (disk full, file-size
   limit, out of memory), an unreachable cluster, or an unexpected error — printed as one line naming the
   problem and the fix; ``--debug`` prints the traceback too;
-* 130 interrupted: Ctrl-C or SIGTERM (the commands' ``finally`` blocks and the all-or-nothing report
-  writer remove their temporary files and Ray processes on the way out). A second SIGINT or SIGTERM within a
-  second of the first is the same interrupt (a terminal's Ctrl-C reaches the supervisor and its child both,
+* 130 interrupted: Ctrl-C, SIGTERM or SIGHUP (the commands' ``finally`` blocks and the all-or-nothing report
+  writer remove their temporary files and Ray processes on the way out). A second SIGINT, SIGTERM or SIGHUP within
+  a second of the first is the same interrupt (a terminal's Ctrl-C reaches the supervisor and its child both,
   and the supervisor forwards it): the clean-up is not interrupted in turn.
 
 A closed stdout or stderr (``rollout-consistency check --json r.json 2>&1 | head``) is not an error: further
@@ -149,6 +149,9 @@ def _signals_as_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
+    # A closed terminal (SIGHUP) too; under nohup it is ignored and stays ignored.
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT stays ignored
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:

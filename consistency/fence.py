@@ -14,10 +14,11 @@ its arguments at module level does), and exit 0 is what CI reads as PASS. Every 
 * with ``timeout_s``, a call still running after that many seconds is interrupted with [`UserCodeTimeout`]
   naming the setting that bounds it. The timer is ``SIGALRM`` (``setitimer``), so it applies on the main
   thread of a process whose ``SIGALRM`` is free (the command line's, a Ray actor's); elsewhere — another
-  thread, or a test runner that holds ``SIGALRM`` itself (pytest-timeout) — the call runs unbounded. A
-  call stuck inside C code that never returns to Python (a deadlocked collective) is interrupted only
-  when it returns; the command line's supervisor (`rollout_consistency.supervisor`) reports which call was
-  running if the process dies.
+  thread, or a test runner that holds ``SIGALRM`` itself (pytest-timeout) — the call runs unbounded in
+  process. Under a supervisor (`rollout_consistency.supervisor`: the command line, the pytest plugin's checks
+  of user code) the bound is also enforced from outside: each call's breadcrumb carries it, and a call that
+  ignores the timer — stuck in C code (a deadlocked collective), ``SIGALRM`` blocked or replaced — is killed
+  with its process 2 s later (`supervisor.KILL_GRACE_S`) and reported the same way (exit 2 naming the call and the setting).
 
 ``KeyboardInterrupt`` passes through untouched (Ctrl-C still interrupts). Fences nest: the innermost names the
 call, the outermost timer bounds the whole.
@@ -75,7 +76,7 @@ class fenced:  # a context manager, named like one (as contextlib.suppress)
     def __enter__(self) -> fenced:
         from rollout_consistency import supervisor
 
-        self._breadcrumb = supervisor.enter_user_code(f"{self.owner}: {self.call}")
+        self._breadcrumb = supervisor.enter_user_code(f"{self.owner}: {self.call}", self.timeout_s, self.setting)
         if self.timeout_s is not None and _alarm_is_free():
             self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
             self._armed = True

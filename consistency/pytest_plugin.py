@@ -11,7 +11,8 @@ environment with ``rollout-consistency`` installed can use, with no import:
           step1_check(model_path="checkpoints/step0", rollout_backend="vllm-omni", device="cuda")
 
 * the ``step1_check`` marker with the settings as keywords, for a test that only needs the report
-  (it receives it through the ``step1_report`` fixture, already checked)::
+  (it receives it through the ``step1_report`` fixture, already checked; a marked test that does not ask for
+  it is checked all the same, as is one marked ``step1_gate``)::
 
       @pytest.mark.step1_check(trajectory="dumps/step1.safetensors", profile="kernel")
       def test_dumped_rollout(step1_report):
@@ -20,6 +21,10 @@ environment with ``rollout-consistency`` installed can use, with no import:
 Options: ``--step1-config FILE`` (or ini ``step1_config``) gives base settings from a YAML/TOML file; keyword
 settings override it. ``--step1-report-dir DIR`` (or ini ``step1_report_dir``) writes each check's JSON
 report and JUnit XML there, named after the test, for CI artifacts.
+
+A check whose settings name user code (a plug-in, a backend registered by user code, a weight-sync spec) runs
+supervised in a fresh interpreter (`rollout_consistency.supervised_call`): its ``os._exit(0)`` or hang fails the
+test instead of ending or hanging the session.
 
 The plugin costs nothing when unused: importing it imports only pytest; torch, diffusers and the checker
 are imported on the first check.
@@ -95,14 +100,12 @@ def step1_check(request: pytest.FixtureRequest):
     calls = []
 
     def run(config: Any = None, **settings: Any):
-        from rollout_consistency.gate.check import run_step1_check
-
         settings.setdefault("progress", False)
         if config is None:
             config = load_config(base_file, **settings)
         elif settings:
             config = config.replace(**settings)
-        report = run_step1_check(config)
+        report = _run_check(config)
         calls.append(report)
         if report_dir:
             stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid) + (f"-{len(calls)}" if len(calls) > 1 else "")
@@ -115,6 +118,59 @@ def step1_check(request: pytest.FixtureRequest):
         return report
 
     return run
+
+
+def _run_check(config: Any) -> Any:
+    """The check's `Report`: in this process when both sides are built-in backends; supervised in a fresh
+    interpreter when the settings name user code (a plug-in, a backend your code registered, a weight-sync spec),
+    whose ``os._exit(0)`` would otherwise end the pytest session with exit 0, and whose hang would hang it."""
+    from rollout_consistency.gate.check import run_step1_check
+    from rollout_consistency.supervised_call import SupervisedCallError, call_supervised
+
+    entries = _user_backends(config)
+    if entries is None:
+        return run_step1_check(config)
+    try:
+        return call_supervised(_check_in_child, config, entries, prog="rollout-consistency step1_check")
+    except SupervisedCallError as error:
+        pytest.fail(f"rollout-consistency step-1 check could not run: {error}", pytrace=False)
+
+
+def _user_backends(config: Any) -> tuple[Any, ...] | None:
+    """None when `config` runs only our code; else the backends registered in this process that it names (a fresh
+    interpreter knows only the built-in ones)."""
+    from rollout_consistency.gate.backend_registry import get_backend, is_plugin_spec
+
+    entries, user_code = [], is_plugin_spec(config.weight_sync)
+    for side in ("rollout", "trainer"):
+        name = getattr(config, f"{side}_backend")
+        if is_plugin_spec(name):
+            user_code = True
+            continue
+        entry = get_backend(side, name)
+        if not entry.factory.startswith("rollout_consistency."):
+            user_code = True
+            entries.append(entry)
+    return tuple(entries) if user_code else None
+
+
+def _check_in_child(config: Any, entries: tuple[Any, ...]) -> Any:
+    from rollout_consistency.gate.backend_registry import register_backend
+    from rollout_consistency.gate.check import run_step1_check
+
+    for entry in entries:
+        register_backend(entry)
+    return run_step1_check(config)
+
+
+@pytest.fixture(autouse=True)
+def _rollout_consistency_markers(request: pytest.FixtureRequest) -> None:
+    """A test marked ``step1_check`` / ``step1_gate`` is gated whether or not it asks for the report: the check
+    runs (and fails the test) before its body."""
+    if request.node.get_closest_marker(MARKER) is not None:
+        request.getfixturevalue("step1_report")
+    if request.node.get_closest_marker(GATE_MARKER) is not None:
+        request.getfixturevalue("step1_gate_report")
 
 
 @pytest.fixture

@@ -8,12 +8,15 @@ child and waits for the exit code it hands over (`rollout_consistency.supervisor
 * ``fork``: `run_supervised` around a command that does nothing, against calling it directly, in one process
   (the supervisor's own cost: fork, pipe, wait);
 * ``gate``: ``python -m rollout_consistency gate DUMP`` (supervised) against the same command run in-process
-  through ``main(argv)`` (``python -c``), as interleaved pairs of fresh processes: the start-up a CI job pays.
+  through ``main(argv)`` (``python -c``), as interleaved pairs of fresh processes: the start-up a CI job pays;
+* ``call`` (``--calls N``): the pytest plugin's supervised check of user code — `call_supervised` of
+  `run_step1_check` on the tiny model, in a fresh interpreter — against the same check in this process, after
+  one warm-up check here (the session's imports already paid), as interleaved pairs.
 
 Prints the median and the spread (min-max) of each ratio; timings on a shared machine are noisy, ratios of
 interleaved pairs less so::
 
-    python scripts/bench_supervisor.py --pairs 10
+    python scripts/bench_supervisor.py --pairs 10 --calls 3
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10, help="interleaved process pairs (default 10)")
     parser.add_argument("--forks", type=int, default=50, help="supervised no-op commands timed (default 50)")
+    parser.add_argument("--calls", type=int, default=0, help="supervised/in-process check pairs (default 0: skip)")
     args = parser.parse_args()
 
     direct, supervised = _fork_overhead(args.forks)
@@ -98,7 +102,36 @@ def main() -> int:
         f"{args.pairs} pairs; median extra {extra * 1e3:.0f} ms on a median in-process run of "
         f"{statistics.median(wo for _, wo in times):.2f} s"
     )
+    if args.calls:
+        _call_overhead(args.calls)
     return 0
+
+
+def _call_overhead(pairs: int) -> None:
+    from rollout_consistency import load_config, run_step1_check
+    from rollout_consistency.supervised_call import call_supervised
+
+    config = load_config(num_prompts=1, num_images_per_prompt=2, rollout_batch_size=2, progress=False)
+    run_step1_check(config)  # the session's imports, paid once
+    times = []
+    for i in range(pairs):
+        measured = {}
+        for name in ("in-process", "supervised") if i % 2 == 0 else ("supervised", "in-process"):
+            start = time.perf_counter()
+            if name == "supervised":
+                report = call_supervised(run_step1_check, config, prog="bench")
+            else:
+                report = run_step1_check(config)
+            measured[name] = time.perf_counter() - start
+            if not report.passed:
+                raise SystemExit(f"the {name} check did not pass")
+        times.append((measured["supervised"], measured["in-process"]))
+    ratio = statistics.median(w / wo for w, wo in times)
+    print(
+        f"call: supervised / in-process check = {ratio:.2f} over {pairs} pairs; median extra "
+        f"{statistics.median(w - wo for w, wo in times):.1f} s on a median in-process check of "
+        f"{statistics.median(wo for _, wo in times):.2f} s"
+    )
 
 
 if __name__ == "__main__":

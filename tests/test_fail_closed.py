@@ -8,6 +8,7 @@ problem, and the directory holds exactly what it held before (nothing overwritte
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -1662,3 +1663,172 @@ def test_nan_capture_check_without_gradients_is_refused(tmp_path):
     capture.begin_step(1)
     model(torch.ones(1, 3)).sum().backward()
     assert capture.check({"x": torch.ones(1, 3)})
+
+
+# issue 30: the supervisor enforces from outside what the child cannot (bounds, the end after the handover,
+# temporary files of a killed child), and a threaded process is never forked
+
+_SUPERVISED_CASE = r"""
+import atexit, io, json, os, signal, sys, threading, time
+from rollout_consistency.atomic_write import write_all
+from rollout_consistency.fence import fenced
+from rollout_consistency.supervisor import run_supervised
+
+def in_user_code(body, timeout_s=1.0):
+    def command(argv):
+        with fenced("trainer_backend 'x.py:make'", "the factory", timeout_s=timeout_s):
+            body()
+        return 0
+    return command
+
+def sigalrm_blocked():  # a call blocked in C code never runs the fence's SIGALRM handler either
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    time.sleep(600)
+
+def sigalrm_replaced():
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    threading.Event().wait()
+
+def alarm_cancelled():
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    threading.Event().wait()
+
+def grandchild_then_blocked():  # a process it started holds our stdout: killed with it, or the reader waits
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    sigalrm_blocked()
+
+def handed_over(hold):
+    def command(argv):
+        hold()
+        return 1
+    return command
+
+class SlowToTearDown:  # as torch and diffusers are on a loaded machine: seconds after the last atexit handler
+    def __del__(self):
+        time.sleep(6)
+
+def killed_while_writing(signum):
+    def command(argv):
+        write_all([("report.json", lambda temporary: os.kill(os.getpid(), signum))])
+        return 0
+    return command
+
+cases = {
+    "sigalrm blocked": in_user_code(sigalrm_blocked),
+    "sigalrm replaced": in_user_code(sigalrm_replaced),
+    "alarm cancelled": in_user_code(alarm_cancelled),
+    "nested calls": in_user_code(lambda: in_user_code(sigalrm_blocked, timeout_s=30)([])),
+    "a grandchild holds the output": in_user_code(grandchild_then_blocked),
+    "atexit holds": handed_over(lambda: atexit.register(threading.Event().wait)),
+    "non-daemon thread holds": handed_over(lambda: threading.Thread(target=threading.Event().wait).start()),
+    "slow interpreter shutdown": handed_over(lambda: setattr(sys.modules["__main__"], "slow", SlowToTearDown())),
+    "SIGKILL while writing": killed_while_writing(signal.SIGKILL),
+    "SIGHUP while writing": killed_while_writing(signal.SIGHUP),
+}
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+start = time.monotonic()
+stderr, sys.stderr = sys.stderr, io.StringIO()
+code = run_supervised(cases[sys.argv[1]], [], "prog")  # the child exits normally (SystemExit) in here
+said, sys.stderr = sys.stderr.getvalue(), stderr
+print(json.dumps([code, said, time.monotonic() - start, sorted(os.listdir("."))]))
+"""
+
+
+def test_supervisor_enforces_bounds_handover_and_temp_files_from_outside(tmp_path):
+    from rollout_consistency.supervisor import HANDOVER_GRACE_S, KILL_GRACE_S
+
+    names = ["sigalrm blocked", "sigalrm replaced", "alarm cancelled", "nested calls", "a grandchild holds the output"]
+    names += ["atexit holds"]
+    names += ["non-daemon thread holds", "slow interpreter shutdown", "SIGKILL while writing", "SIGHUP while writing"]
+    procs = {}
+    results = {}
+    try:
+        for i, name in enumerate(names):  # side by side: most of them wait out a bound
+            (tmp_path / str(i)).mkdir()
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", _SUPERVISED_CASE, name],
+                cwd=tmp_path / str(i),
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # its own group: a case that hangs is killed whole below
+            )
+        for name, proc in procs.items():
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, (name, out)
+            results[name] = json.loads(out.strip().splitlines()[-1])
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    stopped = "trainer_backend 'x.py:make': the factory did not return within 1 s (user_code_timeout_s); the supervisor"
+    for name in names[:5]:
+        code, said, seconds, _ = results[name]
+        assert code == 2 and stopped in said and len(said.strip().splitlines()) == 1, (name, said)
+        assert seconds < 1 + KILL_GRACE_S + 15, (name, seconds)  # hung for ever before
+    for name in ("atexit holds", "non-daemon thread holds"):
+        code, said, seconds, _ = results[name]
+        assert (
+            code == 1
+            and "did not exit after handing over its verdict" in said
+            and "The exit code is the verdict's" in said
+        ), (name, said)
+        assert seconds < HANDOVER_GRACE_S + 15, (name, seconds)
+    code, said, seconds, _ = results["slow interpreter shutdown"]
+    assert code == 1 and said == "" and seconds > 6, (said, seconds)  # not mistaken for a hold
+    code, said, _, left = results["SIGKILL while writing"]
+    assert code == 2 and "killed by signal 9 (SIGKILL" in said and left == [], (said, left)
+    code, said, _, left = results["SIGHUP while writing"]
+    assert code == 130 and "interrupted" in said and left == [], (said, left)
+
+
+_THREADED_CALLER = """
+import sys, threading, shared
+from rollout_consistency.cli import main
+
+shared.LOCK.acquire()  # another thread of the caller holds a lock the user's factory needs, as a logger's would
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+sys.argv = ["rollout-consistency", "precision", "--spec", "user_spec.py:make", "--user-code-timeout-s", "5"]
+main()  # the process entry without argv: a forked child would wait on the held lock for ever
+"""
+
+
+def test_main_without_argv_in_a_threaded_process_runs_in_a_fresh_interpreter(tmp_path):
+    (tmp_path / "shared.py").write_text("import threading\nLOCK = threading.Lock()\n")
+    (tmp_path / "user_spec.py").write_text("import shared\ndef make():\n    with shared.LOCK:\n        return {}\n")
+    (tmp_path / "caller.py").write_text(_THREADED_CALLER)
+    proc = subprocess.run([sys.executable, "caller.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr  # deadlocked before; exit 2 at the bound with a forked child
+    assert "precision" in proc.stdout.lower(), proc.stdout
+
+
+def test_the_console_command_stops_a_factory_stuck_outside_python(work):
+    # The issue's class end to end: the fence's bound reaches the supervisor through the console command. A factory
+    # with SIGALRM blocked, as a call stuck in C (a collective that never completes) is, hung the command for ever.
+    source = "import signal, time\ndef make():\n    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\n"
+    path = _user_file("user_loop.py", source + "    time.sleep(600)\n")(work)
+    proc = _cli("precision", "--spec", f"{path}:make", "--user-code-timeout-s", "1", "--json", "r.json", cwd=work)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err.decode()
+    (line,) = err.decode().strip().splitlines()
+    assert "the factory did not return within 1 s (user_code_timeout_s); the supervisor stopped it" in line, line
+    assert not (work / "r.json").exists()
+    _no_temp_files(work)
+
+
+def test_a_hangup_is_an_interrupt(tmp_path):
+    # A closed terminal sends SIGHUP: clean up and exit 130 as for Ctrl-C or SIGTERM (before: killed on the spot)
+    code = (
+        "import os, signal\nfrom rollout_consistency.cli_guard import guarded\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+        "def run(argv):\n    os.kill(os.getpid(), signal.SIGHUP)\n    signal.pause()\n"
+        "raise SystemExit(guarded(run, [], 'prog'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().endswith(
+        "interrupted; no report was written (reports are written all at once at the end)."
+    )

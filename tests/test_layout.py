@@ -329,7 +329,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gate.monitor",),  # the run monitor: every training step's figures, verdict and alarms
     ("gate", "plugin_template"),  # run_step1_check, the false-alarm sweep, the gate's face; the plug-in template
     ("commands",),  # one module per sub-command
-    ("cli", "pytest_plugin", "__main__", ""),
+    ("cli", "pytest_plugin", "supervised_call", "__main__", ""),
 )
 
 

@@ -74,3 +74,69 @@ def test_plugin_import_is_light():
     code = "import rollout_consistency.pytest_plugin, sys; print('torch' in sys.modules, 'diffusers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# Issue 30: a marked test is gated whether or not it asks for the report, and the user code a check runs cannot
+# end or hang the pytest session. Run as a subprocess: unsupervised, the plug-in's os._exit(0) would end this one.
+MARKED_TESTS = f"""
+import pytest
+
+@pytest.mark.step1_gate("nan.safetensors")
+def test_all_nan_dump():
+    pass
+
+@pytest.mark.step1_gate("missing.safetensors")
+def test_missing_dump():
+    pass
+
+@pytest.mark.step1_gate("off.safetensors")
+def test_trainer_off_by_a_quarter():
+    pass
+
+@pytest.mark.step1_gate("good.safetensors")
+def test_good_dump():
+    pass
+
+@pytest.mark.step1_check({SMALL}, trainer_backend="user_trainer.py:make")
+def test_plugin_ends_the_process():
+    pass
+
+def test_plugin_hangs_with_sigalrm_blocked(step1_check):
+    step1_check({SMALL}, rollout_backend="user_rollout.py:make", user_code_timeout_s=1)
+
+def test_the_session_went_on():
+    pass
+"""
+
+EXITING_TRAINER = "import os\ndef make(config):\n    os._exit(0)\n"
+# Blocked in C as a stuck collective is: the fence's SIGALRM never reaches Python.
+HANGING_ROLLOUT = (
+    "import signal, time\ndef make(config):\n    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\n"
+    "    time.sleep(600)\n"
+)
+
+
+def test_markers_gate_without_the_report_fixture_and_user_code_runs_supervised(pytester):
+    import numpy as np
+
+    from rollout_consistency.gate import write_dump
+
+    good = np.full((4, 2), -1.0, dtype=np.float32)
+    write_dump(pytester.path / "good.safetensors", good, good.copy())
+    write_dump(pytester.path / "off.safetensors", good, good + 0.25)
+    write_dump(pytester.path / "nan.safetensors", good * np.nan, good * np.nan)
+    pytester.makepyfile(test_marked=MARKED_TESTS, user_trainer=EXITING_TRAINER, user_rollout=HANGING_ROLLOUT)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rfE", timeout=600)
+    summary = [line for line in result.stdout.lines if line.startswith(("FAILED", "ERROR"))]
+    for name in ("all_nan_dump", "missing_dump", "trainer_off_by_a_quarter", "plugin_ends", "plugin_hangs"):
+        assert sum(f"::test_{name}" in line for line in summary) == 1, result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 2, result.stdout.str()  # the good dump; the session went on
+    assert result.ret == 1
+    result.stdout.fnmatch_lines_random(
+        [
+            "*rollout-consistency step-1 gate FAILED*",
+            "*missing.safetensors*",
+            "*exited with status 0 while running trainer_backend 'user_trainer.py:make': the factory*",
+            "*rollout_backend 'user_rollout.py:make': the factory did not return within 1 s (user_code_timeout_s)*",
+        ]
+    )

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from rollout_consistency.supervisor import announce_temp
+
 from .ray_connect import DistributedError, check_reachable
 
 S = TypeVar("S")
@@ -210,6 +212,7 @@ def _start_ray(ray: Any, ray_address: str | None) -> tuple[bool, str | None, tup
     # macOS's, a CI workspace's) would make the start fail, so such a start goes under /tmp.
     base = tempfile.gettempdir()
     temp_dir = tempfile.mkdtemp(prefix="rc-ray-", dir=base if len(base) <= RAY_TEMP_BASE_MAX else "/tmp")
+    announce_temp(temp_dir)  # the supervisor removes it if this process is killed
     try:
         ray.init(
             num_cpus=os.cpu_count() or 1,
