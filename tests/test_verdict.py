@@ -106,6 +106,37 @@ def test_bias_standard_error_is_the_sample_standard_deviation_over_root_n():
     )
 
 
+@pytest.mark.parametrize("dlogp", [400.0, 700.0])
+def test_a_bias_allowance_beyond_float64_squares_is_computed_not_raised(dlogp):
+    # Per-sample ratio means near exp(400)..exp(700): their squared deviations overflow a float (a bare
+    # OverflowError was exit 2 with no doctor). The allowance is the same figure on the scaled values.
+    rollout = np.zeros((8, 2), np.float32)
+    trainer = np.repeat(np.float32([dlogp, dlogp - 1, dlogp - 2, dlogp - 3, 0, 0, 0, 0])[:, None], 2, axis=1)
+    m = compute_metrics(rollout, trainer)
+    figures = [s.values.get("ratio_mean") for s in m.by_sample]
+    scale = max(figures)
+    scaled = [f / scale for f in figures]
+    mean = sum(scaled) / 8
+    expected = scale * math.sqrt(sum((f - mean) ** 2 for f in scaled) / 7 / 8)
+    assert math.isfinite(expected) and bias_standard_error("ratio_mean", m) == pytest.approx(expected, rel=1e-12)
+    verdict = decide(m, kernel_tolerance())
+    assert not verdict.passed and {"ratio_std", "mean_abs_dlogp", "max_abs_dlogp"} <= failed(verdict)
+
+
+def test_an_allowance_whose_sum_overflows_is_scaled_not_infinite():
+    # Per-sample ratio means near float64's largest: their sum is inf, so an unscaled mean would give an infinite
+    # allowance, and an infinite ratio_mean within "limit + inf" would pass its own check.
+    rollout = np.zeros((8, 2), np.float32)
+    trainer = np.full((8, 2), 709.0, np.float32)
+    trainer[::2, 1] = 700.0
+    m = compute_metrics(rollout, trainer)
+    assert math.isinf(sum(s.values.get("ratio_mean") for s in m.by_sample))
+    error = bias_standard_error("ratio_mean", m)
+    assert math.isfinite(error) and error > 0
+    check = next(c for c in decide(m, kernel_tolerance()).checks if c.name == "ratio_mean")
+    assert not check.passed
+
+
 def test_infinite_figures_fail_the_finite_guard():
     rollout, trainer = tables()
     trainer[2, 2] = -np.inf
