@@ -314,3 +314,14 @@ def test_digest_ids_identify_rows_without_ids_and_refuse_shared_initial_noise():
     assert report.passed and report.metrics.num_samples == N, report.reasons
     first_step = digest_ids(samples["latents"][:, 0])
     assert first_step[0] == first_step[1]  # the first step alone would give samples 0 and 1 one id
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_a_step_at_or_beyond_num_steps_is_refused_by_name(step):
+    # Steps are 0 .. num_steps-1: step == num_steps is the first one beyond (it was a bare KeyError when let through).
+    recorder = Step1Recorder(num_steps=2)
+    one = torch.tensor([-1.0])
+    for recorded in (0, 1, step):
+        recorder.record(torch.tensor([0]), recorded, one, one)
+    with pytest.raises(RecorderError, match=f"sample 0 step {step} is beyond num_steps=2"):
+        recorder.finish()
