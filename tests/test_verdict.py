@@ -239,3 +239,48 @@ def test_verdict_round_trips():
     verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), kernel_tolerance())
     assert Verdict.from_dict(verdict.to_dict()) == verdict
     assert math.isfinite(next(c for c in verdict.checks if c.name == "ppo_kl").excess)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Guards a mutation run found untested (issue 30): each test below fails when its guard is removed.
+
+
+def test_a_verdict_with_no_checks_is_not_a_pass():
+    # A report read back with no checks (a truncated or hand-written JSON) judged nothing.
+    assert not Verdict(()).passed and Verdict(()).status == "FAIL"
+    assert not Verdict.from_dict({"checks": []}).passed
+
+
+def test_finite_log_probs_whose_ratio_overflows_fail_the_finite_guard():
+    # Every log-prob is finite, but exp(800) overflows float64: the ratio figures are inf and the guard names them.
+    rollout, _ = tables()
+    verdict = decide(compute_metrics(rollout, rollout + np.float32(800)), kernel_tolerance())
+    finite = next(c for c in verdict.checks if c.name == "finite")
+    assert not finite.passed and finite.message.startswith("figures not finite: ratio_mean, ratio_std")
+
+
+def test_a_timestep_over_the_limit_fails_exact_when_every_window_position_is_within():
+    # Windows start one step apart: position 0 holds timesteps 900 (+d) and 750 (-d), position 1 holds 750 (-d) and
+    # 500 (+d). ppo_kl is 0 overall and at both positions, but not at any timestep: `exact` gates the timesteps too.
+    d = np.float32(2**-10)
+    rollout = np.zeros((2, 2), np.float32)
+    trainer = np.array([[d, -d], [-d, d]], np.float32)
+    steps = np.float32([[900, 750], [750, 500]])
+    metrics = compute_metrics(rollout, trainer, timesteps=steps)
+    assert metrics.overall.ppo_kl == 0 and all(s.values.ppo_kl == 0 for s in metrics.by_position)
+    check = next(c for c in decide(metrics, exact_tolerance()).checks if c.name == "ppo_kl")
+    assert not check.passed and check.timesteps == (900.0, 750.0, 500.0), check
+
+
+def test_a_threshold_that_is_not_a_finite_number_is_refused():
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ToleranceError, match="must be a finite number >= 0"):
+            resolve_tolerance("kernel", {"ppo_kl": bad})
+
+
+def test_tables_with_no_window_step_fail_as_empty_and_incomplete():
+    # Three samples, zero window steps: nothing compared, and every sample named as having no step.
+    z = np.zeros((3, 0), np.float32)
+    metrics = compute_metrics(z, z)
+    assert metrics.empty_samples == (0, 1, 2)
+    assert {"nonempty", "complete"} <= failed(decide(metrics, exact_tolerance()))
