@@ -1078,3 +1078,13 @@ def test_a_trainer_hundreds_of_nats_off_fails_with_the_doctor_not_exit_2(work, c
     assert "rollout-consistency step-1 gate: FAIL" in out and "doctor: likely causes" in out
     # A ratio of ~exp(dlogp) in the table's exponent form, not hundreds of fixed-point digits.
     assert re.search(r"^  ratio_mean +\d\.\d{3}e\+\d{3} ", out, re.MULTILINE), out
+
+
+def test_an_input_one_byte_over_its_bound_is_refused_and_one_at_it_is_read(tmp_path):
+    from rollout_consistency.paths import InputPathError, check_input_file
+
+    path = tmp_path / "d.safetensors"
+    path.write_bytes(b"x" * 101)
+    assert check_input_file(path, "DUMP", max_bytes=101) == 101
+    with pytest.raises(InputPathError, match="is 101 bytes, more than the 100 this input may hold"):
+        check_input_file(path, "DUMP", max_bytes=100)

@@ -299,8 +299,9 @@ def test_clear_errors():
         scheduler.step(v, 0.0, x, noise_level=0.7)
     with pytest.raises(ValueError, match="Unknown sde_type 'ode'"):
         scheduler.step(v, t, x, noise_level=0.7, sde_type="ode")
-    with pytest.raises(ValueError, match="noise_level must be a finite number >= 0"):
-        scheduler.step(v, t, x, noise_level=-0.1)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise_level must be a finite number >= 0"):
+            scheduler.step(v, t, x, noise_level=bad)
     with pytest.raises(ValueError, match="`model_output` has shape"):
         scheduler.step(v[:, :2], t, x, noise_level=0.7)
     with pytest.raises(ValueError, match="`prev_sample` has shape"):
