@@ -124,8 +124,8 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
     `stochastic_sampling=True` and `invert_sigmas=True` are rejected at `step`.
 
     Guarantees:
-        * `prev_sample`, `prev_sample_mean`, `log_prob` and `prev_sample_std` are float32, whatever the
-          dtype of the inputs.
+        * `prev_sample`, `prev_sample_mean`, `log_prob` and `prev_sample_std` are float32 (inputs are
+          float32, or bfloat16/float16 upcast by `step`; wider inputs are refused, never cast down).
         * With the same inputs, scoring a given `prev_sample` reproduces the log-probability that was
           returned when that sample was drawn, bit for bit.
         * `noise_level=0` is the Euler (ODE) step and matches diffusers' step for float32 inputs.
@@ -197,9 +197,9 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
 
         The positional signature and keywords are those of diffusers' `FlowMatchEulerDiscreteScheduler.step`,
         so a stock pipeline calls it unchanged; `noise_level`, `sde_type`, `prev_sample` and
-        `include_normalizer` are keyword-only additions. Inputs of any floating dtype are upcast to float32
-        when `noise_level` is given (use [`sample_previous_step`] to reject anything that is not float32
-        instead).
+        `include_normalizer` are keyword-only additions. Low-precision inputs (bfloat16, float16) are upcast
+        to float32 when `noise_level` is given (use [`sample_previous_step`] to reject anything that is not
+        float32 instead); wider ones (float64) are refused, never cast down.
 
         `step_index` advances by one per call as in diffusers (initialised on the first call from
         `begin_index` or the timestep). The sigmas are those of `timesteps[step_index]` when that is the
@@ -239,12 +239,15 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             [`FlowMatchSDESchedulerOutput`], or its `to_tuple()`.
 
         Raises:
-            TypeError: called the diffusers way (no `noise_level`) with a `sample` or `model_output` that is
-                not float32: a stock low-precision pipeline, which would store the rounded latents (or crash
-                inside its transformer on the float32 result). Use the rollout adapters instead.
+            TypeError: a `model_output`, `sample` or `prev_sample` wider than float32 (float64) or not a float
+                (the fix: `.float()`); or called the diffusers way (no `noise_level`) with a `sample` or
+                `model_output` that is not float32: a stock low-precision pipeline, which would store the
+                rounded latents (or crash inside its transformer on the float32 result). Use the rollout
+                adapters instead.
             ValueError: a diffusers keyword set to a value this step cannot honour, or a bad setting.
         """
         _check_diffusers_keywords(s_churn, s_tmin, s_tmax, s_noise, per_token_timesteps)
+        _check_no_downcast(model_output=model_output, sample=sample, prev_sample=prev_sample)
         if noise_level is None:
             # The diffusers calling convention: the loop feeds `prev_sample` back to the transformer as is.
             _check_drop_in_dtypes(model_output, sample)
@@ -330,10 +333,13 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
             ValueError: a timestep that is not exactly one of `self.timesteps`, or a batch-size mismatch.
         """
         lookup = self._lookup()
+        # Python floats of the given values, unrounded: a float64 timestep off the float32 schedule value is not
+        # rounded onto it (that drift is what the exact lookup reports).
         if isinstance(timestep, (int, float)) or (isinstance(timestep, torch.Tensor) and timestep.numel() == 1):
-            requested = [float(torch.as_tensor(timestep, dtype=torch.float32))] * batch_size
+            requested = [float(timestep)] * batch_size
         else:
-            requested = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).tolist()
+            values = timestep if isinstance(timestep, torch.Tensor) else torch.as_tensor(timestep, dtype=torch.float64)
+            requested = [float(value) for value in values.reshape(-1).tolist()]
             if len(requested) != batch_size:
                 raise ValueError(
                     f"`timestep` has {len(requested)} entries for a batch of {batch_size}: pass one timestep, or one "
@@ -507,6 +513,17 @@ def _check_diffusers_keywords(
             "FlowMatchSDEDiscreteScheduler.step: per_token_timesteps is not supported; pass one timestep, or one "
             "per sample (shape (B,)), or use diffusers' FlowMatchEulerDiscreteScheduler for per-token schedules."
         )
+
+
+def _check_no_downcast(**tensors: torch.Tensor | None) -> None:
+    """`step` upcasts low-precision floats to float32 (exact); a wider or non-float tensor would be rounded or
+    converted on the way in, and the sample it scores would no longer be the one given: refuse it instead."""
+    for name, tensor in tensors.items():
+        if tensor is not None and (not tensor.is_floating_point() or tensor.element_size() > 4):
+            raise TypeError(
+                f"FlowMatchSDEDiscreteScheduler.step: `{name}` is {tensor.dtype}; this scheduler computes in float32 "
+                f"and never casts a tensor down (stored latents and log-probs are float32). Pass `{name}.float()`."
+            )
 
 
 def _check_drop_in_dtypes(model_output: torch.Tensor, sample: torch.Tensor) -> None:

@@ -53,6 +53,10 @@ class SDEWindow:
         return self.start <= step_index < self.stop
 
 
+#: The window's key is hashed as signed 64-bit integers: every argument must fit one.
+_INT64_MAX = 2**63 - 1
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if value is None:
         raise ValueError(
@@ -63,6 +67,8 @@ def _check_int(name: str, value: object, minimum: int) -> int:
         raise TypeError(f"`{name}` must be an int, got {type(value).__name__} {value!r}.")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
+    if value > _INT64_MAX:
+        raise ValueError(f"`{name}` must be <= 2**63 - 1 (a signed 64-bit integer), got {value}.")
     return value
 
 

@@ -18,6 +18,10 @@ settings.load_profile("deterministic")
 # `pytester` runs inner pytest sessions (tests of the pytest plugin, tests/test_pytest_plugin.py).
 pytest_plugins = ("pytester",)
 
+# The lint's fixtures are user code to be linted, never run: some are a project's own tests (test_*.py), which the
+# lint must see as test modules, not program roots.
+collect_ignore = ["lint_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def ray_session():

@@ -312,3 +312,33 @@ def test_rows_per_forward_must_be_a_positive_integer():
         with pytest.raises(ValueError, match="rows_per_forward must be an integer >= 1"):
             batch_invariant(model, "qwen-image", rows_per_forward=bad)
     assert batch_invariant(batch_invariant(model, "qwen-image", rows_per_forward=4), "qwen-image").rows_per_forward == 1
+
+
+@pytest.mark.parametrize("rows", [2, 3], ids=["fixed-2", "fixed-3"])
+def test_rows_regrouped_by_their_per_row_lists_come_back_to_their_own_samples(rows):
+    """Rows whose per-row lists differ run in separate forwards and are put back in batch order. Grouping
+    [a, b, b, a] runs rows 0, 3 then 1, 2: an order that is not its own inverse, so only the inverse
+    permutation returns each output to its own sample."""
+    case = VelocityCase()
+    proxy = batch_invariant(case.model, qwen_image.FAMILY, rows_per_forward=rows)
+    square, strip = [(1, 2, 2)], [(1, 1, 4)]  # two RoPE grids of the same 4 image tokens
+    shapes = [square, strip, strip, square]
+
+    def forward(batch):
+        with torch.no_grad():
+            return proxy(
+                hidden_states=case.latents[batch],
+                encoder_hidden_states=case.cond["prompt_embeds"][batch],
+                encoder_hidden_states_mask=case.cond["prompt_embeds_mask"][batch],
+                timestep=case.timesteps[batch] / 1000,
+                img_shapes=[shapes[b] for b in batch],
+                return_dict=False,
+            )[0]
+
+    full = forward([0, 1, 2, 3])
+    assert len(proxy.routes) == 2  # two groups, each with its own route
+    for row in range(4):
+        assert torch.equal(full[row], forward([row])[0]), row
+    # The grid is part of the computation: the same row under the other grid is another output.
+    shapes[0] = strip
+    assert not torch.equal(forward([0])[0], full[0])

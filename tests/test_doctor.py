@@ -292,6 +292,22 @@ def test_a_disagreement_is_localised_to_its_stage(case, model, trajectory):
 def test_identical_sides_agree_at_every_stage(model, trajectory):
     loc = localise(trajectory, rollout_side(model), trainer_side(model))
     assert loc.first_stage is None and loc.replay_max_abs == 0 and not loc.settings
+    # Computation order: "first differing stage" means the first in this list.
+    assert [s.stage for s in loc.stages] == [
+        "inputs.latents",
+        "inputs.timestep",
+        "inputs.conditioning",
+        "inputs.text_lengths",
+        "rope",
+        "embed",
+        "blocks.0",
+        "blocks.1",
+        "velocity",
+        "transition.mean",
+        "transition.std",
+        "scored_sample",
+        "log_prob",
+    ]
 
 
 def test_batch_composition_is_named_when_it_changes_the_forward(model, trajectory):

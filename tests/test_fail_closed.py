@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -1832,3 +1833,35 @@ def test_a_hangup_is_an_interrupt(tmp_path):
     assert proc.stderr.strip().endswith(
         "interrupted; no report was written (reports are written all at once at the end)."
     )
+
+
+# issue 30: a figure beyond float64's squares is a FAIL with the doctor's diagnosis, never an error
+
+
+@pytest.mark.parametrize("dlogp", [400.0, 700.0])
+def test_a_trainer_hundreds_of_nats_off_fails_with_the_doctor_not_exit_2(work, capsys, dlogp):
+    import numpy as np
+
+    from rollout_consistency.gate.tables.dump import write_dump
+
+    rollout = np.random.default_rng(0).normal(-1.0, 0.1, (8, 4)).astype(np.float32)
+    trainer = rollout.copy()
+    trainer[:4] += np.float32(dlogp)  # a pooled profile's bias allowance squares per-sample ratio means ~exp(dlogp)
+    trainer[4:] -= np.float32(1.0)
+    write_dump(work / "d.safetensors", rollout, trainer)
+    assert main(["gate", "d.safetensors", "--profile", "kernel"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "error" not in err, err
+    assert "rollout-consistency step-1 gate: FAIL" in out and "doctor: likely causes" in out
+    # A ratio of ~exp(dlogp) in the table's exponent form, not hundreds of fixed-point digits.
+    assert re.search(r"^  ratio_mean +\d\.\d{3}e\+\d{3} ", out, re.MULTILINE), out
+
+
+def test_an_input_one_byte_over_its_bound_is_refused_and_one_at_it_is_read(tmp_path):
+    from rollout_consistency.paths import InputPathError, check_input_file
+
+    path = tmp_path / "d.safetensors"
+    path.write_bytes(b"x" * 101)
+    assert check_input_file(path, "DUMP", max_bytes=101) == 101
+    with pytest.raises(InputPathError, match="is 101 bytes, more than the 100 this input may hold"):
+        check_input_file(path, "DUMP", max_bytes=100)

@@ -302,3 +302,28 @@ def test_docs_ci_pytest_example_runs_under_pytest(pytester):
     write_dump(pytester.path / "step1_logprobs.safetensors", rollout, rollout.copy(), timesteps=ts)
     pytester.makepyfile(test_docs_example=block)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_one_bad_entry_or_a_flat_table_is_a_one_line_error():
+    # Not only an all-NaN table: one inf timestep or one NaN advantage is refused, and a 1-D table is not (N, T).
+    rollout, ts = tables()
+    steps = ts.copy()
+    steps[2, 1] = np.inf
+    advantages = np.zeros(6)
+    advantages[3] = np.nan
+    for args, kwargs, words in (
+        ((rollout, rollout), dict(timesteps=steps), "timesteps holds NaN or inf"),
+        ((rollout, rollout), dict(advantages=advantages), "advantages holds NaN or inf"),
+        ((rollout[0], rollout[0]), {}, "must be 2-D"),
+    ):
+        with pytest.raises(GateInputError, match=words):
+            gate(*args, **kwargs)
+
+
+def test_a_dump_with_repeated_sample_ids_or_one_nan_advantage_is_refused(tmp_path):
+    table = np.zeros((2, 3), np.float32)
+    with pytest.raises(DumpFormatError, match="'sample_ids' repeat"):
+        write_dump(tmp_path / "d.safetensors", table, table, sample_ids=np.array([4, 4]))
+    with pytest.raises(DumpFormatError, match="'advantages' holds NaN or inf"):
+        write_dump(tmp_path / "d.safetensors", table, table, advantages=np.array([0.0, np.nan], np.float32))
+    assert not (tmp_path / "d.safetensors").exists()

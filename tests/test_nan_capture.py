@@ -345,13 +345,18 @@ def test_real_write_failure_from_a_file_size_limit(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-2000:]
 
 
-def test_existing_capture_is_not_overwritten(tmp_path: Path) -> None:
-    (tmp_path / f"nonfinite-step{EXPECTED_STEP:08d}.pt").write_bytes(b"earlier capture")
+@pytest.mark.parametrize("earlier", [1, 2])
+def test_existing_captures_are_not_overwritten(tmp_path: Path, earlier: int) -> None:
+    # Earlier runs that failed at the same step left `.pt`, then `.1.pt`: the next capture takes the next free name.
+    names = [f"nonfinite-step{EXPECTED_STEP:08d}{suffix}.pt" for suffix in ("", ".1", ".2")]
+    for index in range(earlier):
+        (tmp_path / names[index]).write_bytes(f"earlier capture {index}".encode())
     model, optimizer = make_model_and_optimizer()
     with pytest.raises(NonFiniteGradientError) as info:
         train(model, optimizer, 100, capture=NanCapture(model, optimizer, tmp_path))
-    assert info.value.path.name == f"nonfinite-step{EXPECTED_STEP:08d}.1.pt"
-    assert (tmp_path / f"nonfinite-step{EXPECTED_STEP:08d}.pt").read_bytes() == b"earlier capture"
+    assert info.value.path.name == names[earlier]
+    for index in range(earlier):
+        assert (tmp_path / names[index]).read_bytes() == f"earlier capture {index}".encode()
 
 
 def test_stop_false_returns_false_and_captures_only_the_first(tmp_path: Path) -> None:

@@ -314,3 +314,23 @@ def test_digest_ids_identify_rows_without_ids_and_refuse_shared_initial_noise():
     assert report.passed and report.metrics.num_samples == N, report.reasons
     first_step = digest_ids(samples["latents"][:, 0])
     assert first_step[0] == first_step[1]  # the first step alone would give samples 0 and 1 one id
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_a_step_at_or_beyond_num_steps_is_refused_by_name(step):
+    # Steps are 0 .. num_steps-1: step == num_steps is the first one beyond (it was a bare KeyError when let through).
+    recorder = Step1Recorder(num_steps=2)
+    one = torch.tensor([-1.0])
+    for recorded in (0, 1, step):
+        recorder.record(torch.tensor([0]), recorded, one, one)
+    with pytest.raises(RecorderError, match=f"sample 0 step {step} is beyond num_steps=2"):
+        recorder.finish()
+
+
+def test_one_call_holding_a_cell_twice_or_two_values_for_one_sample_is_refused():
+    # Within a single record() call too: the same (sample, step) twice, or one sample with two prompt groups.
+    two = torch.tensor([-1.0, -1.0])
+    with pytest.raises(RecorderError, match="sample 0 step 0 recorded twice"):
+        Step1Recorder().record(torch.tensor([0, 0]), 0, two, two)
+    with pytest.raises(RecorderError, match="sample 0: prompt_groups was 1 and is now 2"):
+        Step1Recorder().record(torch.tensor([0, 0]), torch.tensor([0, 1]), two, two, prompt_groups=torch.tensor([1, 2]))

@@ -159,6 +159,49 @@ def test_strict_entry_point_rejects_non_fp32(argument, dtype):
         )
 
 
+@pytest.mark.parametrize(
+    "argument, drop_in",
+    [("model_output", False), ("sample", False), ("prev_sample", False), ("model_output", True), ("sample", True)],
+    ids=["model_output", "sample", "prev_sample", "model_output-diffusers-call", "sample-diffusers-call"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_step_never_casts_a_wider_input_down(argument, dtype, drop_in):
+    # float32 is the contract: `step` upcasts bf16/fp16 exactly, but rounding a float64 input to float32 would
+    # score another sample than the one given, so it refuses, naming the cast, as the strict entry point does.
+    scheduler = make_scheduler()
+    x, v = tensors(2)
+    args = {"model_output": v, "sample": x, "prev_sample": None if drop_in else x.clone()}
+    args[argument] = args[argument].to(dtype)
+    keywords = {} if drop_in else {"noise_level": 0.7, "prev_sample": args["prev_sample"]}
+    with pytest.raises(
+        TypeError, match=rf"`{argument}` is {dtype}; .*never casts a tensor down.*`{argument}\.float\(\)`"
+    ):
+        scheduler.step(args["model_output"], scheduler.timesteps[0], args["sample"], **keywords)
+    assert scheduler.step_index is None  # refused before stepping
+
+
+def test_a_wider_timestep_off_the_schedule_is_not_rounded_onto_it():
+    # Exact lookup: a float64 timestep 1e-9 off a float32 schedule value (which float32 would round back onto it)
+    # is not in the schedule; the same value in float64 exactly is.
+    scheduler = make_scheduler()
+    x, v = tensors(5)
+    exact = float(scheduler.timesteps[3])
+    near = exact + 1e-9
+    assert float(torch.tensor(near, dtype=torch.float32)) == exact
+    reference = scheduler.sample_previous_step(v, scheduler.timesteps[3], x, noise_level=0.7, prev_sample=x)
+    for timestep in (exact, torch.tensor(exact, dtype=torch.float64), torch.full((3,), exact, dtype=torch.float64)):
+        out = scheduler.sample_previous_step(v, timestep, x, noise_level=0.7, prev_sample=x)
+        assert torch.equal(out.log_prob, reference.log_prob)
+    for timestep in (
+        near,
+        torch.tensor(near, dtype=torch.float64),
+        [near] * 3,
+        torch.full((3,), near, dtype=torch.float64),
+    ):
+        with pytest.raises(ValueError, match=r"are not in the schedule.*kept in float32"):
+            scheduler.sample_previous_step(v, timestep, x, noise_level=0.7, prev_sample=x)
+
+
 def test_stock_bf16_stored_sample_biases_log_ratio_and_patched_path_is_exact():
     """The known pitfall 'precision loss in stored latents', at the scheduler level.
 
@@ -256,8 +299,9 @@ def test_clear_errors():
         scheduler.step(v, 0.0, x, noise_level=0.7)
     with pytest.raises(ValueError, match="Unknown sde_type 'ode'"):
         scheduler.step(v, t, x, noise_level=0.7, sde_type="ode")
-    with pytest.raises(ValueError, match="noise_level must be a finite number >= 0"):
-        scheduler.step(v, t, x, noise_level=-0.1)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise_level must be a finite number >= 0"):
+            scheduler.step(v, t, x, noise_level=bad)
     with pytest.raises(ValueError, match="`model_output` has shape"):
         scheduler.step(v[:, :2], t, x, noise_level=0.7)
     with pytest.raises(ValueError, match="`prev_sample` has shape"):

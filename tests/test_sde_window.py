@@ -29,6 +29,42 @@ def test_same_arguments_same_window_every_call():
     assert all(draw_sde_window(seed=7, global_step=3, prompt_group=11, **RUN) == first for _ in range(20))
 
 
+#: Windows drawn once and written down: (seed, global_step, prompt_group, num_steps, window_size, window_range) ->
+#: start. The draw is SHA-256 over the arguments packed as little-endian signed 64-bit integers, so these are the
+#: starts on every platform, Python and process; a change to the key (its order, packing or prefix) moves them.
+PINNED_WINDOWS = [
+    ((0, 0, 0, 16, 3, None), 9),
+    ((7, 3, 11, 16, 3, (0, 8)), 1),
+    ((-1, 0, 5, 10, 2, None), 4),
+    ((1234, 99, 3, 40, 4, (5, 30)), 16),
+    ((2**63 - 1, 2**63 - 1, 2**63 - 1, 1000, 1, None), 402),
+    ((-(2**63), 1, 2, 50, 10, None), 15),
+]
+#: seed 42, 16 steps, window 3: starts for global steps 0..2 (outer) x prompt groups 0..3 (inner).
+PINNED_RUN = [8, 4, 5, 12, 7, 6, 12, 1, 9, 12, 9, 1]
+
+
+def test_drawn_windows_are_pinned():
+    for (seed, step, group, num_steps, size, window_range), start in PINNED_WINDOWS:
+        window = draw_sde_window(
+            seed=seed,
+            global_step=step,
+            prompt_group=group,
+            num_steps=num_steps,
+            window_size=size,
+            window_range=window_range,
+        )
+        assert (window.start, window.size, window.num_steps) == (start, size, num_steps), (seed, step, group)
+    run = [
+        draw_sde_window(seed=42, global_step=step, prompt_group=group, num_steps=16, window_size=3).start
+        for step in range(3)
+        for group in range(4)
+    ]
+    assert run == PINNED_RUN
+    schedule = SDEWindowSchedule("random", num_steps=16, window_size=3)
+    assert schedule.window(seed=42, global_step=2, prompt_group=3).start == PINNED_RUN[-1]
+
+
 def test_same_window_in_another_process():
     code = (
         "import json; from schedulers import draw_sde_window as d;"
@@ -142,6 +178,11 @@ def test_window_membership():
         (dict(window_size=9), ValueError, "does not fit sde_window_range"),
         (dict(window_range=(4, 20)), ValueError, "must satisfy 0 <= low < high <= num_steps"),
         (dict(window_range=(5, 5)), ValueError, "must satisfy"),
+        # the key is hashed as signed 64-bit integers (was a bare struct.error)
+        (dict(seed=2**63), ValueError, r"`seed` must be <= 2\*\*63 - 1"),
+        (dict(seed=-(2**63) - 1), ValueError, "`seed` must be >= "),
+        (dict(global_step=2**63), ValueError, r"`global_step` must be <= 2\*\*63 - 1"),
+        (dict(prompt_group=2**64), ValueError, r"`prompt_group` must be <= 2\*\*63 - 1"),
     ],
 )
 def test_bad_arguments_are_clear_errors(kwargs, error, message):

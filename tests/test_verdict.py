@@ -106,6 +106,37 @@ def test_bias_standard_error_is_the_sample_standard_deviation_over_root_n():
     )
 
 
+@pytest.mark.parametrize("dlogp", [400.0, 700.0])
+def test_a_bias_allowance_beyond_float64_squares_is_computed_not_raised(dlogp):
+    # Per-sample ratio means near exp(400)..exp(700): their squared deviations overflow a float (a bare
+    # OverflowError was exit 2 with no doctor). The allowance is the same figure on the scaled values.
+    rollout = np.zeros((8, 2), np.float32)
+    trainer = np.repeat(np.float32([dlogp, dlogp - 1, dlogp - 2, dlogp - 3, 0, 0, 0, 0])[:, None], 2, axis=1)
+    m = compute_metrics(rollout, trainer)
+    figures = [s.values.get("ratio_mean") for s in m.by_sample]
+    scale = max(figures)
+    scaled = [f / scale for f in figures]
+    mean = sum(scaled) / 8
+    expected = scale * math.sqrt(sum((f - mean) ** 2 for f in scaled) / 7 / 8)
+    assert math.isfinite(expected) and bias_standard_error("ratio_mean", m) == pytest.approx(expected, rel=1e-12)
+    verdict = decide(m, kernel_tolerance())
+    assert not verdict.passed and {"ratio_std", "mean_abs_dlogp", "max_abs_dlogp"} <= failed(verdict)
+
+
+def test_an_allowance_whose_sum_overflows_is_scaled_not_infinite():
+    # Per-sample ratio means near float64's largest: their sum is inf, so an unscaled mean would give an infinite
+    # allowance, and an infinite ratio_mean within "limit + inf" would pass its own check.
+    rollout = np.zeros((8, 2), np.float32)
+    trainer = np.full((8, 2), 709.0, np.float32)
+    trainer[::2, 1] = 700.0
+    m = compute_metrics(rollout, trainer)
+    assert math.isinf(sum(s.values.get("ratio_mean") for s in m.by_sample))
+    error = bias_standard_error("ratio_mean", m)
+    assert math.isfinite(error) and error > 0
+    check = next(c for c in decide(m, kernel_tolerance()).checks if c.name == "ratio_mean")
+    assert not check.passed
+
+
 def test_infinite_figures_fail_the_finite_guard():
     rollout, trainer = tables()
     trainer[2, 2] = -np.inf
@@ -208,3 +239,48 @@ def test_verdict_round_trips():
     verdict = decide(compute_metrics(rollout, trainer, timesteps=STEPS), kernel_tolerance())
     assert Verdict.from_dict(verdict.to_dict()) == verdict
     assert math.isfinite(next(c for c in verdict.checks if c.name == "ppo_kl").excess)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Guards a mutation run found untested (issue 30): each test below fails when its guard is removed.
+
+
+def test_a_verdict_with_no_checks_is_not_a_pass():
+    # A report read back with no checks (a truncated or hand-written JSON) judged nothing.
+    assert not Verdict(()).passed and Verdict(()).status == "FAIL"
+    assert not Verdict.from_dict({"checks": []}).passed
+
+
+def test_finite_log_probs_whose_ratio_overflows_fail_the_finite_guard():
+    # Every log-prob is finite, but exp(800) overflows float64: the ratio figures are inf and the guard names them.
+    rollout, _ = tables()
+    verdict = decide(compute_metrics(rollout, rollout + np.float32(800)), kernel_tolerance())
+    finite = next(c for c in verdict.checks if c.name == "finite")
+    assert not finite.passed and finite.message.startswith("figures not finite: ratio_mean, ratio_std")
+
+
+def test_a_timestep_over_the_limit_fails_exact_when_every_window_position_is_within():
+    # Windows start one step apart: position 0 holds timesteps 900 (+d) and 750 (-d), position 1 holds 750 (-d) and
+    # 500 (+d). ppo_kl is 0 overall and at both positions, but not at any timestep: `exact` gates the timesteps too.
+    d = np.float32(2**-10)
+    rollout = np.zeros((2, 2), np.float32)
+    trainer = np.array([[d, -d], [-d, d]], np.float32)
+    steps = np.float32([[900, 750], [750, 500]])
+    metrics = compute_metrics(rollout, trainer, timesteps=steps)
+    assert metrics.overall.ppo_kl == 0 and all(s.values.ppo_kl == 0 for s in metrics.by_position)
+    check = next(c for c in decide(metrics, exact_tolerance()).checks if c.name == "ppo_kl")
+    assert not check.passed and check.timesteps == (900.0, 750.0, 500.0), check
+
+
+def test_a_threshold_that_is_not_a_finite_number_is_refused():
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ToleranceError, match="must be a finite number >= 0"):
+            resolve_tolerance("kernel", {"ppo_kl": bad})
+
+
+def test_tables_with_no_window_step_fail_as_empty_and_incomplete():
+    # Three samples, zero window steps: nothing compared, and every sample named as having no step.
+    z = np.zeros((3, 0), np.float32)
+    metrics = compute_metrics(z, z)
+    assert metrics.empty_samples == (0, 1, 2)
+    assert {"nonempty", "complete"} <= failed(decide(metrics, exact_tolerance()))

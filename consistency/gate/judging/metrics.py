@@ -125,7 +125,8 @@ class Metric:
             return "-"
         if math.isnan(value):
             return "nan"
-        if math.isfinite(value) and (spec or self.table_format) != ".3e":
+        # Fixed-point formats only below a million: a ratio of exp(500) would print 200 digits.
+        if math.isfinite(value) and abs(value) < 1e6 and (spec or self.table_format) != ".3e":
             return f"{value:{spec or self.table_format}}"
         return f"{value:.3e}" if value != 0 else "0"
 

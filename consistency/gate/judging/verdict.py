@@ -269,6 +269,19 @@ def bias_standard_error(metric: str, metrics: ConsistencyMetrics) -> float:
     if figures.size < 2 or not np.isfinite(figures).all():
         return 0.0
     values = figures.tolist()  # Python's float sums, one value at a time, as this figure was always computed
+    try:
+        error = _standard_error(values)
+    except OverflowError:  # squares of figures beyond ~1e154 (|dlogp| of a few hundred under a ratio)
+        error = math.inf
+    if math.isfinite(error):
+        return error
+    # Overflowed (an infinite allowance would pass any bias): the same figure on the values over their largest
+    # magnitude, scaled back. Values in [-1, 1] have a standard error of at most 1, so this one is finite.
+    scale = max(abs(v) for v in values)
+    return scale * _standard_error([v / scale for v in values])
+
+
+def _standard_error(values: list[float]) -> float:
     mean = sum(values) / len(values)
     variance = sum([(v - mean) ** 2 for v in values]) / (len(values) - 1)
     return math.sqrt(variance / len(values))
