@@ -241,19 +241,24 @@ def test_mlflow_and_tensorboard_read_while_written(runs, tmp_path):
 # Watched names and what is wrong with a log
 
 
-def test_watched_names_theirs_and_ours_with_any_prefix():
-    assert watched("rollout_corr/logprob_abs_diff_max").figure == "max_abs_dlogp"
-    assert watched("step1/consistency/max_abs_dlogp").prefix == "step1/"
+def test_watched_names_theirs_and_ours():
+    assert watched("rollout_corr/logprob_abs_diff_max").figure == "rollout_corr/logprob_abs_diff_max"
+    assert watched("step1/rollout_corr/k3_kl").prefix == "step1/"  # a step-1 report logged at each step
+    assert watched("monitor/max_abs_dlogp").figure == "max_abs_dlogp"
+    assert watched("ours/entries", prefix="ours/").figure == "entries"
     one = watched("rollout_corr/logprob_abs_diff/ts_750")
-    assert (one.figure, one.timestep) == ("mean_abs_dlogp", 750.0)
+    assert (one.figure, one.prefix, one.timestep) == ("mean_abs_dlogp", "", 750.0)
     assert watched("rollout_corr/logprob_abs_diff/ts_1.234e+04").timestep == 12340.0
+    assert watched("monitor/max_abs_dlogp/ts_500").timestep == 500.0
     assert watched("step1/verdict/passed").figure == "verdict"
     for name in (
         "actor/rollout_corr/logprob_abs_diff_max",  # bypass mode: against the policy being updated
+        "actor/ppo_kl",  # verl-omni's loss figure, measured during the update
         "step1/timestep/rollout_corr/logprob_abs_diff_max",  # a report's row, not a training step
         "rollout_corr/logprob_abs_diff_maxx",
         "myrollout_corr/kl",
-        "actor/pg_loss",
+        "max_abs_dlogp",  # ours only under the monitor's prefix
+        "other/max_abs_dlogp",
     ):
         assert watched(name) is None, name
 

@@ -2,27 +2,26 @@
 """Which of a run's logged series measure rollout/trainer consistency, and their figures step by step.
 
 `watch_table` turns a `RunLog` (`run_logs`) into one row per training step: the watched figures at that step
-and what is wrong with the log there. A series is watched when its name, after an optional prefix ending in
-``/`` (``step1/`` is this checker's default), is one of `WATCHED_NAMES` or verl-omni's per-timestep
-``rollout_corr/logprob_abs_diff/ts_<t>``:
+and what is wrong with the log there. Watched, each possibly behind a prefix ending in ``/`` (this checker's
+step-1 reports log under ``step1/``):
 
-* verl-omni (``compute_rollout_corr_metrics_from_logprobs``, logged once per global batch at the trainer's
-  ``global_steps`` whenever the rollout returns log-probs and bypass mode is off):
-  ``rollout_corr/logprob_abs_diff_mean`` / ``_max`` (mean and max of |old_log_probs − rollout_log_probs| over
-  every entry of the batch), ``rollout_corr/logprob_abs_diff/ts_<t>`` (the mean over the entries whose
-  timestep value is ``t``, formatted ``%.4g``), and verl's ``rollout_corr/kl``, ``k3_kl`` and PPL family;
-* this checker's (`judging.loggers`, `Report.log_to`): the same ``rollout_corr/...`` names where the figure is
-  that definition, ``consistency/max_abs_dlogp`` and ``consistency/mean_abs_dlogp`` (per-cell means,
-  averaged), and ``verdict/passed`` (1 PASS, 0 FAIL).
+* verl-omni's (``compute_rollout_corr_metrics_from_logprobs``, logged once per global batch at the trainer's
+  ``global_steps`` whenever the rollout returns log-probs and bypass mode is off) and verl's rollout correction
+  names, `figures.VERL_NAMES`: ``rollout_corr/logprob_abs_diff_mean`` / ``_max`` (mean and max of
+  |old_log_probs − rollout_log_probs| over the batch's entries), ``rollout_corr/kl``, ``k3_kl``, the χ² and PPL
+  family; and ``rollout_corr/logprob_abs_diff/ts_<t>`` (the mean over the entries of timestep value ``t``);
+* the run monitor's own, under its prefix only (``monitor/`` by default): ``monitor/<figure>`` for every figure
+  and count of `figures.FIGURE_NAMES` / `COUNT_NAMES`, and ``monitor/max_abs_dlogp/ts_<t>``;
+* a logged verdict of this checker: ``verdict/passed`` (1 PASS, 0 FAIL).
 
-Not watched, on purpose: ``actor/rollout_corr/...`` (bypass mode: measured inside the loss against the
-policy being updated, whose ratio leaves 1 by design after the first update) and this checker's
-``.../timestep/...`` series (their step is a row of one report, not a training step).
+Not watched, on purpose: ``actor/...`` (verl-omni's loss figures and bypass mode's ``actor/rollout_corr/...``
+are measured against the policy being updated, whose ratio leaves 1 by design after the first update) and this
+checker's ``.../timestep/...`` series (their step is a row of one report, not a training step).
 
 What is wrong with a log is a step's ``problems`` — never dropped, never a PASS: a point logged twice at one
 step, a step logged after a later one, a NaN or inf, and a gap (a step where the run logged other watched
-figures but not this one, after this series' first step). Per-timestep series may come and go: the
-set of timestep values in a batch changes when each sample's SDE window is drawn at random.
+figures but not this one, after this series' first step). Per-timestep series may come and go: the set of
+timestep values in a batch changes when each sample's SDE window is drawn at random.
 """
 
 from __future__ import annotations
@@ -32,35 +31,28 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .figures import COUNT_NAMES, FIGURE_NAMES, VERL_NAMES, VERL_TIMESTEP_PREFIX
 from .run_logs import RunLog
 
-__all__ = ["TIMESTEP_SERIES", "WATCHED_NAMES", "StepRow", "WatchTable", "WatchedSeries", "watch_table"]
+__all__ = ["DEFAULT_PREFIX", "StepRow", "WatchTable", "WatchedSeries", "watch_table", "watched"]
 
-#: A logged name (less its prefix) -> (the figure it is, whose definition). The figure picks the limit.
-WATCHED_NAMES: Mapping[str, tuple[str, str]] = {
-    "rollout_corr/logprob_abs_diff_max": ("max_abs_dlogp", "max |old − rollout log-prob| over the batch (verl-omni)"),
-    "consistency/max_abs_dlogp": ("max_abs_dlogp", "max |Δlogp| over the table (this checker's gated figure)"),
-    "rollout_corr/logprob_abs_diff_mean": ("mean_abs_dlogp", "mean |Δlogp| over every entry (verl-omni)"),
-    "consistency/mean_abs_dlogp": ("mean_abs_dlogp", "mean |Δlogp|, per-cell means averaged (this checker's)"),
-    "rollout_corr/kl": ("kl", "mean(rollout − old log-prob), KL(rollout ‖ old) (verl's rollout correction)"),
-    "rollout_corr/k3_kl": ("k3_kl", "mean(exp(r) − r − 1), r = old − rollout (verl's rollout correction)"),
-    "rollout_corr/log_ppl_abs_diff": ("log_ppl_abs_diff", "mean |per-sample mean log-prob gap| (verl)"),
-    "verdict/passed": ("verdict", "this checker's logged verdict: 1 PASS, 0 FAIL"),
-}
+#: The run monitor's prefix unless the caller names another (`MonitorSettings.prefix`'s default).
+DEFAULT_PREFIX = "monitor/"
 
-#: verl-omni's per-timestep series: ``rollout_corr/logprob_abs_diff/ts_<t>``, ``t`` the timestep value.
-TIMESTEP_SERIES = re.compile(r"^(?P<prefix>(?:.*/)?)rollout_corr/logprob_abs_diff/ts_(?P<t>[-+0-9.eE]+|nan|inf)$")
-
+_VERL = frozenset(VERL_NAMES.values())
+_OURS = frozenset(FIGURE_NAMES + COUNT_NAMES)
+_VERDICT = "verdict/passed"
+_TIMESTEP = re.compile(r"^(?P<prefix>(?:.*/)?)" + re.escape(VERL_TIMESTEP_PREFIX) + r"(?P<t>[-+0-9.eE]+)$")
 _NOT_WATCHED = (
-    (re.compile(r"(^|/)actor/rollout_corr/"), "bypass mode's figure, measured against the policy being updated"),
+    (re.compile(r"(^|/)actor/"), "measured inside the loss against the policy being updated (bypass mode)"),
     (re.compile(r"/timestep/"), "a per-timestep row of one report (its step is the row, not a training step)"),
 )
 
 
 @dataclass(frozen=True)
 class WatchedSeries:
-    """One watched series: its logged ``name``, the ``figure`` it is (a key of the limits), its ``prefix``
-    (``""`` for verl-omni's) and, for a per-timestep series, the ``timestep`` value."""
+    """One watched series: its logged ``name``, the ``figure`` it is (ours, a verl name, or ``"verdict"``), its
+    ``prefix`` (``""`` for verl-omni's) and, for a per-timestep series, the ``timestep`` value."""
 
     name: str
     figure: str
@@ -91,27 +83,42 @@ class WatchTable:
     ended: str | None = None
 
 
-def watched(name: str) -> WatchedSeries | None:
-    """The `WatchedSeries` a logged name is, or None."""
+def watched(name: str, prefix: str = DEFAULT_PREFIX) -> WatchedSeries | None:
+    """The `WatchedSeries` a logged name is (the run monitor's names under `prefix`), or None."""
     if any(pattern.search(name) for pattern, _ in _NOT_WATCHED):
         return None
-    found = TIMESTEP_SERIES.match(name)
+    found = _TIMESTEP.match(name)
     if found is not None:
-        return WatchedSeries(name, "mean_abs_dlogp", found.group("prefix"), float(found.group("t")))
-    for known, (figure, _) in WATCHED_NAMES.items():
+        try:
+            t = float(found.group("t"))
+        except ValueError:
+            return None
+        return WatchedSeries(name, "mean_abs_dlogp", found.group("prefix"), t)
+    if prefix and name.startswith(prefix):
+        bare = name[len(prefix) :]
+        if bare in _OURS:
+            return WatchedSeries(name, bare, prefix)
+        if bare.startswith("max_abs_dlogp/ts_"):
+            try:
+                return WatchedSeries(name, "max_abs_dlogp", prefix, float(bare[len("max_abs_dlogp/ts_") :]))
+            except ValueError:
+                return None
+    for known in (*_VERL, _VERDICT):
         if name == known or name.endswith("/" + known):
+            figure = "verdict" if known == _VERDICT else known
             return WatchedSeries(name, figure, name[: len(name) - len(known)])
     return None
 
 
-def watch_table(log: RunLog) -> WatchTable:
-    """The watched series of `log` and one `StepRow` per step any of them was logged at (see the module)."""
-    series = tuple(s for s in (watched(name) for name in sorted(log.series)) if s is not None)
+def watch_table(log: RunLog, prefix: str = DEFAULT_PREFIX) -> WatchTable:
+    """The watched series of `log` (the run monitor's under `prefix`) and one `StepRow` per step any of them was
+    logged at (module docstring)."""
+    series = tuple(s for s in (watched(name, prefix) for name in sorted(log.series)) if s is not None)
     ignored = {
         name: why
         for name in log.series
         for pattern, why in _NOT_WATCHED
-        if pattern.search(name) and ("rollout_corr/" in name or "consistency/" in name)
+        if pattern.search(name) and watched(_unwatched(name), prefix) is not None
     }
     values: dict[int, dict[str, float]] = {}
     problems: dict[int, list[str]] = {}
@@ -147,3 +154,8 @@ def watch_table(log: RunLog) -> WatchTable:
 
 def _show(value: float) -> str:
     return f"{value:.6g}"
+
+
+def _unwatched(name: str) -> str:
+    """The name less what made it not watched (``actor/``, ``.../timestep/``): is it a consistency figure?"""
+    return re.sub(r"^(.*/)?(actor|timestep)/", "", name)
