@@ -172,7 +172,7 @@ class WatchResult:
         properties = ET.SubElement(suite, "properties")
         for key, value in (("run", self.path), ("format", self.kind), ("profile", self.profile)):
             ET.SubElement(properties, "property", name=key, value=str(value))
-        classname = f"rollout_consistency.watch.{self.profile}"
+        classname = f"rollout-consistency.watch.{self.profile}"
         cases = [(f"step {s.step}", s.alarms) for s in self.steps]
         if self.late_alarms:
             cases.append(("steps logged again later", self.late_alarms))
