@@ -237,3 +237,37 @@ def test_follow_a_clean_run_until_it_marks_its_end(tmp_path, capsys):
     assert code == 0, out
     assert "PASS: 8 steps judged (steps 0..7)" in out
     assert "has not marked its end" not in out
+
+
+def test_a_logged_step1_verdict_of_fail_alone_is_an_alarm(tmp_path, capsys):
+    """A report that FAILed on a guard (coverage, aliasing) logs figures within limits and verdict/passed 0."""
+    points = [(s, "step1/rollout_corr/logprob_abs_diff_max", 0.0) for s in range(3)]
+    points += [(s, "step1/verdict/passed", 0.0 if s == 1 else 1.0) for s in range(3)]
+    assert watch(tensorboard_run(tmp_path, points)) == 1
+    out = capsys.readouterr().out
+    assert "first alarm: step 1: verdict: step1/verdict/passed = 0: the step-1 report logged at this step" in out
+
+
+def test_a_step_is_judged_once_its_series_are_all_in_and_a_step_logged_again_later_alarms():
+    """--follow: the last step's series may still be arriving, so it waits for a later step or the run's end; a
+    step logged again after it was judged (a resumed run) is an alarm then."""
+    from rollout_consistency.gate.monitor import MonitorSettings
+    from rollout_consistency.gate.monitor.run_logs import RunLog
+    from rollout_consistency.gate.monitor.run_watch import RunWatch
+    from rollout_consistency.gate.monitor.watch_series import watch_table
+
+    maximum, mean = "rollout_corr/logprob_abs_diff_max", "rollout_corr/logprob_abs_diff_mean"
+    watcher = RunWatch(MonitorSettings().replace(profile="kernel"))
+
+    def seen(series, ended=None, final=False):
+        return watcher.update(watch_table(RunLog("run", "tensorboard", series, ended)), final=final)
+
+    partial = seen({maximum: ((0, 1e-5), (1, 1e-5)), mean: ((0, 1e-6),)})  # step 1's mean not written yet
+    assert [s.step for s in partial.steps] == [0]
+    whole = seen({maximum: ((0, 1e-5), (1, 1e-5)), mean: ((0, 1e-6), (1, 1e-6))}, ended="exit 0")
+    assert [s.step for s in whole.steps] == [0, 1] and whole.passed
+    again = seen({maximum: ((0, 1e-5), (1, 1e-5), (0, 2e-5)), mean: ((0, 1e-6), (1, 1e-6))}, final=True)
+    assert not again.passed
+    assert [(a.step, a.message) for a in again.late_alarms] == [
+        (0, "rollout_corr/logprob_abs_diff_max logged twice at step 0 (1e-05, then 2e-05)")
+    ]
