@@ -33,6 +33,13 @@ from typing import Any
 
 import pytest
 
+# Smoking K steps of the user's own loop under the run monitor: the run_monitor fixture, marker and summary fixture.
+from rollout_consistency.gate.monitor.pytest_fixtures import (  # noqa: F401
+    MONITOR_MARKER,
+    run_monitor,
+    run_monitor_summary,
+)
+
 # Gating the user's own tables or dump: the step1_gate fixture, marker and step1_gate_report fixture.
 from rollout_consistency.gate.tables.pytest_fixtures import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
 
@@ -61,6 +68,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{GATE_MARKER}(dump, **settings): gate this log-prob dump (rollout_consistency.gate.gate keywords); the test "
         f"fails unless it passes. Use with the step1_gate_report fixture.",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{MONITOR_MARKER}(loop, steps=K, **settings): run K steps of loop(make_monitor, K) under the run monitor; "
+        f"the test fails on any alarm. Use with the run_monitor_summary fixture.",
     )
 
 

@@ -14,6 +14,8 @@ The package, in layers (each imports only from those above it; tests/test_layout
     sides       the plan, the built-in backends and plug-in sides, the trainer's recompute, Ray, weight sync
     diagnosis   the doctor's ranked likely causes and the localising replay
     tables      your own tables: `gate()`, log-prob dumps, `Step1Recorder`, the `step1_gate` fixture
+    monitor     the run monitor: every training step's figures, verdict and alarms (`RunMonitor`, `StepStats`,
+                `StepJudge`), the `run_monitor` fixture
     check       `run_step1_check`, end to end (and `floors`, the false-alarm sweep over it)
 
 Every name below is importable from here; the subpackages' own faces hold the rest. Importing this package
@@ -49,6 +51,7 @@ from .judging import (
     tracker_rows,
     tracker_scalars,
 )
+from .monitor import MonitorSettings, RunMonitor, StepJudge, StepStats
 from .sides import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, SideHandle, TrainerPlugin
 from .tables import (
     DumpFormatError,
@@ -85,6 +88,7 @@ __all__ = [
     "LoggerError",
     "MetricValues",
     "MismatchStats",
+    "MonitorSettings",
     "PluginError",
     "PluginRollout",
     "Problem",
@@ -92,11 +96,14 @@ __all__ = [
     "Report",
     "RolloutPlugin",
     "RolloutRequest",
+    "RunMonitor",
     "SampleInfo",
     "SideHandle",
     "SideSpec",
     "Step1GateFailed",
     "Step1Recorder",
+    "StepJudge",
+    "StepStats",
     "Tolerance",
     "TrainerPlugin",
     "Verdict",

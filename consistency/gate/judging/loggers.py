@@ -48,6 +48,7 @@ __all__ = [
     "TrackerSpec",
     "check_target",
     "log_report",
+    "log_scalars",
     "parse_tracker",
     "tracker_rows",
     "tracker_scalars",
@@ -453,6 +454,39 @@ def _mlflow_experiment(client: Any) -> str:
         found = client.get_experiment_by_name(name)
         return found.experiment_id if found is not None else client.create_experiment(name)
     return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
+
+
+# -- any tracker, scalars only -----------------------------------------------------------------------
+def log_scalars(target: Any, scalars: Mapping[str, float], step: int) -> None:
+    """Log a dict of floats at `step` to a live tracker: a TensorBoard ``SummaryWriter`` (``add_scalar``), a wandb
+    run (``log(data, step=step)``), an MLflow run (``log_batch``), or any object with ``log(data, step=...)``
+    (verl's ``Tracking``, accelerate's ``Accelerator``). The run monitor logs each step's figures with it.
+
+    Raises:
+        LoggerError: an object that is none of these; whatever the tracker raises passes through.
+    """
+    kind = _kind_of(target)
+    if kind == "tensorboard":
+        for name, value in scalars.items():
+            target.add_scalar(name, value, global_step=step)
+        return
+    if kind == "mlflow":
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(name, float(value), stamp, step) for name, value in scalars.items()]
+        client = MlflowClient()
+        for start in range(0, len(metrics), _MLFLOW_BATCH):
+            client.log_batch(target.info.run_id, metrics=metrics[start : start + _MLFLOW_BATCH])
+        return
+    if callable(getattr(target, "log", None)):  # wandb runs, verl's Tracking, accelerate's Accelerator
+        target.log(dict(scalars), step=step)
+        return
+    raise LoggerError(
+        f"cannot log scalars to a {type(target).__name__}; give a torch.utils.tensorboard SummaryWriter, a wandb "
+        f"run, an MLflow run, or an object with log(data, step=...)."
+    )
 
 
 _INTO = {"tensorboard": _into_tensorboard, "wandb": _into_wandb, "mlflow": _into_mlflow}

@@ -24,6 +24,7 @@ from .figures import (
     figures_from_scalars,
 )
 from .judge import ALARM_KINDS, Alarm, DriftFloor, JudgeSummary, StepJudge, StepVerdict
+from .run_monitor import AlarmRecord, MonitorAlarm, MonitorWarning, RunMonitor
 from .settings import ON_ALARM, MonitorError, MonitorSettings
 
 __all__ = [
@@ -34,11 +35,15 @@ __all__ = [
     "VERL_NAMES",
     "VERL_TIMESTEP_PREFIX",
     "Alarm",
+    "AlarmRecord",
     "DriftFloor",
     "ExactSum",
     "JudgeSummary",
+    "MonitorAlarm",
     "MonitorError",
     "MonitorSettings",
+    "MonitorWarning",
+    "RunMonitor",
     "StepFigures",
     "StepJudge",
     "StepStats",

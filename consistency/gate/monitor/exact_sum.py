@@ -25,6 +25,8 @@ _EXP_MIN, _EXP_MAX = -1073, 1024
 _EXPONENTS = _EXP_MAX - _EXP_MIN + 1
 #: Entries per bincount: 2**25 halves of at most 2**27 each stay below 2**52, exact in float64.
 _CHUNK = 1 << 25
+#: Below this many values a Python loop over `float.as_integer_ratio` is faster than the vectorised split.
+_SMALL = 256
 #: Buckets (groups x exponents in use) above which the group sums go through np.unique instead of a dense bincount.
 _DENSE_BUCKETS = 1 << 22
 
@@ -47,6 +49,8 @@ class ExactSum:
         """The exact sum of `values` (1-D float64) in each of `count` groups; `groups` (1-D int, same length) holds
         each value's group in ``0..count-1`` (None: one group)."""
         values = np.asarray(values, dtype=np.float64)
+        if values.size <= _SMALL:
+            return _small_sums(values, groups, count)
         finite = np.isfinite(values)
         specials = [0.0] * count
         if not finite.all():
@@ -101,6 +105,19 @@ class ExactSum:
     def from_text(cls, text: str) -> ExactSum:
         number, _, special = str(text).partition("|")
         return cls(int(number, 16), float(special) if special else 0.0)
+
+
+def _small_sums(values: np.ndarray, groups: np.ndarray | None, count: int) -> list[ExactSum]:
+    """`ExactSum.grouped` for a few values: each value's exact ratio (a power-of-2 denominator) in Python ints."""
+    numerators = [0] * count
+    specials = [0.0] * count
+    for group, value in zip([0] * values.size if groups is None else groups.tolist(), values.tolist(), strict=True):
+        if math.isfinite(value):
+            numerator, denominator = value.as_integer_ratio()
+            numerators[group] += numerator << (SHIFT + 1 - denominator.bit_length())  # denominator = 2**k
+        else:
+            specials[group] = specials[group] + value
+    return [ExactSum(n, s) for n, s in zip(numerators, specials, strict=True)]
 
 
 def _bucket_sums(values: np.ndarray, groups: np.ndarray | None, count: int) -> list[tuple[int, int, int]]:

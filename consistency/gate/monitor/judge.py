@@ -18,10 +18,11 @@ For each judged step, in order:
 **The drift alarm** (Page's one-sided CUSUM on a floor-normalised statistic). With ``x_s`` the step's
 ``drift_figure`` (mean |Δlogp| by default) and ``y_s = log10(x_s + drift_epsilon)``: the floor is measured over
 the first K = ``warmup_steps`` judged steps whose verdict passed — ``μ = mean(y)``, ``σ = max(std(y, ddof=1),
-drift_min_spread)`` — and from then on ``z_s = (y_s − μ)/σ``, ``S_s = max(0, S_{s−1} + z_s − k)``; the alarm fires
-when ``S_s > h`` (k = ``drift_slack``, h = ``drift_threshold``) and ``S`` restarts from 0. The step where ``S`` last
-left 0 is reported as where the growth began. A floor of exact zeros is ``log10(drift_epsilon)``: leaving bit-exact
-agreement crosses ``h`` at once. The floor is measured over the first K clean steps, never at step 1 alone.
+drift_min_spread)`` — and from then on ``z_s = min((y_s − μ)/σ, c)``, ``S_s = max(0, S_{s−1} + z_s − k)``; the alarm
+fires when ``S_s > h`` (k = ``drift_slack``, h = ``drift_threshold``, c = ``drift_z_cap``: one spike adds at most
+``c − k``, so it takes ``h/(c − k)`` steps far above the floor to alarm) and ``S`` restarts from 0. The step where ``S`` last
+left 0 is reported as where the growth began. A floor of exact zeros (bit-exact agreement over all K steps) is
+not noise: the first step whose figure is not 0 raises the drift alarm at once. The floor is measured over the first K clean steps, never at step 1 alone.
 
 Steps must come in increasing order: a repeated or earlier step is a `MonitorError` (a series that goes back is
 a resumed run logged twice or two runs mixed; judge each on its own). Memory is bounded whatever the number of
@@ -43,8 +44,8 @@ from .settings import MonitorError, MonitorSettings
 
 __all__ = ["ALARM_KINDS", "Alarm", "DriftFloor", "JudgeSummary", "StepJudge", "StepVerdict"]
 
-#: Every alarm kind, in the order a step is judged.
-ALARM_KINDS: tuple[str, ...] = ("gap", "nonfinite", "verdict", "sync", "drift")
+#: Every alarm kind, in the order a step is judged (``shape`` comes from the tables: `RunMonitor`).
+ALARM_KINDS: tuple[str, ...] = ("shape", "gap", "nonfinite", "verdict", "sync", "drift")
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,14 @@ class Alarm:
 
 @dataclass(frozen=True)
 class DriftFloor:
-    """The drift alarm's floor: ``log10`` mean and spread of the drift figure over the steps it was measured on."""
+    """The drift alarm's floor: ``log10`` mean and spread of the drift figure over the steps it was measured on;
+    ``exact`` when the figure was exactly 0 on every one of them."""
 
     figure: str
     steps: tuple[int, ...]
     mean_log10: float
     spread_log10: float
+    exact: bool = False
 
     @property
     def value(self) -> float:
@@ -200,6 +203,7 @@ class StepJudge:
         self._failed = 0
         self._sync_pending = False
         self._warm: list[tuple[int, float]] = []
+        self._warm_exact = True
         self._floor: DriftFloor | None = None
         self._cusum = 0.0
         self._rise_from: int | None = None
@@ -220,13 +224,17 @@ class StepJudge:
         alarm naming the weight sync."""
         self._sync_pending = True
 
-    def judge(self, step: int, figures: StepFigures | Mapping[str, float]) -> StepVerdict:
+    def judge(
+        self, step: int, figures: StepFigures | Mapping[str, float], *, extra_alarms: tuple[Alarm, ...] = ()
+    ) -> StepVerdict:
         """Judge one step from its figures.
 
         Args:
             step (`int`): the training step; each call's must be larger than the last's.
             figures (`StepFigures` or mapping of figure name -> float): the step's figures (`FIGURE_NAMES`, and
                 ``entries`` / ``nonfinite`` when known); a mapping may hold only some (a logged series).
+            extra_alarms: alarms the caller raised on this step's inputs (`RunMonitor`'s ``shape``); they fail the
+                step's verdict and are counted with the others.
 
         Raises:
             MonitorError: a step that is not an int, not larger than the last judged one, or figures that hold
@@ -242,7 +250,7 @@ class StepJudge:
             )
         values = _as_mapping(figures)
         settings = self.settings
-        alarms: list[Alarm] = []
+        alarms: list[Alarm] = list(extra_alarms)
         if self._last is not None and step - self._last != settings.step_stride:
             alarms.append(
                 Alarm(
@@ -278,7 +286,7 @@ class StepJudge:
                     value=float(nonfinite),
                 )
             )
-        passed = not failures and not bad and not (nonfinite and nonfinite > 0)
+        passed = not failures and not bad and not (nonfinite and nonfinite > 0) and not extra_alarms
         after_sync = self._sync_pending
         self._sync_pending = False
         if failures:
@@ -360,6 +368,7 @@ class StepJudge:
         if self._floor is None:
             if passed:
                 self._warm.append((step, y))
+                self._warm_exact = self._warm_exact and x == 0
             if len(self._warm) == settings.warmup_steps:
                 ys = [v for _, v in self._warm]
                 mean = math.fsum(ys) / len(ys)
@@ -369,11 +378,25 @@ class StepJudge:
                     tuple(s for s, _ in self._warm),
                     mean,
                     max(spread, settings.drift_min_spread),
+                    exact=self._warm_exact,
                 )
                 self._warm = []
             return None
         floor = self._floor
-        z = (y - floor.mean_log10) / floor.spread_log10
+        if floor.exact and x > 0:
+            alarms.append(
+                Alarm(
+                    "drift",
+                    step,
+                    f"{settings.drift_figure} is {x:.3g} at step {step}: it was exactly 0 over steps "
+                    f"{floor.steps[0]}..{floor.steps[-1]} (bit-exact agreement) and is not any more",
+                    figure=settings.drift_figure,
+                    value=x,
+                    limit=0.0,
+                )
+            )
+            return self._cusum
+        z = min((y - floor.mean_log10) / floor.spread_log10, settings.drift_z_cap)
         before = self._cusum
         self._cusum = max(0.0, before + z - settings.drift_slack)
         if before == 0.0 and self._cusum > 0.0:

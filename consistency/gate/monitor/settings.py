@@ -40,6 +40,8 @@ class MonitorSettings:
             ``rollout_corr/logprob_abs_diff_mean``).
         drift_slack, drift_threshold (`float`): the one-sided CUSUM's k and h, in floor standard deviations
             (docs/monitor.md: the false-alarm rate per run and the detection delay they give, measured).
+        drift_z_cap (`float`): each step adds at most this many standard deviations to the CUSUM (a winsorised
+            CUSUM): one spike of kernel noise cannot cross h alone; a sustained rise crosses it in a few steps.
         drift_min_spread (`float`): the least standard deviation of ``log10`` of the drift figure the floor may
             have (decades): a floor measured flat over K steps must not make every wiggle an alarm.
         drift_epsilon (`float`): added to the drift figure before its ``log10`` (a floor of exact zeros is
@@ -59,11 +61,12 @@ class MonitorSettings:
     """
 
     gate: GateSettings = field(default_factory=GateSettings)
-    warmup_steps: int = 5
+    warmup_steps: int = 20
     drift_figure: str = "mean_abs_dlogp"
-    drift_slack: float = 0.5
-    drift_threshold: float = 10.0
-    drift_min_spread: float = 0.05
+    drift_slack: float = 1.0
+    drift_threshold: float = 15.0
+    drift_z_cap: float = 2.5
+    drift_min_spread: float = 0.1
     drift_epsilon: float = 1e-12
     step_stride: int = 1
     on_alarm: str = "log"
@@ -80,12 +83,14 @@ class MonitorSettings:
             least = 0 if name == "max_dumps" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise MonitorError(f"{name} must be an int >= {least}, got {value!r}.")
-        for name in ("drift_slack", "drift_threshold", "drift_min_spread", "drift_epsilon"):
+        for name in ("drift_slack", "drift_threshold", "drift_z_cap", "drift_min_spread", "drift_epsilon"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise MonitorError(f"{name} must be a finite number >= 0, got {value!r}.")
-        if self.drift_threshold <= 0 or self.drift_min_spread <= 0 or self.drift_epsilon <= 0:
-            raise MonitorError("drift_threshold, drift_min_spread and drift_epsilon must be > 0.")
+        if min(self.drift_threshold, self.drift_z_cap, self.drift_min_spread, self.drift_epsilon) <= 0:
+            raise MonitorError("drift_threshold, drift_z_cap, drift_min_spread and drift_epsilon must be > 0.")
+        if self.drift_z_cap <= self.drift_slack:
+            raise MonitorError("drift_z_cap must exceed drift_slack, or the CUSUM can never grow.")
         if self.drift_figure not in FIGURE_NAMES:
             raise MonitorError(f"drift_figure {self.drift_figure!r}: expected one of {', '.join(FIGURE_NAMES)}.")
         if self.on_alarm not in ON_ALARM:

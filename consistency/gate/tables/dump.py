@@ -17,7 +17,9 @@ tensor                 shape       dtype    meaning
                                             clip fractions)
 =====================  ==========  =======  ===========================================================
 
-Other metadata keys (strings) are kept and shown in the report's notes. Reading validates the header —
+Metadata key ``tables_sha256``: the SHA-256 of the tensors (each one's name, dtype, shape and bytes, in name
+order), written by `write_dump` and checked by `read_dump` when present: a dump changed after it was written is
+refused. Other metadata keys (strings) are kept and shown in the report's notes. Reading validates the header —
 format, version, tensor names, dtypes and shapes, the data's extent against the file's size — and checks that
 gating that many cells fits the memory left (`rollout_consistency.memory_budget`) before any data is loaded,
 then the values (timesteps and advantages finite, window starts >= 0, ids unique); every error is one line
@@ -30,6 +32,7 @@ version 1; renaming or removing one, or changing a dtype, bumps it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import tempfile
@@ -44,6 +47,8 @@ from .coverage import COVERAGE_KEY, parse_coverage, settings_with_coverage
 
 DUMP_FORMAT = "rollout-consistency/logprob-dump"
 DUMP_FORMAT_VERSION = 1
+#: Metadata key of the tensors' checksum (`tables_checksum`).
+CHECKSUM_KEY = "tables_sha256"
 
 _TABLES = ("rollout_log_probs", "trainer_log_probs")
 #: name -> (rank, allowed safetensors dtypes); rank 2 = (N, T), rank 1 = (N,).
@@ -93,7 +98,8 @@ class LogProbDump:
         fields as keywords (profile, clip_ratio, ...); the notes default to the dump's metadata."""
         from .api import gate
 
-        extra = {k: v for k, v in self.metadata.items() if k not in ("format", "format_version", COVERAGE_KEY)}
+        own = ("format", "format_version", COVERAGE_KEY, CHECKSUM_KEY)
+        extra = {k: v for k, v in self.metadata.items() if k not in own}
         notes = [f"dump metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()))}"] if extra else []
         if "notes" not in overrides and (settings is None or not settings.notes):
             overrides["notes"] = notes
@@ -152,6 +158,7 @@ def write_dump(
         tensors[name] = np.ascontiguousarray(array)
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     meta.update(format=DUMP_FORMAT, format_version=str(DUMP_FORMAT_VERSION))
+    meta[CHECKSUM_KEY] = tables_checksum(tensors)
     header = {name: (_st_dtype(a.dtype), tuple(a.shape)) for name, a in tensors.items()}
     _check_header(header, meta, where="write_dump")
     _check_values(tensors, where="write_dump")  # never write a dump that read_dump refuses
@@ -197,9 +204,24 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
         raise DumpFormatError(
             f"{path}: not a readable safetensors file ({error}); write it with rollout_consistency.gate.write_dump."
         ) from error
+    if CHECKSUM_KEY in meta and meta[CHECKSUM_KEY] != tables_checksum(arrays):
+        raise DumpFormatError(
+            f"{path}: the tensors do not match the checksum written with them ({CHECKSUM_KEY}): the file was changed "
+            f"or damaged after it was written; write it again (or copy the original)."
+        )
     _check_values(arrays, where=str(path))
     _check_coverage(meta, where=str(path))
     return LogProbDump(**arrays, metadata=meta)
+
+
+def tables_checksum(tensors: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) of the tensors: each one's name, safetensors dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{_st_dtype(array.dtype)}|{list(array.shape)}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------------
