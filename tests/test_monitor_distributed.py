@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from rollout_consistency.gate.monitor import MonitorSettings, StepJudge
 from rollout_consistency.gate.monitor.distributed import (
     LIMBS,
     DistributedMonitorError,
@@ -50,6 +51,13 @@ def shard(batch: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
 
 def stats_of(tables: dict[str, np.ndarray]) -> StepStats:
     return StepStats.from_tables(tables["rollout"], tables["trainer"], timesteps=tables["timesteps"], clip_ratio=1e-5)
+
+
+SETTINGS = MonitorSettings(warmup_steps=2).replace(profile="kernel")
+
+
+def verdict_text(verdict) -> str:
+    return json.dumps(verdict.to_dict(), sort_keys=True)
 
 
 def bits(figures) -> dict:
@@ -146,14 +154,14 @@ def _rank_main(rank: int, world: int, port: int, directory: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     results: dict[str, object] = {}
+    judge = StepJudge(SETTINGS)
     try:
         for step in STEPS:  # a clean run: every rank at every step
             tables = shard(global_batch(step), rank)
-            results[f"step {step}"] = _attempt(
-                lambda tables=tables, step=step: reduce_step_stats(
-                    stats_of(tables), step=step, shape=tables["trainer"].shape, timeout_s=60
-                )
-            )
+            merged = reduce_step_stats(stats_of(tables), step=step, shape=tables["trainer"].shape, timeout_s=60)
+            results[f"step {step}"] = {"figures": bits(merged.figures())}
+            # every rank holds the same bits, so every rank's judge reaches rank 0's verdict (no second collective)
+            results[f"verdict {step}"] = verdict_text(judge.judge(step, merged.figures()))
         tables = shard(global_batch(3), rank)
         stats = stats_of(tables)
         # rank 1 skipped a step: it is one ahead
@@ -195,10 +203,14 @@ def run_ranks(directory, deadline_s: float = 120.0) -> list[dict]:
 
 def test_two_gloo_ranks_give_the_single_process_figures_bit_for_bit_and_fail_closed(tmp_path):
     results = run_ranks(tmp_path)
+    judge = StepJudge(SETTINGS)
     for step in STEPS:
-        reference = bits(stats_of(global_batch(step)).figures())
+        whole = stats_of(global_batch(step)).figures()
+        reference, verdict = bits(whole), verdict_text(judge.judge(step, whole))
         for rank in range(WORLD):
             assert results[rank][f"step {step}"] == {"figures": reference}, (rank, step)
+            assert results[rank][f"verdict {step}"] == verdict, (rank, step)
+    assert '"kind": "nonfinite"' in results[0]["verdict 5"]
     assert results[0]["step 5"]["figures"]["counts"][2] == 1  # sample 7's NaN (rank 1's shard) is counted
     assert math.isnan(float.fromhex(results[0]["step 5"]["figures"]["values"]["mean_abs_dlogp"]))
     assert len(results[0]["step 3"]["figures"]["by_timestep"]) > T  # windows per sample: more values than columns

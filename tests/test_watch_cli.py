@@ -34,7 +34,8 @@ def watch(*args: str) -> int:
 @pytest.mark.parametrize("kind", ["tensorboard", "wandb", "mlflow"])
 def test_a_fault_is_found_at_its_step_with_its_cause_in_every_format(faulty, kind, tmp_path, capsys):
     outputs = {name: str(tmp_path / f"w.{name}") for name in ("json", "junit", "plot")}
-    code = watch(faulty[kind], "--profile", "kernel", *(f"--{flag}={path}" for flag, path in outputs.items()))
+    flags = [f"--{flag}={path}" for flag, path in outputs.items()]
+    code = watch(faulty[kind], "--profile", "kernel", "--warmup-steps", "5", *flags)
     out = capsys.readouterr().out
     assert code == 1
     assert f"first alarm: step {FAULT}: verdict: " in out
@@ -56,15 +57,16 @@ def test_a_fault_is_found_at_its_step_with_its_cause_in_every_format(faulty, kin
 def test_the_drift_alarm_finds_a_growth_below_the_profiles_limits(tmp_path, capsys):
     """A gap 30x the floor at one timestep stays under every kernel limit: the per-step verdict passes, and
     only the drift alarm (CUSUM against the run's own floor) fires, at the fault's step."""
-    rows = run_metrics(12)
-    for step in range(8, 12):  # every mean-type figure 20x (mean |Δlogp| ~1.6e-4 < 3e-4); the max unchanged
+    rows = run_metrics(30)
+    for step in range(8, 30):  # every mean-type figure 20x (mean |Δlogp| ~1.6e-4 < 3e-4); the max unchanged
         rows[step] = {k: v * 20 if ("/ts_" in k or k.endswith("_mean")) else v for k, v in rows[step].items()}
     paths = write_runs(tmp_path, rows)
-    assert watch(paths["mlflow"], "--profile", "kernel", "--json", str(tmp_path / "w.json")) == 1
+    assert watch(paths["mlflow"], "--profile", "kernel", "--warmup-steps", "5", "--json", str(tmp_path / "w.json")) == 1
     report = json.loads((tmp_path / "w.json").read_text())
     kinds = {a["kind"] for s in report["steps"] for a in s["alarms"]}
     assert kinds == {"drift"}
-    assert report["first_alarm"]["step"] >= 8 and all(s["passed"] for s in report["steps"][:8])
+    assert report["first_alarm"]["step"] > 8 and "growing since step 8" in report["first_alarm"]["message"]
+    assert all(s["passed"] for s in report["steps"][:8])
 
 
 def test_a_clean_run_passes_with_exit_0(tmp_path, capsys):

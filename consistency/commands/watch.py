@@ -68,7 +68,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
     )
     parser.add_argument(
-        "--warmup-steps", type=int, default=5, help="first clean steps that set the drift alarm's floor (default: 5)"
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="first clean steps that set the drift alarm's floor (default: the run monitor's, 20)",
     )
     parser.add_argument(
         "--step-stride", type=int, default=1, help="the step increment between logged steps (default: 1)"
@@ -129,9 +132,8 @@ def _settings(args: argparse.Namespace) -> Any:
             thresholds=parse_thresholds(args.threshold) if args.threshold else None,
             source=str(args.run_path),
         )
-        return MonitorSettings(
-            gate=gate, warmup_steps=args.warmup_steps, step_stride=args.step_stride, prefix=args.prefix
-        )
+        settings = MonitorSettings(gate=gate, step_stride=args.step_stride, prefix=args.prefix)
+        return settings if args.warmup_steps is None else settings.replace(warmup_steps=args.warmup_steps)
     except (ConfigError, GateInputError, MonitorError) as error:
         raise UsageError(str(error)) from error
 
