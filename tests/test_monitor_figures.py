@@ -35,6 +35,13 @@ def test_exact_sum_is_the_exact_sum_rounded_once(scale: float) -> None:
         assert part.value == math.fsum(values[groups == g].tolist())
 
 
+def test_the_few_values_path_and_the_vectorised_path_give_the_same_integer() -> None:
+    values = np.random.default_rng(3).normal(0.0, 1e-6, 200)  # below the Python path's threshold ...
+    padded = np.concatenate([values, np.zeros(300)])  # ... and above it: the vectorised split
+    assert ExactSum.of(values) == ExactSum.of(padded)
+    assert ExactSum.each([values, values[:7]]) == [ExactSum.of(values), ExactSum.of(values[:7])]
+
+
 def test_exact_sum_keeps_infinities_apart() -> None:
     assert ExactSum.of(np.array([1.0, np.inf])).value == math.inf
     assert math.isnan(ExactSum.of(np.array([np.inf, -np.inf])).value)

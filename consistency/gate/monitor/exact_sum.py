@@ -45,6 +45,14 @@ class ExactSum:
         return cls.grouped(np.asarray(values, dtype=np.float64).ravel(), None, 1)[0]
 
     @classmethod
+    def each(cls, vectors: list[np.ndarray]) -> list[ExactSum]:
+        """The exact sum of each 1-D float64 array of `vectors`, in one pass (one call's overhead for all)."""
+        sizes = [v.size for v in vectors]
+        groups = np.repeat(np.arange(len(vectors), dtype=np.int64), sizes)
+        values = np.concatenate(vectors) if vectors else np.zeros(0)
+        return cls.grouped(values, groups, len(vectors))
+
+    @classmethod
     def grouped(cls, values: np.ndarray, groups: np.ndarray | None, count: int) -> list[ExactSum]:
         """The exact sum of `values` (1-D float64) in each of `count` groups; `groups` (1-D int, same length) holds
         each value's group in ``0..count-1`` (None: one group)."""
@@ -108,16 +116,26 @@ class ExactSum:
 
 
 def _small_sums(values: np.ndarray, groups: np.ndarray | None, count: int) -> list[ExactSum]:
-    """`ExactSum.grouped` for a few values: each value's exact ratio (a power-of-2 denominator) in Python ints."""
-    numerators = [0] * count
+    """`ExactSum.grouped` for a few values: each value's exact ratio (a power-of-2 denominator), added in Python
+    ints at the group's largest denominator (a few dozen bits, not SHIFT's thousand), then shifted once."""
+    items = values.tolist()
+    keys = [0] * len(items) if groups is None else groups.tolist()
+    ratios: list[list[tuple[int, int]]] = [[] for _ in range(count)]
     specials = [0.0] * count
-    for group, value in zip([0] * values.size if groups is None else groups.tolist(), values.tolist(), strict=True):
+    for key, value in zip(keys, items, strict=True):
         if math.isfinite(value):
-            numerator, denominator = value.as_integer_ratio()
-            numerators[group] += numerator << (SHIFT + 1 - denominator.bit_length())  # denominator = 2**k
+            ratios[key].append(value.as_integer_ratio())
         else:
-            specials[group] = specials[group] + value
-    return [ExactSum(n, s) for n, s in zip(numerators, specials, strict=True)]
+            specials[key] = specials[key] + value
+    sums = []
+    for found, special in zip(ratios, specials, strict=True):
+        if not found:
+            sums.append(ExactSum(0, special))
+            continue
+        scale = max(d for _, d in found).bit_length() - 1  # every denominator is 2**k, k <= scale
+        total = sum(n << (scale - d.bit_length() + 1) for n, d in found)
+        sums.append(ExactSum(total << (SHIFT - scale), special))
+    return sums
 
 
 def _bucket_sums(values: np.ndarray, groups: np.ndarray | None, count: int) -> list[tuple[int, int, int]]:

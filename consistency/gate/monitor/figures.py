@@ -345,9 +345,15 @@ class StepStats:
 def _stats(
     rollout: np.ndarray, trainer: np.ndarray, valid: np.ndarray, steps: np.ndarray | None, clips: tuple[float, float]
 ) -> StepStats:
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN on purpose: counted, left out
+        return _stats_of(rollout, trainer, valid, steps, clips)
+
+
+def _stats_of(
+    rollout: np.ndarray, trainer: np.ndarray, valid: np.ndarray, steps: np.ndarray | None, clips: tuple[float, float]
+) -> StepStats:
     low, high = clips
-    with np.errstate(invalid="ignore", over="ignore"):
-        delta = np.subtract(trainer, rollout, dtype=np.float64)
+    delta = np.subtract(trainer, rollout, dtype=np.float64)
     finite = np.isfinite(delta)  # a NaN/±inf side makes Δ non-finite (inf - inf too)
     everything = bool(valid.all()) and bool(finite.all())
     good = valid if everything else valid & finite
@@ -357,45 +363,39 @@ def _stats(
         delta[~good] = 0.0  # left out of every sum; counted in `nonfinite`
     # Every entry sum goes through its rows: Σ_t per sample in a fixed order of the columns (the same in any shard
     # that holds the row), then the exact sum over the samples.
-    with np.errstate(over="ignore", invalid="ignore"):
-        w1 = np.expm1(delta)
-        higher = _count(w1 > high, good, everything)
-        lower = _count(-w1 > low, good, everything)
-        row_sum = _row_sums(delta)
-        sums = {
-            "delta": ExactSum.of(row_sum),
-            "delta_sq": ExactSum.of(_row_sums(np.square(delta))),
-            "w_minus_1": ExactSum.of(_row_sums(w1)),
-            "w_minus_1_sq": ExactSum.of(_row_sums(np.square(w1))),
-        }
-        del w1
-        chi2 = np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND)
-        chi2 *= 2.0
-        np.expm1(chi2, out=chi2)
-        sums["chi2_token"] = ExactSum.of(_row_sums(chi2))
-        del chi2
+    w1 = np.expm1(delta)
+    higher = _count(w1 > high, good, everything)
+    lower = _count(-w1 > low, good, everything)
+    chi2 = np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND)
+    chi2 *= 2.0
+    np.expm1(chi2, out=chi2)
+    row_sum = _row_sums(delta)
+    vectors = [row_sum, _row_sums(np.square(delta)), _row_sums(w1), _row_sums(np.square(w1)), _row_sums(chi2)]
+    del w1, chi2
     abs_delta = np.abs(delta)
     max_abs = float(abs_delta.max()) if n else 0.0
 
+    # Per sample: the samples with an entry and none non-finite (a non-finite one makes every figure NaN anyway).
     counts = good.sum(axis=1)
     rows_bad = bad.any(axis=1)
     rows = (counts > 0) & ~rows_bad
     samples = int(((counts > 0) | rows_bad).sum())
     mean_t = row_sum[rows] / counts[rows]
-    with np.errstate(over="ignore"):
-        sums.update(
-            {
-                "sample_mean": ExactSum.of(mean_t),
-                "sample_mean_sq": ExactSum.of(mean_t * mean_t),
-                "sample_abs_mean": ExactSum.of(np.abs(mean_t)),
-                "ppl": ExactSum.of(np.exp(-mean_t)),
-                "chi2_seq": ExactSum.of(np.expm1(2.0 * np.clip(row_sum[rows], -SAFETY_BOUND, SAFETY_BOUND))),
-            }
-        )
+    vectors += [
+        mean_t,
+        mean_t * mean_t,
+        np.abs(mean_t),
+        np.exp(-mean_t),
+        np.expm1(2.0 * np.clip(row_sum[rows], -SAFETY_BOUND, SAFETY_BOUND)),
+    ]
+    if steps is None:
+        vectors.append(_row_sums(abs_delta))
+    totals = ExactSum.each(vectors)
+    sums = dict(zip(_ENTRY_SUMS + _SAMPLE_SUMS, totals, strict=False))
 
     by_timestep: dict[float, TimestepStats] = {}
     if steps is None:
-        total = ExactSum.of(_row_sums(abs_delta))
+        total = totals[-1]
     else:
         by_timestep, total = _by_timestep(abs_delta, steps, valid, bad)
     return StepStats(
