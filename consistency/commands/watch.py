@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     outputs = {"--json": args.json, "--junit": args.junit, "--plot": args.plot}
     check_outputs(outputs, {"RUN": args.run_path})
+    _refuse_outputs_in_the_run(outputs, args.run_path)
     if args.poll <= 0 or args.idle_exit <= 0:
         raise UsageError("--poll and --idle-exit must be positive numbers of seconds.")
     watcher = RunWatch(_settings(args))
@@ -118,6 +119,21 @@ def run(args: argparse.Namespace) -> int:
     print(result.format())
     _write(result, outputs)
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _refuse_outputs_in_the_run(outputs: dict[str, str | None], run_path: str) -> None:
+    """A report written among the run's files could replace one of them (an event file, a metric) or be read
+    back as one under --follow: refused before anything is read."""
+    import os
+
+    run = os.path.realpath(run_path[len("file:") :] if run_path.startswith("file:") else run_path)
+    folder = run if os.path.isdir(run) else os.path.dirname(run)
+    for flag, path in outputs.items():
+        if path and os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+            raise UsageError(
+                f"{flag} {path} is inside the run's folder {folder}; writing there could replace or add to the run's "
+                f"own files. Write the report elsewhere."
+            )
 
 
 def _settings(args: argparse.Namespace) -> Any:

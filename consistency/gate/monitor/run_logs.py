@@ -112,6 +112,7 @@ def open_run(path: str | os.PathLike[str], kind: str | None = None) -> RunReader
     text = os.fspath(path)
     if text.startswith("file:"):
         text = text[len("file:") :]
+    _refuse_special(text)
     if not os.path.exists(text):
         raise RunLogError(f"no such file or folder: {text}; name a TensorBoard log folder, a wandb run or an mlruns.")
     if kind is not None and kind not in FORMATS:
@@ -127,6 +128,15 @@ def open_run(path: str | os.PathLike[str], kind: str | None = None) -> RunReader
         raise RunLogError(f"{text} holds {len(runs)} runs ({shown}); name one of them.")
     (name, (where,)) = next(iter(hits.items()))
     return RunReader(path=where, kind=name)
+
+
+def _refuse_special(path: str) -> None:
+    """A FIFO, device or socket would block or never end a read: refused by name, unread."""
+    from rollout_consistency.paths import special_kind
+
+    kind = special_kind(path)
+    if kind is not None:
+        raise RunLogError(f"{path} is {kind}, not a run's file; name the folder the trainer logged to.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -182,6 +192,7 @@ def _poll_tensorboard(reader: RunReader) -> None:
     for path in files:
         loader = loaders.get(path)
         if loader is None:
+            _refuse_special(path)
             loader = loaders[path] = EventFileLoader(path)
         try:
             events = list(loader.Load())
@@ -213,6 +224,7 @@ def _poll_wandb(reader: RunReader) -> None:
         path = logs[0]
     state = reader._state
     position: int = state.get("position", 0)  # the first byte not yet read: a chunk's start
+    _refuse_special(path)
     with open(path, "rb") as handle:
         handle.seek(position)
         data = handle.read()
@@ -301,6 +313,7 @@ def _poll_mlflow(reader: RunReader) -> None:
         for name in sorted(files):
             path = os.path.join(root, name)
             series = os.path.relpath(path, metrics).replace(os.sep, "/")
+            _refuse_special(path)
             with open(path, "rb") as handle:
                 handle.seek(offsets.get(path, 0))
                 data = handle.read()
