@@ -120,7 +120,9 @@ def test_nothing_to_judge_is_exit_2_never_a_pass(tmp_path, capsys):
     ids=["nan", "repeated", "out-of-order", "gap"],
 )
 def test_a_bad_log_fails(tmp_path, capsys, points, expected):
-    run = tensorboard_run(tmp_path, [(step, "rollout_corr/logprob_abs_diff_max", value) for step, value in points])
+    run = tensorboard_run(
+        tmp_path / "run", [(step, "rollout_corr/logprob_abs_diff_max", value) for step, value in points]
+    )
     assert watch(run, "--profile", "kernel", "--warmup-steps", "1", "--json", str(tmp_path / "w.json")) == 1
     report = json.loads((tmp_path / "w.json").read_text())
     alarms = [f"step {a['step']}: {a['kind']}: {a['message']}" for s in report["steps"] for a in s["alarms"]]

@@ -12,7 +12,7 @@ from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
 
 from .usage import UsageError
 
-__all__ = ["add_report_outputs", "report_outputs", "show_and_write"]
+__all__ = ["add_report_outputs", "report_outputs", "show_and_write", "write_reports"]
 
 
 def add_report_outputs(parser: argparse.ArgumentParser, title: str) -> None:
@@ -53,19 +53,23 @@ def _trackers(args: argparse.Namespace) -> list[Any]:
 
 def show_and_write(report: Any, args: argparse.Namespace) -> int:
     """Print the report's table, write the requested files, and return the exit code of its verdict."""
-    from rollout_consistency.atomic_write import write_all
-
     print(report.format_table(per_sample=args.per_sample))
     writers = {"--json": report.write_json, "--junit": report.write_junit, "--plot": report.write_plot}
-    requested = [(path, writers[flag]) for flag, path in report_outputs(args).items() if path]
+    write_reports([(path, writers[flag]) for flag, path in report_outputs(args).items() if path])
+    _log(report, _trackers(args))
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def write_reports(requested: list[tuple[str, Any]]) -> None:
+    """Write every ``(path, write)`` report or none (`atomic_write.write_all`); `UsageError` when one fails."""
+    from rollout_consistency.atomic_write import write_all
+
     try:  # all or nothing: no report may be left that disagrees with the exit code
         written = write_all(requested)
     except OSError as error:
         raise UsageError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
-    _log(report, _trackers(args))
-    return EXIT_PASS if report.passed else EXIT_FAIL
 
 
 def _log(report: Any, trackers: list[Any]) -> None:

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from rollout_consistency.gate.judging.tolerances import table_profiles
-
+from .gate import add_profile_flags, add_threshold_flag
+from .report_outputs import write_reports
 from .usage import UsageError, check_outputs
 
 __all__ = ["add_parser", "run"]
@@ -51,22 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "experiment or mlruns store holding one run",
     )
     parser.add_argument("--format", choices=("tensorboard", "wandb", "mlflow"), help="RUN's format (default: found)")
-    parser.add_argument(
-        "--profile", choices=table_profiles(), default="exact", help="tolerance profile of each step (default: exact)"
-    )
-    parser.add_argument(
-        "--compute-dtype",
-        choices=("bfloat16", "float16", "float32"),
-        default="bfloat16",
-        help="narrowest dtype either side's forward runs in; the kernel limits are 8x tighter for float16/float32",
-    )
-    parser.add_argument(
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="METRIC=VALUE",
-        help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
-    )
+    add_profile_flags(parser)
+    add_threshold_flag(parser)
     parser.add_argument(
         "--warmup-steps",
         type=int,
@@ -183,17 +169,9 @@ def _write(result: Any, outputs: dict[str, str | None]) -> None:
     import json
     from pathlib import Path
 
-    from rollout_consistency.atomic_write import write_all
-
     writers = {
         "--json": lambda path: Path(path).write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"),
         "--junit": lambda path: Path(path).write_text(result.junit_xml()),
         "--plot": result.write_plot,
     }
-    requested = [(path, writers[flag]) for flag, path in outputs.items() if path]
-    try:  # all or nothing: no report may be left that disagrees with the exit code
-        written = write_all(requested)
-    except OSError as error:
-        raise UsageError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
+    write_reports([(path, writers[flag]) for flag, path in outputs.items() if path])
