@@ -364,3 +364,19 @@ def test_ci_fixture_and_marker_fail_on_any_alarm(pytester):
     }, result.stdout.str()[-3000:]
     text = result.stdout.str()
     assert "run monitor FAILED" in text and "judged 2 of the 4 steps" in text and "never called make_monitor" in text
+
+
+def test_a_dump_changed_after_it_was_written_is_refused(tmp_path):
+    from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
+
+    rollout_lp = np.full((4, 2), -1.0, np.float32)
+    monitor = RunMonitor(EXACT, dump_dir=tmp_path)
+    with pytest.warns(MonitorWarning):
+        monitor.observe(0, rollout_lp, rollout_lp + 1e-3)
+    path = Path(monitor.alarm_records[0].dump)
+    assert not read_dump(path).gate().passed
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last tensor's data
+    path.write_bytes(bytes(data))
+    with pytest.raises(DumpFormatError, match="checksum"):
+        read_dump(path)
