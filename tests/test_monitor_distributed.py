@@ -10,12 +10,13 @@ import math
 import os
 import socket
 import time
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from rollout_consistency.gate.monitor import MonitorSettings, StepJudge
+from rollout_consistency.gate.monitor import MonitorError, MonitorSettings, RunMonitor, StepJudge
 from rollout_consistency.gate.monitor.distributed import (
     LIMBS,
     DistributedMonitorError,
@@ -54,6 +55,31 @@ def stats_of(tables: dict[str, np.ndarray]) -> StepStats:
 
 
 SETTINGS = MonitorSettings(warmup_steps=2).replace(profile="kernel")
+
+
+class Tracker:
+    """A tracker in the shape of verl's ``Tracking``: ``log(data, step=)``, kept in memory."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, data, step):
+        self.logged.append((step, dict(data)))
+
+
+def monitor_steps(monitor: RunMonitor, rank: int | None) -> dict:
+    """Each step's figures (bits) and verdict from `monitor` on this rank's shard (or the whole batch)."""
+    out = {}
+    for step in STEPS:
+        batch = global_batch(step)
+        tables = batch if rank is None else shard(batch, rank)
+        verdict = monitor.observe(step, tables["rollout"], tables["trainer"], timesteps=tables["timesteps"])
+        out[step] = {"figures": bits(monitor.last_figures), "verdict": verdict_text(verdict)}
+    return out
+
+
+def monitor_settings(directory) -> MonitorSettings:
+    return SETTINGS.replace(clip_ratio=1e-5, on_alarm="stop", dump_dir=str(directory))
 
 
 def verdict_text(verdict) -> str:
@@ -162,6 +188,20 @@ def _rank_main(rank: int, world: int, port: int, directory: str) -> None:
             results[f"step {step}"] = {"figures": bits(merged.figures())}
             # every rank holds the same bits, so every rank's judge reaches rank 0's verdict (no second collective)
             results[f"verdict {step}"] = verdict_text(judge.judge(step, merged.figures()))
+        # the run monitor with distributed=True: one reduction per step, the verdict of the global batch
+        tracker = Tracker()
+        monitor = RunMonitor(
+            monitor_settings(os.path.join(directory, "dumps")).replace(distributed=True, reduce_timeout_s=2),
+            log_to=tracker,
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results["monitor"] = monitor_steps(monitor, rank)
+        results["monitor warnings"] = len(caught)
+        results["monitor logged steps"] = [step for step, _ in tracker.logged]
+        results["monitor alarm steps"] = [record.step for record in monitor.alarm_records]
+        results["monitor should stop"] = monitor.should_stop
+        results["monitor passed"] = monitor.summary().passed
         tables = shard(global_batch(3), rank)
         stats = stats_of(tables)
         # rank 1 skipped a step: it is one ahead
@@ -170,10 +210,14 @@ def _rank_main(rank: int, world: int, port: int, directory: str) -> None:
         results["too many timesteps"] = _attempt(
             lambda: reduce_step_stats(stats, step=8, shape=(6, T), max_timesteps=2)
         )
-        # a missing rank: rank 1 never calls the monitor at step 9 (it hangs elsewhere, then leaves)
+        # a missing rank: rank 1 never calls the run monitor at step 9 (it hangs elsewhere, then leaves)
         if rank == 0:
             started = time.monotonic()
-            results["missing rank"] = _attempt(lambda: reduce_step_stats(stats, step=9, shape=(6, T), timeout_s=2))
+            try:
+                monitor.observe(9, tables["rollout"], tables["trainer"], timesteps=tables["timesteps"])
+                results["missing rank"] = {"figures": bits(monitor.last_figures)}
+            except DistributedMonitorError as error:
+                results["missing rank"] = {"error": str(error)}
             results["missing rank waited s"] = time.monotonic() - started
         else:
             time.sleep(5)
@@ -201,8 +245,15 @@ def run_ranks(directory, deadline_s: float = 120.0) -> list[dict]:
     return results
 
 
-def test_two_gloo_ranks_give_the_single_process_figures_bit_for_bit_and_fail_closed(tmp_path):
-    results = run_ranks(tmp_path)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """One run of the 2 ranks (the spawn is most of the time), shared by the tests that read it."""
+    directory = tmp_path_factory.mktemp("ranks")
+    return directory, run_ranks(directory)
+
+
+def test_two_gloo_ranks_give_the_single_process_figures_bit_for_bit_and_fail_closed(ranks):
+    _, results = ranks
     judge = StepJudge(SETTINGS)
     for step in STEPS:
         whole = stats_of(global_batch(step)).figures()
@@ -228,3 +279,34 @@ def test_two_gloo_ranks_give_the_single_process_figures_bit_for_bit_and_fail_clo
         in results[0]["missing rank"]["error"]
     )
     assert results[0]["missing rank waited s"] < 30
+
+
+def test_run_monitor_across_two_gloo_ranks_judges_the_global_batch_on_rank_0_and_stops_every_rank(ranks, tmp_path):
+    """`RunMonitor(distributed=True)` on each rank's shard: every rank gets the figures and verdicts one monitor
+    gives on the whole batch (bit for bit); rank 1's planted NaN (step 5) alarms at step 5; rank 0 alone logs and
+    warns; every rank stops and dumps its shard. (The same ranks' run: `test_two_gloo_ranks...`.)"""
+    directory, results = ranks
+    single = RunMonitor(monitor_settings(tmp_path / "single"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = monitor_steps(single, None)
+    assert [r.step for r in single.alarm_records] == [5]
+    for rank in range(WORLD):
+        assert results[rank]["monitor"] == {str(step): reference[step] for step in STEPS}, rank
+        assert results[rank]["monitor alarm steps"] == [5], rank
+        assert results[rank]["monitor should stop"] is True, rank  # stop acts on every rank together
+        assert results[rank]["monitor passed"] is False, rank
+    assert results[0]["monitor logged steps"] == list(STEPS)
+    assert results[1]["monitor logged steps"] == []
+    assert results[0]["monitor warnings"] == 1 and results[1]["monitor warnings"] == 0
+    dumps = sorted(p.name for p in (directory / "dumps").iterdir())
+    assert dumps == ["monitor-step00000005-rank0.safetensors", "monitor-step00000005-rank1.safetensors"]
+
+
+def test_distributed_without_a_process_group_is_refused(tmp_path):
+    monitor = RunMonitor(distributed=True)
+    batch = global_batch(3)
+    with pytest.raises(MonitorError, match=r"torch\.distributed has no process group: call"):
+        monitor.observe(3, batch["rollout"], batch["trainer"])
+    with pytest.raises(MonitorError, match="process_group given without distributed=True"):
+        RunMonitor(process_group=object())
