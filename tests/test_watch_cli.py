@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from tracked_runs import offline_env, run_metrics, write_runs
+from tracked_runs import TIMESTEPS, offline_env, run_metrics, verl_omni_metrics, write_runs
 
 from rollout_consistency.cli import main
 from rollout_consistency.gate.monitor.figures import StepStats
@@ -141,23 +141,30 @@ def test_a_series_missing_at_one_step_is_a_gap_of_that_step(tmp_path, capsys):
 # Our own names: the monitor's scalars, a step-1 report logged each step
 
 
-def test_the_monitors_own_series_are_judged(tmp_path, capsys):
+def test_a_verl_omni_run_that_also_has_the_run_monitor_is_judged_per_source_never_logged_twice(tmp_path, capsys):
+    """The trainer logs verl-omni's ``rollout_corr/*`` and the run monitor logs its figures into the same tracker
+    at every step (two log calls a step, as both would): no series is logged twice, and watch judges both."""
     rng = np.random.default_rng(5)
-    points = []
+    timesteps = np.tile(np.array(TIMESTEPS, np.float32), (4, 1))
+    rows, steps = [], []
     for step in range(6):
-        rollout = rng.normal(-1.0, 0.1, (4, 3)).astype(np.float32)
+        rollout = rng.normal(-1.0, 0.1, (4, len(TIMESTEPS))).astype(np.float32)
         trainer = rollout.copy()
         if step == 4:
             trainer[1, 2] += np.float32(1e-3)
-        for name, value in StepStats.from_tables(rollout, trainer).figures().scalars().items():
-            points.append((step, name, value))
-    run = tensorboard_run(tmp_path / "tb", points)
-    assert watch(run, "--json", str(tmp_path / "w.json")) == 1  # exact profile: step 4's one entry
-    report = json.loads((tmp_path / "w.json").read_text())
-    assert set(report["sources"]) == {"verl", "monitor/"}  # ours, and verl's names the monitor also logs
-    assert report["first_alarm"]["step"] == 4
-    assert {s["step"] for s in report["steps"] if not s["passed"]} == {4}
-    assert report["steps"][0]["figures"]["monitor/"]["entries"] == 12
+        rows.append(verl_omni_metrics(trainer, rollout, timesteps))
+        rows.append(StepStats.from_tables(rollout, trainer, timesteps=timesteps).figures().scalars())
+        steps += [step, step]
+    paths = write_runs(tmp_path, rows, steps)
+    for kind in ("tensorboard", "mlflow"):
+        assert watch(paths[kind], "--json", str(tmp_path / f"{kind}.json")) == 1  # exact profile: step 4
+        report = json.loads((tmp_path / f"{kind}.json").read_text())
+        assert set(report["sources"]) == {"verl", "monitor/"}, kind
+        messages = [a["message"] for s in report["steps"] for a in s["alarms"]]
+        assert not any("logged twice" in m for m in messages), (kind, messages)
+        assert report["first_alarm"]["step"] == 4
+        assert {s["step"] for s in report["steps"] if not s["passed"]} == {4}
+        assert report["steps"][0]["figures"]["monitor/"]["entries"] == 4 * len(TIMESTEPS)
 
 
 def test_a_logged_step1_fail_is_an_alarm(tmp_path, capsys):

@@ -162,7 +162,7 @@ def test_watched_names_theirs_and_ours():
     one = watched("rollout_corr/logprob_abs_diff/ts_750")
     assert (one.figure, one.prefix, one.timestep) == ("mean_abs_dlogp", "", 750.0)
     assert watched("rollout_corr/logprob_abs_diff/ts_1.234e+04").timestep == 12340.0
-    assert watched("monitor/max_abs_dlogp/ts_500").timestep == 500.0
+    assert watched("monitor/max_abs_dlogp_per_ts/ts_500").timestep == 500.0
     assert watched("step1/verdict/passed").figure == "verdict"
     for name in (
         "actor/rollout_corr/logprob_abs_diff_max",  # bypass mode: against the policy being updated

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .figures import StepStatsError, figures_from_scalars
+from .figures import StepStatsError, figures_from_scalars, timestep_label
 from .judge import Alarm, JudgeSummary, StepJudge, StepVerdict
 from .settings import MonitorError, MonitorSettings
 from .watch_series import StepRow, WatchedSeries, WatchTable
@@ -71,7 +71,7 @@ class WatchedStep:
             "passed": self.passed,
             "alarms": [a.to_dict() for a in self.alarms],
             "figures": {source or "verl": dict(v.figures) for source, v in self.verdicts.items()},
-            "by_timestep": {f"{t:g}": value for t, value in self.by_timestep.items()},
+            "by_timestep": {timestep_label(t): value for t, value in self.by_timestep.items()},
         }
 
 
@@ -233,7 +233,7 @@ class WatchResult:
             points = [(x, y) for x, y in points if math.isfinite(y) and y > 0]
             if points:
                 xs, ys = zip(*points, strict=True)
-                bottom.plot(xs, ys, "-", linewidth=1, label=f"t={t:g}")
+                bottom.plot(xs, ys, "-", linewidth=1, label=f"t={timestep_label(t)}")
         if not timesteps:
             bottom.text(0.5, 0.5, "no per-timestep series", ha="center", va="center", transform=bottom.transAxes)
         else:
@@ -367,15 +367,14 @@ def likely_cause(steps: tuple[WatchedStep, ...], first: WatchedStep, summaries: 
             growth[t] = (value / level, value, level)
     if not growth:
         worst = max(first.by_timestep.items(), key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
-        return (
-            f"no clean steps before it to compare with; the largest mean |Δlogp| is at t={worst[0]:g} ({worst[1]:.3g})"
-        )
+        return f"no clean steps before it to compare with; the largest mean |Δlogp| is at t={timestep_label(worst[0])} ({worst[1]:.3g})"
     grown = sorted((t for t, (ratio, _, _) in growth.items() if ratio >= _GROWN), key=lambda t: -growth[t][0])
     if not grown:
         top = max(growth, key=lambda t: growth[t][0])
-        return f"no timestep grew {_GROWN:g}x over its own level; the most at t={top:g} ({growth[top][0]:.2g}x)"
+        return f"no timestep grew {_GROWN:g}x over its own level; the most at t={timestep_label(top)} ({growth[top][0]:.2g}x)"
     shown = ", ".join(
-        f"t={t:g} ({growth[t][1]:.3g}, {growth[t][0]:.3g}x its level {growth[t][2]:.3g})" for t in grown[:3]
+        f"t={timestep_label(t)} ({growth[t][1]:.3g}, {growth[t][0]:.3g}x its level {growth[t][2]:.3g})"
+        for t in grown[:3]
     )
     if len(grown) == len(growth) and len(growth) > 1:
         return (

@@ -53,7 +53,9 @@ class MonitorSettings:
         dump_dir (`str`, *optional*): where an alarmed step's tables are written (`write_dump`, checksummed), for
             ``rollout-consistency gate DUMP`` and ``doctor``; None writes none.
         max_dumps (`int`): at most this many dumps per run (the first alarms'): disk use stays bounded.
-        prefix (`str`): the tracker names' prefix for our figures (verl's names are logged as they are).
+        prefix (`str`): the tracker names' prefix for our figures and for verl's names the monitor logs
+            (``monitor/rollout_corr/...``: never the trainer's own bare ``rollout_corr/*`` series); non-empty,
+            ending in ``/`` (``watch`` groups a run's series by it).
         max_alarms_kept (`int`): alarms kept in full in the summary (the rest are counted): memory stays bounded.
         distributed (`bool`): each rank holds a shard of the global batch (DDP, FSDP): every step's statistics are
             reduced across the ranks of torch.distributed's process group (one ``all_gather``,
@@ -118,6 +120,11 @@ class MonitorSettings:
             raise MonitorError("drift_z_cap must exceed drift_slack, or the CUSUM can never grow.")
         if self.drift_figure not in FIGURE_NAMES:
             raise MonitorError(f"drift_figure {self.drift_figure!r}: expected one of {', '.join(FIGURE_NAMES)}.")
+        if not isinstance(self.prefix, str) or not self.prefix.endswith("/") or self.prefix.strip("/") == "":
+            raise MonitorError(
+                f"prefix {self.prefix!r}: give a non-empty prefix ending in '/' (e.g. 'monitor/'); bare names are "
+                f"the trainer's own series."
+            )
         if self.on_alarm not in ON_ALARM:
             raise MonitorError(f"on_alarm {self.on_alarm!r}: expected one of {', '.join(ON_ALARM)}.")
 

@@ -11,7 +11,7 @@ step-1 reports log under ``step1/``):
   |old_log_probs − rollout_log_probs| over the batch's entries), ``rollout_corr/kl``, ``k3_kl``, the χ² and PPL
   family; and ``rollout_corr/logprob_abs_diff/ts_<t>`` (the mean over the entries of timestep value ``t``);
 * the run monitor's own, under its prefix only (``monitor/`` by default): ``monitor/<figure>`` for every figure
-  and count of `figures.FIGURE_NAMES` / `COUNT_NAMES`, and ``monitor/max_abs_dlogp/ts_<t>``;
+  and count of `figures.FIGURE_NAMES` / `COUNT_NAMES`, and ``monitor/max_abs_dlogp_per_ts/ts_<t>``;
 * a logged verdict of this checker: ``verdict/passed`` (1 PASS, 0 FAIL).
 
 Not watched, on purpose: ``actor/...`` (verl-omni's loss figures and bypass mode's ``actor/rollout_corr/...``
@@ -31,7 +31,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .figures import COUNT_NAMES, FIGURE_NAMES, VERL_NAMES, VERL_TIMESTEP_PREFIX
+from .figures import (
+    COUNT_NAMES,
+    FIGURE_NAMES,
+    MAX_TIMESTEP_PREFIX,
+    VERL_NAMES,
+    VERL_TIMESTEP_PREFIX,
+    label_timestep,
+)
 from .run_logs import RunLog
 
 __all__ = ["DEFAULT_PREFIX", "StepRow", "WatchTable", "WatchedSeries", "watch_table", "watched"]
@@ -89,20 +96,15 @@ def watched(name: str, prefix: str = DEFAULT_PREFIX) -> WatchedSeries | None:
         return None
     found = _TIMESTEP.match(name)
     if found is not None:
-        try:
-            t = float(found.group("t"))
-        except ValueError:
-            return None
-        return WatchedSeries(name, "mean_abs_dlogp", found.group("prefix"), t)
+        t = label_timestep(found.group("t"))
+        return None if t is None else WatchedSeries(name, "mean_abs_dlogp", found.group("prefix"), t)
     if prefix and name.startswith(prefix):
         bare = name[len(prefix) :]
         if bare in _OURS:
             return WatchedSeries(name, bare, prefix)
-        if bare.startswith("max_abs_dlogp/ts_"):
-            try:
-                return WatchedSeries(name, "max_abs_dlogp", prefix, float(bare[len("max_abs_dlogp/ts_") :]))
-            except ValueError:
-                return None
+        if bare.startswith(MAX_TIMESTEP_PREFIX):
+            t = label_timestep(bare[len(MAX_TIMESTEP_PREFIX) :])
+            return None if t is None else WatchedSeries(name, "max_abs_dlogp", prefix, t)
     for known in (*_VERL, _VERDICT):
         if name == known or name.endswith("/" + known):
             figure = "verdict" if known == _VERDICT else known
