@@ -18,14 +18,23 @@ from collections.abc import Sequence
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency import __version__
 from rollout_consistency.cli_guard import EXIT_USAGE
-from rollout_consistency.commands import check, checkpointing, doctor, gate, lint, plugin_template, precision
+from rollout_consistency.commands import (
+    check,
+    checkpointing,
+    doctor,
+    gate,
+    lint,
+    plugin_template,
+    precision,
+    watch,
+)
 from rollout_consistency.commands.usage import UsageError
 
 __all__ = ["COMMANDS", "UsageError", "main"]
 
 #: The sub-commands, in `--help` order (the step-1 `check` first): each module's `add_parser(subparsers)` builds
 #: its parser and `run(args) -> int` runs it.
-COMMANDS = (check, gate, checkpointing, precision, lint, doctor, plugin_template)
+COMMANDS = (check, gate, watch, checkpointing, precision, lint, doctor, plugin_template)
 
 PROG = "rollout-consistency"
 

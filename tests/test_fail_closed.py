@@ -588,6 +588,53 @@ OUTPUTS_CORPUS = [
 CORPUS += OUTPUTS_CORPUS
 
 
+def _watch_run(root: Path, names: tuple[str, ...] = ("rollout_corr/logprob_abs_diff_max",)) -> str:
+    """A TensorBoard run of three steps logging `names`, written by torch's SummaryWriter."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(root / "run"))
+    for step in range(3):
+        for name in names:
+            writer.add_scalar(name, 1e-5, global_step=step)
+    writer.close()
+    return str(root / "run")
+
+
+def _fifo_events(root: Path) -> str:
+    (root / "run").mkdir()
+    os.mkfifo(root / "run" / "events.out.tfevents.1.host")
+    return str(root / "run")
+
+
+# -- watch: a run that cannot be read or holds nothing to judge is exit 2, never a PASS
+WATCH_CORPUS = [
+    Case("watch-no-run", lambda d: ["watch", "absent"], 2, "no such file or folder: absent"),
+    Case("watch-empty-folder", lambda d: ["watch", "."], 2, "holds no TensorBoard event files, a wandb offline run"),
+    Case(
+        "watch-bypass-only",
+        lambda d: ["watch", _watch_run(d, ("actor/rollout_corr/logprob_abs_diff_max",))],
+        2,
+        "holds no rollout/trainer consistency series (only bypass mode's",
+    ),
+    Case("watch-fifo-event-file", lambda d: ["watch", _fifo_events(d)], 2, "is a FIFO (named pipe), not a run's file"),
+    Case("watch-dev-zero", lambda d: ["watch", "/dev/zero"], 2, "/dev/zero is a character device"),
+    Case(
+        "watch-json-is-a-file-of-the-run",
+        lambda d: ["watch", _watch_run(d), "--json", str(next((d / "run").glob("events.*")))],
+        2,
+        "is inside the run's folder",
+    ),
+    Case(
+        "watch-plot-in-the-run",
+        lambda d: ["watch", _watch_run(d), "--plot", str(d / "run" / "w.png")],
+        2,
+        "is inside the run's folder",
+    ),
+    Case("watch-poll-zero", lambda d: ["watch", _watch_run(d), "--follow", "--poll", "0"], 2, "must be positive"),
+]
+CORPUS += WATCH_CORPUS
+
+
 def _raw_dump(root: Path, *, window_starts: list[int] | None = None, cut: int = 0) -> str:
     """A dump written with safetensors directly (what write_dump refuses to write), optionally cut or extended."""
     import numpy as np

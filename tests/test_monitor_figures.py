@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from rollout_consistency.gate import gate
-from rollout_consistency.gate.monitor import ExactSum, StepStats, StepStatsError, figures_from_scalars
+from rollout_consistency.gate.monitor import (
+    ExactSum,
+    MonitorError,
+    MonitorSettings,
+    StepStats,
+    StepStatsError,
+    figures_from_scalars,
+)
+from rollout_consistency.gate.monitor.figures import label_timestep, timestep_label
 
 
 def _tables(seed: int, n: int = 64, t: int = 6, scale: float = 3e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -81,9 +89,41 @@ def test_figures_are_the_gates_and_verls_on_the_same_tables() -> None:
         expected = np.abs(trainer[:, column].astype(np.float64) - rollout[:, column]).mean()
         assert row["mean_abs_dlogp"] == pytest.approx(expected, rel=1e-12)
     scalars = figures.scalars()
-    assert scalars["rollout_corr/logprob_abs_diff_mean"] == figures.values["mean_abs_dlogp"]
-    assert f"rollout_corr/logprob_abs_diff/ts_{1000.0:g}" in scalars
+    # verl's names under the monitor's prefix: never the trainer's own bare rollout_corr/* series
+    assert scalars["monitor/rollout_corr/logprob_abs_diff_mean"] == figures.values["mean_abs_dlogp"]
+    assert "monitor/rollout_corr/logprob_abs_diff/ts_1000" in scalars
+    assert not any(name.startswith("rollout_corr/") for name in scalars)
     assert figures_from_scalars(scalars)["mean_abs_dlogp"] == figures.values["mean_abs_dlogp"]
+
+
+def test_timestep_names_are_verl_omnis_and_mlflow_takes_them(tmp_path, monkeypatch) -> None:
+    """verl-omni names a timestep ``f"{t:.4g}"``; ours is that less the exponent's ``+`` (MLflow refuses it).
+    Timesteps equal to 4 digits share one series: their entry-weighted mean and their max."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    for t in (1000.0, 750.0, 999.5, 0.25, 1e-5, 12345.0):
+        assert label_timestep(timestep_label(t)) == float(f"{t:.4g}")
+        assert timestep_label(t) == f"{t:.4g}".replace("e+", "e")
+    assert timestep_label(12345.0) == "1.234e04"
+    assert label_timestep("1.234e+04") == 12340.0  # verl-omni's own, read back
+    rollout = np.full((2, 3), -1.0, np.float32)
+    trainer = rollout + np.array([[1e-3, 2e-3, 4e-3], [1e-3, 2e-3, 8e-3]], np.float32)
+    timesteps = np.array([[12341.0, 12342.0, 800.0], [12341.0, 12341.0, 800.0]], np.float32)
+    scalars = StepStats.from_tables(rollout, trainer, timesteps=timesteps).figures().scalars()
+    shared = scalars["monitor/rollout_corr/logprob_abs_diff/ts_1.234e04"]  # 12341 and 12342: one label
+    assert shared == pytest.approx((1e-3 + 1e-3 + 2e-3 + 2e-3) / 4, rel=1e-4)
+    assert scalars["monitor/max_abs_dlogp_per_ts/ts_1.234e04"] == pytest.approx(2e-3, rel=1e-4)
+    assert not any("+" in name for name in scalars)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    run = client.create_run("0")
+    client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in scalars.items()])  # none refused
+    with pytest.raises(StepStatsError, match="need a prefix"):
+        StepStats.from_tables(rollout, trainer).figures().scalars("")
+    for prefix in ("", "/", "monitor"):
+        with pytest.raises(MonitorError, match="give a non-empty prefix ending in '/'"):
+            MonitorSettings(prefix=prefix)
 
 
 def test_timesteps_are_grouped_by_value_when_windows_differ_per_sample() -> None:

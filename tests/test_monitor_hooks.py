@@ -161,7 +161,8 @@ def test_verl_omni_batch_is_observed_whole_and_bypass_mode_is_refused():
         )
         assert verdict.passed, verdict
     figures = monitor.last_figures.scalars()
-    assert "rollout_corr/logprob_abs_diff_mean" in figures and "rollout_corr/logprob_abs_diff/ts_1000" in figures
+    assert "monitor/rollout_corr/logprob_abs_diff_mean" in figures
+    assert "monitor/rollout_corr/logprob_abs_diff/ts_1000" in figures
     batch = _verl_batch(3, engine, trainer)
     batch["old_log_probs"] = batch["rollout_log_probs"]  # verl-omni's bypass mode
     with pytest.raises(MonitorError, match="bypass mode"):
@@ -230,7 +231,7 @@ def test_trackers_get_every_step_and_a_failing_one_only_warns(tmp_path):
     assert monitor.close().passed
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     events.Reload()
-    series = events.Scalars("rollout_corr/logprob_abs_diff_mean")
+    series = events.Scalars("monitor/rollout_corr/logprob_abs_diff_mean")
     assert [e.step for e in series] == [0, 1, 2] and all(e.value == 0 for e in series)
     assert [e.value for e in events.Scalars("monitor/verdict/passed")] == [1.0, 1.0, 1.0]
 

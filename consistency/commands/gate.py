@@ -16,7 +16,7 @@ from rollout_consistency.gate.judging.tolerances import table_profiles
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "add_profile_flags", "add_threshold_flag", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,6 +38,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dump", metavar="DUMP", help="the .safetensors log-prob dump")
+    add_profile_flags(parser)
+    parser.add_argument("--clip-ratio", type=float, default=1e-4, help="PPO clip range epsilon (default: 1e-4)")
+    parser.add_argument("--clip-ratio-low", type=float, default=None, help="lower clip range (default: --clip-ratio)")
+    parser.add_argument("--clip-ratio-high", type=float, default=None, help="upper clip range (default: --clip-ratio)")
+    parser.add_argument(
+        "--micro-batch-size", type=int, default=None, help="your trainer's micro-batch (default: one micro-batch)"
+    )
+    add_threshold_flag(parser)
+    add_report_outputs(parser, "outputs (never the dump itself)")
+    return parser
+
+
+def add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    """``--profile`` and ``--compute-dtype``: the tolerance profile of a table's verdict (`gate`, `watch`)."""
     parser.add_argument(
         "--profile",
         choices=table_profiles(),
@@ -50,12 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="bfloat16",
         help="narrowest dtype either side's forward runs in; the kernel limits are 8x tighter for float16/float32",
     )
-    parser.add_argument("--clip-ratio", type=float, default=1e-4, help="PPO clip range epsilon (default: 1e-4)")
-    parser.add_argument("--clip-ratio-low", type=float, default=None, help="lower clip range (default: --clip-ratio)")
-    parser.add_argument("--clip-ratio-high", type=float, default=None, help="upper clip range (default: --clip-ratio)")
-    parser.add_argument(
-        "--micro-batch-size", type=int, default=None, help="your trainer's micro-batch (default: one micro-batch)"
-    )
+
+
+def add_threshold_flag(parser: argparse.ArgumentParser) -> None:
+    """``--threshold METRIC=VALUE`` (repeatable): one metric's limit overridden (`gate`, `watch`)."""
     parser.add_argument(
         "--threshold",
         action="append",
@@ -63,8 +75,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="METRIC=VALUE",
         help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
     )
-    add_report_outputs(parser, "outputs (never the dump itself)")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

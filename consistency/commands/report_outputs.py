@@ -14,7 +14,7 @@ from rollout_consistency.output_paths import OutputTarget
 
 from .usage import UsageError
 
-__all__ = ["add_report_outputs", "report_outputs", "show_and_write"]
+__all__ = ["add_report_outputs", "report_outputs", "show_and_write", "write_reports"]
 
 
 def add_report_outputs(parser: argparse.ArgumentParser, title: str) -> None:
@@ -57,20 +57,25 @@ def _trackers(args: argparse.Namespace) -> list[Any]:
 def show_and_write(report: Any, args: argparse.Namespace, targets: Mapping[str, OutputTarget]) -> int:
     """Print the report's table, write the requested files to the `targets` resolved when the command started
     (`rollout_consistency.commands.usage.check_outputs`: flag -> target), and return the exit code of its
-    verdict. The JSON and JUnit of one run are renamed into place together (`rollout_consistency.atomic_write`)."""
-    from rollout_consistency.atomic_write import write_all
-
+    verdict."""
     print(report.format_table(per_sample=args.per_sample))
     writers = {"--json": report.write_json, "--junit": report.write_junit, "--plot": report.write_plot}
-    requested = [(target, writers[flag]) for flag, target in targets.items()]
+    write_reports([(target, writers[flag]) for flag, target in targets.items()])
+    _log(report, _trackers(args))
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def write_reports(requested: list[tuple[OutputTarget, Any]]) -> None:
+    """Write every ``(target, write)`` report or none (`atomic_write.write_all`: the JSON and JUnit of one run are
+    renamed into place together); `UsageError` when one fails."""
+    from rollout_consistency.atomic_write import write_all
+
     try:  # all or nothing: no report may be left that disagrees with the exit code
         written = write_all(requested)
     except OSError as error:
         raise UsageError(f"cannot write the reports ({error.strerror or error}); none was written.") from error
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
-    _log(report, _trackers(args))
-    return EXIT_PASS if report.passed else EXIT_FAIL
 
 
 def _log(report: Any, trackers: list[Any]) -> None:

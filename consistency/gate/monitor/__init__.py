@@ -7,10 +7,17 @@ figures    `StepStats` (one step's sufficient statistics, mergeable across shard
 settings   `MonitorSettings`: the per-step verdict's profile, the drift alarm, the alarm policy, the dumps
 judge      `StepJudge`: per-step verdict and the gap / nonfinite / verdict / sync / drift alarms, from the
            scalar figures alone (one-sided CUSUM on log10 of the drift figure, floor over the first K steps)
+run_monitor  `RunMonitor`: the hooks in a training loop, the trackers, and on an alarm the doctor, a dump, the policy
+distributed  `reduce_step_stats`: one step's statistics across torch.distributed ranks, one all_gather, bit for bit
+             (`RunMonitor` calls it under ``distributed=True``)
+run_logs   `open_run` / `read_run`: a run's logged series from TensorBoard, wandb offline or MLflow file-store files
+watch_series  `watch_table`: the watched series of a run, one row per step with what is wrong with the log there
+run_watch  `RunWatch`: every logged step judged (``rollout-consistency watch RUN``) -> `WatchResult`
 """
 
 from __future__ import annotations
 
+from .distributed import DistributedMonitorError, reduce_step_stats
 from .exact_sum import ExactSum
 from .figures import (
     COUNT_NAMES,
@@ -22,10 +29,15 @@ from .figures import (
     StepStatsError,
     TimestepStats,
     figures_from_scalars,
+    label_timestep,
+    timestep_label,
 )
 from .judge import ALARM_KINDS, Alarm, DriftFloor, JudgeSummary, StepJudge, StepVerdict
+from .run_logs import RunLog, RunLogError, RunReader, open_run, read_run
 from .run_monitor import AlarmRecord, MonitorAlarm, MonitorWarning, RunMonitor
+from .run_watch import RunWatch, WatchedStep, WatchError, WatchResult
 from .settings import ON_ALARM, MonitorError, MonitorSettings
+from .watch_series import WatchedSeries, WatchTable, watch_table
 
 __all__ = [
     "ALARM_KINDS",
@@ -36,6 +48,7 @@ __all__ = [
     "VERL_TIMESTEP_PREFIX",
     "Alarm",
     "AlarmRecord",
+    "DistributedMonitorError",
     "DriftFloor",
     "ExactSum",
     "JudgeSummary",
@@ -43,12 +56,27 @@ __all__ = [
     "MonitorError",
     "MonitorSettings",
     "MonitorWarning",
+    "RunLog",
+    "RunLogError",
     "RunMonitor",
+    "RunReader",
+    "RunWatch",
     "StepFigures",
     "StepJudge",
     "StepStats",
     "StepStatsError",
     "StepVerdict",
     "TimestepStats",
+    "WatchError",
+    "WatchResult",
+    "WatchTable",
+    "WatchedSeries",
+    "WatchedStep",
     "figures_from_scalars",
+    "label_timestep",
+    "open_run",
+    "read_run",
+    "reduce_step_stats",
+    "timestep_label",
+    "watch_table",
 ]

@@ -33,7 +33,9 @@ figure                 definition                                      logged as
 =====================  ==============================================  ====================================
 
 and per timestep value ``t`` (grouped by the schedule's value, never by window column, as verl-omni does):
-``mean_abs_dlogp`` and ``max_abs_dlogp``, logged as ``rollout_corr/logprob_abs_diff/ts_{t:g}``. Counts: ``entries``
+``mean_abs_dlogp`` and ``max_abs_dlogp``, logged as ``rollout_corr/logprob_abs_diff/ts_<label>`` (`timestep_label`:
+verl-omni's ``.4g``, less the exponent's ``+``). The monitor logs verl's names under its own prefix
+(``monitor/rollout_corr/...``), never bare: a verl-omni trainer logs the bare names itself. Counts: ``entries``
 (valid entries), ``samples`` (rows with one), ``nonfinite`` (entries where a side is NaN or ±inf: left out of the
 sums, and every figure of their step — or timestep — is NaN, so nothing is averaged away).
 """
@@ -88,8 +90,28 @@ VERL_NAMES: Mapping[str, str] = {
     "log_ppl_diff": "rollout_corr/log_ppl_diff",
     "log_ppl_abs_diff": "rollout_corr/log_ppl_abs_diff",
 }
-#: verl-omni's per-timestep series: ``rollout_corr/logprob_abs_diff/ts_{t:g}``.
+#: verl-omni's per-timestep series: ``rollout_corr/logprob_abs_diff/ts_<timestep_label(t)>``.
 VERL_TIMESTEP_PREFIX = "rollout_corr/logprob_abs_diff/ts_"
+#: The monitor's per-timestep max |Δlogp|: ``<prefix>max_abs_dlogp_per_ts/ts_<timestep_label(t)>`` (not under
+#: ``<prefix>max_abs_dlogp/``: an MLflow file store keeps each name as a file, and ``max_abs_dlogp`` is one).
+MAX_TIMESTEP_PREFIX = "max_abs_dlogp_per_ts/ts_"
+
+
+def timestep_label(t: float) -> str:
+    """A timestep value as series names carry it: verl-omni's ``f"{t:.4g}"`` (its rollout_correction.py), less
+    the exponent's ``+``, which MLflow refuses in a metric name: 800.0 -> ``800``, 12345.0 -> ``1.234e04``,
+    1e-05 -> ``1e-05``. Values equal to 4 significant digits share a label (as in verl-omni)."""
+    return f"{float(t):.4g}".replace("e+", "e")
+
+
+def label_timestep(label: str) -> float | None:
+    """The timestep value a series name's label gives (`timestep_label`'s, or verl-omni's ``1.234e+04``), or
+    None for a label that is not a number."""
+    try:
+        return float(label)
+    except ValueError:
+        return None
+
 
 #: Sums over entries and over samples a `StepStats` keeps (names of `StepStats.sums`).
 _ENTRY_SUMS = ("delta", "delta_sq", "w_minus_1", "w_minus_1_sq", "chi2_token")
@@ -135,23 +157,46 @@ class StepFigures:
         return self.values.get(name, math.nan)
 
     def scalars(self, prefix: str = "monitor/") -> dict[str, float]:
-        """Every figure under ``prefix + name``, plus verl's name for those that follow verl's definition
-        (`VERL_NAMES`, `VERL_TIMESTEP_PREFIX`), plus the counts: one flat dict for any tracker."""
+        """Every figure under ``prefix + name``, verl's name for those that follow verl's definition under
+        ``prefix`` too (``prefix + VERL_NAMES[name]``, ``prefix + VERL_TIMESTEP_PREFIX + timestep_label(t)``: never
+        the trainer's own bare ``rollout_corr/*`` series), plus the counts: one flat dict for any tracker.
+
+        Timesteps that share a label (equal to 4 significant digits) are logged as one series: their entry-weighted
+        mean and their max."""
+        if not prefix:
+            raise StepStatsError("the monitor's series need a prefix (e.g. 'monitor/'): bare names are the trainer's.")
         out = {f"{prefix}{name}": float(value) for name, value in self.values.items()}
         out.update({f"{prefix}{name}": float(getattr(self, name)) for name in COUNT_NAMES})
-        out.update({verl: float(self.values[name]) for name, verl in VERL_NAMES.items() if name in self.values})
+        out.update(
+            {prefix + verl: float(self.values[name]) for name, verl in VERL_NAMES.items() if name in self.values}
+        )
+        labels: dict[str, list[Mapping[str, float]]] = {}
         for t, row in self.by_timestep.items():
-            out[f"{VERL_TIMESTEP_PREFIX}{t:g}"] = float(row["mean_abs_dlogp"])
-            out[f"{prefix}max_abs_dlogp/ts_{t:g}"] = float(row["max_abs_dlogp"])
+            labels.setdefault(timestep_label(t), []).append(row)
+        for label, rows in labels.items():
+            out[f"{prefix}{VERL_TIMESTEP_PREFIX}{label}"] = _pooled_mean(rows)
+            out[f"{prefix}{MAX_TIMESTEP_PREFIX}{label}"] = max(float(row["max_abs_dlogp"]) for row in rows)
         return out
 
 
+def _pooled_mean(rows: list[Mapping[str, float]]) -> float:
+    """The mean |Δlogp| of timesteps sharing one label: the one row's, or the entry-weighted mean of several."""
+    if len(rows) == 1:
+        return float(rows[0]["mean_abs_dlogp"])
+    entries = sum(float(row["entries"]) for row in rows)
+    if entries == 0:
+        return math.nan
+    return sum(float(row["mean_abs_dlogp"]) * float(row["entries"]) for row in rows) / entries
+
+
 def figures_from_scalars(scalars: Mapping[str, float], prefix: str = "monitor/") -> dict[str, float]:
-    """The figures a tracker's scalars hold, by our names: ``prefix + name`` or verl's name (`VERL_NAMES`);
-    where both are present they must agree (a `StepStatsError` otherwise). Unknown names are ignored."""
+    """The figures a tracker's scalars hold, by our names: ``prefix + name`` or verl's name under the same
+    prefix (``prefix + VERL_NAMES[name]``; with ``prefix=""``, verl-omni's own series); where both are present
+    they must agree (a `StepStatsError` otherwise). Unknown names are ignored."""
     found: dict[str, float] = {}
     for name in FIGURE_NAMES + COUNT_NAMES:
-        for key in (f"{prefix}{name}", VERL_NAMES.get(name)):
+        verl = VERL_NAMES.get(name)
+        for key in (f"{prefix}{name}", None if verl is None else prefix + verl):
             if key is None or key not in scalars:
                 continue
             value = float(scalars[key])
@@ -517,6 +562,7 @@ def _table(value: Any, name: str) -> np.ndarray:
 __all__ = [
     "COUNT_NAMES",
     "FIGURE_NAMES",
+    "MAX_TIMESTEP_PREFIX",
     "VERL_NAMES",
     "VERL_TIMESTEP_PREFIX",
     "StepFigures",
@@ -524,4 +570,6 @@ __all__ = [
     "StepStatsError",
     "TimestepStats",
     "figures_from_scalars",
+    "label_timestep",
+    "timestep_label",
 ]

@@ -24,6 +24,13 @@ write is reported in the alarm's record and as a warning), and the policy ``sett
 `MonitorWarning`), ``raise`` (`MonitorAlarm`, from the optimizer step before the update when the hook ended the
 step), ``stop`` (``monitor.should_stop`` turns True). Memory is bounded: one step's cells or tables at a time, the
 judge's bounded state, the first ``max_alarms_kept`` alarm records.
+
+Under torch.distributed with ``settings.distributed`` (each rank holds a shard of the global batch), each step's
+statistics are reduced across the ranks (`reduce_step_stats`: one ``all_gather``) before the verdict. Every rank
+then holds the global figures and the same verdict, alarms and summary; rank 0 alone logs to the trackers, runs the
+doctor (on its own shard: the global tables are in no one process) and warns; every rank writes its own shard's
+dump (``monitor-stepNNNNNNNN-rankR.safetensors``) and applies ``raise`` / ``stop``, so the ranks stop together
+rather than leave one waiting at the next collective. Every rank must call the monitor at every step.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from rollout_consistency.gate.tables.api import gate
 from rollout_consistency.gate.tables.dump import write_dump
 from rollout_consistency.gate.tables.recorder import innermost_optimizer
 
+from .distributed import reduce_step_stats
 from .figures import StepFigures, StepStats, StepStatsError
 from .judge import Alarm, JudgeSummary, StepJudge, StepVerdict
 from .settings import MonitorError, MonitorSettings
@@ -131,6 +139,8 @@ class RunMonitor:
             ``"tensorboard:DIR"`` (a writer of the monitor's own, closed by `close`).
         nan_capture (`NanCapture`, *optional*): the run's NaN capture; a ``nonfinite`` alarm names its file (or
             the directory it will capture to).
+        process_group (*optional*): with ``distributed=True``, the torch.distributed group whose ranks hold the
+            shards (default: the initialised default group).
         **overrides: `MonitorSettings` or `GateSettings` fields (``profile="kernel"``, ``on_alarm="raise"``).
     """
 
@@ -141,10 +151,15 @@ class RunMonitor:
         optimizer: Any = None,
         log_to: Any = None,
         nan_capture: Any = None,
+        process_group: Any = None,
         **overrides: Any,
     ) -> None:
         settings = MonitorSettings() if settings is None else settings
         self.settings = settings.replace(**overrides) if overrides else settings
+        if process_group is not None and not self.settings.distributed:
+            raise MonitorError("process_group given without distributed=True: pass distributed=True to reduce.")
+        self._group = process_group
+        self._rank: int | None = None  # this rank in the group, once a step was reduced
         self.judge = StepJudge(self.settings)
         self.should_stop = False
         self.last_verdict: StepVerdict | None = None
@@ -302,6 +317,8 @@ class RunMonitor:
             )
         except StepStatsError as error:
             raise MonitorError(f"step {step}: {error}") from error
+        if self.settings.distributed:
+            stats = self._reduce(step, stats, tables.rollout.shape)
         if tables.sample_ids is not None and tables.sample_ids.shape != (tables.rollout.shape[0],):
             raise MonitorError(
                 f"step {step}: sample_ids has shape {tables.sample_ids.shape}, expected ({tables.rollout.shape[0]},)."
@@ -331,7 +348,7 @@ class RunMonitor:
         return verdict
 
     def _log(self, step: int, figures: StepFigures, verdict: StepVerdict) -> None:
-        if not self._targets:
+        if not self._targets or self._rank:
             return
         prefix = self.settings.prefix
         scalars = figures.scalars(prefix)
@@ -361,15 +378,39 @@ class RunMonitor:
             self._own_writers[target] = SummaryWriter(log_dir=target.partition(":")[2])
         return self._own_writers[target]
 
+    def _reduce(self, step: int, stats: StepStats, shape: tuple[int, ...]) -> StepStats:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise MonitorError(
+                "distributed=True but torch.distributed has no process group: call "
+                "torch.distributed.init_process_group(...) before the first step, or leave distributed off."
+            )
+        self._rank = dist.get_rank(self._group)
+        return reduce_step_stats(
+            stats,
+            step=step,
+            shape=shape,
+            max_timesteps=self.settings.max_timesteps,
+            timeout_s=self.settings.reduce_timeout_s,
+            group=self._group,
+        )
+
     def _alarm(self, step: int, verdict: StepVerdict, tables: _Tables) -> None:
         kept = len(self.alarm_records) < self.settings.max_alarms_kept
+        lead = not self._rank  # rank 0, or one process
         # The doctor runs for the alarms kept in full: a run that fails every step costs it max_alarms_kept times.
-        causes, diagnosis, status = self._doctor(tables) if kept else ((), (), None)
+        causes, diagnosis, status = self._doctor(tables) if kept and lead else ((), (), None)
         if any(a.kind == "sync" for a in verdict.alarms):
             # The step follows a weight sync the loop announced: weights that did not reach the rollout come first.
             causes = ("different-weights", *(c for c in causes if c != "different-weights"))
         dump, dump_error = self._dump(step, verdict, tables)
         notes = []
+        if self._rank is not None:
+            notes.append(
+                "the figures and verdict are the global batch's; the doctor ran on rank 0's shard, and every rank "
+                "dumped its own shard (monitor-step*-rank*.safetensors)"
+            )
         if self._nan_capture is not None and any(a.kind == "nonfinite" for a in verdict.alarms):
             captured = getattr(self._nan_capture, "captured_path", None)
             where = getattr(self._nan_capture, "directory", "?")
@@ -383,12 +424,14 @@ class RunMonitor:
             self.alarm_records.append(record)
         if dump_error is not None:
             warnings.warn(f"run monitor: step {step}: {dump_error}", MonitorWarning, stacklevel=3)
+        # Every rank holds the same verdict: raise and stop act on all of them, so none waits alone at a collective.
         policy = self.settings.on_alarm
         if policy == "raise":
             raise MonitorAlarm(record)
         if policy == "stop":
             self.should_stop = True
-        warnings.warn(record.format(), MonitorWarning, stacklevel=3)
+        if lead:
+            warnings.warn(record.format(), MonitorWarning, stacklevel=3)
 
     def _doctor(self, tables: _Tables) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...], str | None]:
         if tables.rollout.shape != tables.trainer.shape or tables.rollout.size == 0:
@@ -413,7 +456,8 @@ class RunMonitor:
         directory = self.settings.dump_dir
         if directory is None or self._dumps >= self.settings.max_dumps:
             return None, None
-        path = Path(directory) / f"monitor-step{step:08d}.safetensors"
+        rank = "" if self._rank is None else f"-rank{self._rank}"
+        path = Path(directory) / f"monitor-step{step:08d}{rank}.safetensors"
         rollout, trainer = _padded(tables)
         ids = tables.sample_ids
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
 
+from .distributed import DEFAULT_MAX_TIMESTEPS
 from .figures import FIGURE_NAMES
 
 __all__ = ["ON_ALARM", "MonitorError", "MonitorSettings"]
@@ -52,8 +53,20 @@ class MonitorSettings:
         dump_dir (`str`, *optional*): where an alarmed step's tables are written (`write_dump`, checksummed), for
             ``rollout-consistency gate DUMP`` and ``doctor``; None writes none.
         max_dumps (`int`): at most this many dumps per run (the first alarms'): disk use stays bounded.
-        prefix (`str`): the tracker names' prefix for our figures (verl's names are logged as they are).
+        prefix (`str`): the tracker names' prefix for our figures and for verl's names the monitor logs
+            (``monitor/rollout_corr/...``: never the trainer's own bare ``rollout_corr/*`` series); non-empty,
+            ending in ``/`` (``watch`` groups a run's series by it).
         max_alarms_kept (`int`): alarms kept in full in the summary (the rest are counted): memory stays bounded.
+        distributed (`bool`): each rank holds a shard of the global batch (DDP, FSDP): every step's statistics are
+            reduced across the ranks of torch.distributed's process group (one ``all_gather``,
+            `reduce_step_stats`) before the verdict, so every rank judges the global batch, bit for bit the figures
+            of one process; tracker logging, the doctor and warnings happen on rank 0 only (docs/monitor.md,
+            "Under torch.distributed"). Needs an initialised process group. Default False: each process judges
+            what it is given.
+        max_timesteps (`int`): with ``distributed``, the per-timestep slots each rank sends; more distinct timestep
+            values in a rank's shard is an error on every rank.
+        reduce_timeout_s (`float`): with ``distributed``, how long a rank waits for the others at a step before a
+            `DistributedMonitorError` (a rank crashed or skipped the monitor).
 
     Raises:
         MonitorError: a setting out of range, an unknown drift figure or ``on_alarm``, or a `GateSettings` the gate
@@ -74,25 +87,44 @@ class MonitorSettings:
     max_dumps: int = 10
     prefix: str = "monitor/"
     max_alarms_kept: int = 100
+    distributed: bool = False
+    max_timesteps: int = DEFAULT_MAX_TIMESTEPS
+    reduce_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gate, GateSettings):
             raise MonitorError(f"gate must be a GateSettings, got {type(self.gate).__name__}.")
-        for name in ("warmup_steps", "step_stride", "max_dumps", "max_alarms_kept"):
+        if not isinstance(self.distributed, bool):
+            raise MonitorError(f"distributed must be True or False, got {self.distributed!r}.")
+        for name in ("warmup_steps", "step_stride", "max_dumps", "max_alarms_kept", "max_timesteps"):
             value = getattr(self, name)
             least = 0 if name == "max_dumps" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise MonitorError(f"{name} must be an int >= {least}, got {value!r}.")
-        for name in ("drift_slack", "drift_threshold", "drift_z_cap", "drift_min_spread", "drift_epsilon"):
+        for name in (
+            "drift_slack",
+            "drift_threshold",
+            "drift_z_cap",
+            "drift_min_spread",
+            "drift_epsilon",
+            "reduce_timeout_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise MonitorError(f"{name} must be a finite number >= 0, got {value!r}.")
         if min(self.drift_threshold, self.drift_z_cap, self.drift_min_spread, self.drift_epsilon) <= 0:
             raise MonitorError("drift_threshold, drift_z_cap, drift_min_spread and drift_epsilon must be > 0.")
+        if self.reduce_timeout_s <= 0:
+            raise MonitorError("reduce_timeout_s must be > 0.")
         if self.drift_z_cap <= self.drift_slack:
             raise MonitorError("drift_z_cap must exceed drift_slack, or the CUSUM can never grow.")
         if self.drift_figure not in FIGURE_NAMES:
             raise MonitorError(f"drift_figure {self.drift_figure!r}: expected one of {', '.join(FIGURE_NAMES)}.")
+        if not isinstance(self.prefix, str) or not self.prefix.endswith("/") or self.prefix.strip("/") == "":
+            raise MonitorError(
+                f"prefix {self.prefix!r}: give a non-empty prefix ending in '/' (e.g. 'monitor/'); bare names are "
+                f"the trainer's own series."
+            )
         if self.on_alarm not in ON_ALARM:
             raise MonitorError(f"on_alarm {self.on_alarm!r}: expected one of {', '.join(ON_ALARM)}.")
 
