@@ -287,6 +287,11 @@ def test_bad_input_fails_closed():
     with pytest.raises(MonitorError, match="nothing recorded"):
         recorder.end_step()
     recorder.begin_step(1)
+    with pytest.raises(MonitorError, match="same memory"):
+        recorder.record(table[:, 0], table[:, 0])  # one column on both sides: nothing would be compared
+    column = torch.from_numpy(table[:, 1].copy())
+    with pytest.raises(MonitorError, match="same memory"):
+        recorder.record(column, column.numpy())  # a tensor and its NumPy view, copied apart before judging
     recorder.record(table[:, 0], table[:, 0].copy(), sample_ids=np.arange(4))
     with pytest.raises(MonitorError, match="some record"):
         recorder.record(table[:, 1], table[:, 1].copy())

@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.judging.aliasing import shares_memory
+
 from .exact_sum import ExactSum
 
 #: verl's clamp of log-ratios before exp in χ² (``SAFETY_BOUND``).
@@ -262,17 +264,18 @@ class StepStats:
                 array (verl-omni's bypass mode sets ``old_log_probs := rollout_log_probs``: a table compared with
                 itself proves nothing), non-finite timesteps, or a bad clip range.
         """
+        # Asked of the objects as given: a CUDA tensor passed twice becomes two host copies once converted.
+        if shares_memory(rollout_log_probs, trainer_log_probs):
+            raise StepStatsError(
+                "rollout_log_probs and trainer_log_probs are the same memory (verl-omni's bypass mode copies "
+                "rollout_log_probs into old_log_probs): pass the trainer's own recompute, or do not monitor this step."
+            )
         rollout = _table(rollout_log_probs, "rollout_log_probs")
         trainer = _table(trainer_log_probs, "trainer_log_probs")
         if rollout.shape != trainer.shape:
             raise StepStatsError(
                 f"rollout_log_probs has shape {rollout.shape} but trainer_log_probs has {trainer.shape}: both sides "
                 f"must score the same (samples, steps)."
-            )
-        if rollout.size and np.shares_memory(rollout, trainer):
-            raise StepStatsError(
-                "rollout_log_probs and trainer_log_probs are the same memory (verl-omni's bypass mode copies "
-                "rollout_log_probs into old_log_probs): pass the trainer's own recompute, or do not monitor this step."
             )
         low = clip_ratio if clip_ratio_low is None else clip_ratio_low
         high = clip_ratio if clip_ratio_high is None else clip_ratio_high

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.judging.aliasing import shares_memory
 from rollout_consistency.gate.judging.loggers import LoggerError, log_scalars, parse_tracker
 from rollout_consistency.gate.tables.api import gate
 from rollout_consistency.gate.tables.dump import write_dump
@@ -232,12 +233,18 @@ class RunMonitor:
         Ignored after the step's first update (the trainer then scores updated weights).
 
         Raises:
-            MonitorError: no open step (call `begin_step`), shapes that differ, ids on some calls only.
+            MonitorError: no open step (call `begin_step`), the two tables one buffer, shapes that differ, ids on
+                some calls only.
         """
         if self._open is None:
             raise MonitorError("record() before begin_step(step): call monitor.begin_step(step) after each rollout.")
         if self._closed:
             return
+        if shares_memory(old_log_probs, log_probs):  # asked before any copy: a copy would hide it
+            raise MonitorError(
+                "old_log_probs and log_probs are the same memory: a table compared with itself proves nothing; "
+                "record the trainer's own recompute (verl-omni's bypass mode sets old_log_probs := rollout_log_probs)."
+            )
         old = _cells(old_log_probs, "old_log_probs")
         new = _cells(log_probs, "log_probs")
         n = _size(old)
