@@ -16,7 +16,9 @@ sampling loop and the training loop below are flow_grpo's (``pipeline_with_logpr
 How the checker uses this file (docs/checker.md, "Plug-in backends: your own rollout and trainer"):
 
 * it imports the file once per process, with its folder importable: ``make_rollout`` and ``make_trainer`` share
-  this module's state (here, ``_SHARED``: one policy for both), and the file may import its neighbours;
+  this module's state (here, ``_SHARED``: one policy for both), and the file may import its neighbours. One policy
+  for both sides also means that step 2 (``--weight-sync``) cannot test a sync between them (it FAILs saying so):
+  load a policy per side there, as your engine and trainer do;
 * it calls ``make_rollout(config)`` and ``make_trainer(config)`` once per worker (``config`` is the
   `CheckConfig`: noise_level, num_inference_steps, seed, ...);
 * per rollout batch of its plan, ``Rollout.rollout(request)``: sample ``len(request.seeds)`` images, one per
