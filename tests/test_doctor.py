@@ -48,12 +48,14 @@ def test_a_long_guard_message_is_evidence_cut_where_a_sentence_ends():
     assert len(message) > 300 and message.startswith(head) and head.endswith("not the policy.")
     assert pointer == "(the whole message is under FAIL because)" and message in report.reasons[0]
     checks = tuple(
-        dataclasses.replace(c, message="2 groups split; draw per group.") if c.name == "windows" else c
+        dataclasses.replace(c, message="rollouts used different SDE windows: 2 groups split; draw per group.")
+        if c.name == "windows"
+        else c
         for c in report.verdict.checks
     )
     short = dataclasses.replace(report, verdict=dataclasses.replace(report.verdict, checks=checks))
     (evidence,) = next(d for d in diagnose(short) if d.cause == "per-request-window").evidence
-    assert evidence == "windows guard: 2 groups split; draw per group."  # a short message is shown whole
+    assert evidence == "windows guard: rollouts used different SDE windows: 2 groups split; draw per group."  # whole
 
 
 def test_a_clean_pass_needs_no_diagnosis_and_a_near_limit_pass_gets_one():

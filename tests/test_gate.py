@@ -323,7 +323,7 @@ def test_one_bad_entry_or_a_flat_table_is_a_one_line_error():
 def test_a_dump_with_repeated_sample_ids_or_one_nan_advantage_is_refused(tmp_path):
     table = np.zeros((2, 3), np.float32)
     with pytest.raises(DumpFormatError, match="'sample_ids' repeat"):
-        write_dump(tmp_path / "d.safetensors", table, table, sample_ids=np.array([4, 4]))
+        write_dump(tmp_path / "d.safetensors", table, table.copy(), sample_ids=np.array([4, 4]))
     with pytest.raises(DumpFormatError, match="'advantages' holds NaN or inf"):
-        write_dump(tmp_path / "d.safetensors", table, table, advantages=np.array([0.0, np.nan], np.float32))
+        write_dump(tmp_path / "d.safetensors", table, table.copy(), advantages=np.array([0.0, np.nan], np.float32))
     assert not (tmp_path / "d.safetensors").exists()

@@ -76,7 +76,16 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("DO_NOT_TRACK", "true")
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    _forget_wandb_settings()
     return tmp_path
+
+
+def _forget_wandb_settings() -> None:
+    """wandb reads the environment once per process, at its first run (a docs example's, say): tear that down so
+    the next run reads this test's offline settings instead of asking for an API key."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        wandb.teardown()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -322,7 +322,7 @@ def test_a_step_at_or_beyond_num_steps_is_refused_by_name(step):
     recorder = Step1Recorder(num_steps=2)
     one = torch.tensor([-1.0])
     for recorded in (0, 1, step):
-        recorder.record(torch.tensor([0]), recorded, one, one)
+        recorder.record(torch.tensor([0]), recorded, one, one.clone())
     with pytest.raises(RecorderError, match=f"sample 0 step {step} is beyond num_steps=2"):
         recorder.finish()
 
@@ -331,6 +331,8 @@ def test_one_call_holding_a_cell_twice_or_two_values_for_one_sample_is_refused()
     # Within a single record() call too: the same (sample, step) twice, or one sample with two prompt groups.
     two = torch.tensor([-1.0, -1.0])
     with pytest.raises(RecorderError, match="sample 0 step 0 recorded twice"):
-        Step1Recorder().record(torch.tensor([0, 0]), 0, two, two)
+        Step1Recorder().record(torch.tensor([0, 0]), 0, two, two.clone())
     with pytest.raises(RecorderError, match="sample 0: prompt_groups was 1 and is now 2"):
-        Step1Recorder().record(torch.tensor([0, 0]), torch.tensor([0, 1]), two, two, prompt_groups=torch.tensor([1, 2]))
+        Step1Recorder().record(
+            torch.tensor([0, 0]), torch.tensor([0, 1]), two, two.clone(), prompt_groups=torch.tensor([1, 2])
+        )

@@ -71,6 +71,7 @@ def write_runs(directory, rows: list[dict[str, float]], steps: list[int] | None 
     with pytest.MonkeyPatch.context() as patch:
         for name, value in offline_env(directory).items():
             patch.setenv(name, value)
+        wandb.teardown()  # wandb read the environment at this process's first run: read these settings again
         writer = SummaryWriter(log_dir=str(directory / "tensorboard"))
         # A config record over two LevelDB blocks (64 KiB): the log then holds records split into chunks.
         run = wandb.init(project="watch", dir=str(directory), reinit="create_new", config={"notes": "x" * 70000})

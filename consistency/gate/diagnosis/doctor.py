@@ -190,7 +190,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 "aliased-tables",
                 "The two log-prob tables are one buffer, or the trainer wrote into the rollout's: nothing was "
                 "compared.",
-                [f"distinct guard: {failed['distinct'].message[:300]}"],
+                [f"distinct guard: {_evidence_text(failed['distinct'].message)}"],
                 "guard",
                 source="guard",
             )
@@ -201,7 +201,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
             make(
                 "window-plan",
                 "A side sampled or scored other steps than the plan's SDE window (another width or schedule).",
-                [f"windows guard: {windows[windows.index(PLAN_WINDOW_MARK) :][:300]}"],
+                [f"windows guard: {_evidence_text(windows[windows.index(PLAN_WINDOW_MARK) :])}"],
                 "guard",
                 source="guard",
             )
