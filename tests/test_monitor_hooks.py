@@ -386,3 +386,14 @@ def test_a_dump_changed_after_it_was_written_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(DumpFormatError, match="checksum"):
         read_dump(path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a CUDA tensor's host copies are what hid it")
+def test_one_cuda_table_on_both_sides_is_refused_before_it_is_copied_to_the_host():
+    table = torch.full((4, 3), -1.0, device="cuda")
+    monitor = RunMonitor(EXACT)
+    with pytest.raises(MonitorError, match="same memory"):
+        monitor.observe(0, table, table)  # verl-omni's bypass mode on the GPU: each .cpu() is a fresh copy
+    monitor.begin_step(1)
+    with pytest.raises(MonitorError, match="same memory"):
+        monitor.record(table[:, 0], table[:, 0])

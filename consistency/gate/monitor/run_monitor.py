@@ -203,6 +203,11 @@ class RunMonitor:
             MonitorError: tables the figures refuse (`StepStatsError`'s message), or a step out of order.
             MonitorAlarm: an alarm under ``on_alarm="raise"``.
         """
+        if shares_memory(rollout_log_probs, trainer_log_probs):  # asked before the host copies below hide it
+            raise MonitorError(
+                f"step {step}: rollout_log_probs and trainer_log_probs are the same memory (verl-omni's bypass mode "
+                f"copies rollout_log_probs into old_log_probs): pass the trainer's own recompute."
+            )
         tables = _Tables(
             _numpy(rollout_log_probs),
             _numpy(trainer_log_probs),
