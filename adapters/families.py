@@ -45,6 +45,7 @@ __all__ = [
     "check_pooled_text",
     "common_conditioning_keys",
     "concat_fixed_width_conditioning",
+    "encode_prompt_pairs",
     "family_names",
     "get_family",
     "load_pretrained_transformer",
@@ -242,6 +243,24 @@ def load_scheduler_config(path: str | os.PathLike) -> dict[str, Any]:
         if candidate.is_file():
             return {k: v for k, v in json.loads(candidate.read_text()).items() if not k.startswith("_")}
     raise FileNotFoundError(f"No scheduler config under {path} (looked for {', '.join(map(str, candidates))}).")
+
+
+def encode_prompt_pairs(
+    encode: Callable[[list[str]], Mapping[str, torch.Tensor]],
+    prompts: Sequence[str],
+    negative_prompts: Sequence[str] | None,
+) -> dict[str, torch.Tensor]:
+    """A [`PromptEncoder`]'s loop: `encode(texts)` without grad on the prompts, then on the negative prompts when
+    given, whose keys take the prefix `negative_` (`prompt_embeds` → `negative_prompt_embeds`, as diffusers'
+    pipelines name them). `encode` returns one text's batch-first float32 embeddings (int64 masks) on the CPU."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
+        if texts is None:
+            continue
+        with torch.no_grad():
+            encoded = encode(list(texts))
+        out.update({f"{prefix}{key}": value for key, value in encoded.items()})
+    return out
 
 
 def model_dtype(transformer: nn.Module) -> torch.dtype:

@@ -30,6 +30,7 @@ Family options (`Trajectory.family_options`, JSON):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,18 +40,17 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup
 
-from . import trainer
+from . import mmdit, trainer
 from .families import (
     ModelFamily,
     PromptEncoder,
     check_float32_inputs,
-    check_pooled_text,
-    concat_fixed_width_conditioning,
-    load_pretrained_transformer,
+    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
 )
+from .mmdit import TEXT_KEYS
 from .packing import pack_latents, packed_latent_grid, unpack_latents
 from .rollout import family_rollout
 from .settings import PipelineSettings
@@ -70,10 +70,13 @@ __all__ = [
     "velocity",
 ]
 
-# (sequence embeddings, pooled embeddings) pairs of FLUX conditioning: positive, then negative.
-TEXT_KEYS = (
-    ("prompt_embeds", "pooled_prompt_embeds"),
-    ("negative_prompt_embeds", "negative_pooled_prompt_embeds"),
+_TEXT = mmdit.MMDiTText(
+    label="FLUX",
+    pipeline="FluxPipeline",
+    transformer="FluxTransformer2DModel",
+    cfg_name="true_cfg_scale",
+    cfg_label="True CFG",
+    cfg_hint=" (the embedded guidance_scale of guidance-distilled FLUX needs no negative prompt)",
 )
 _DEFAULT_OPTIONS = {"vae_scale_factor": 8, "true_cfg_scale": 1.0}
 
@@ -153,23 +156,7 @@ def _check_conditioning(
             f"This FLUX transformer has patch_size={transformer.config.patch_size}; FluxPipeline's 2x2 packing "
             f"(and this adapter) assume patch_size=1."
         )
-    known = {key for pair in TEXT_KEYS for key in pair}
-    unknown = set(conditioning) - known
-    if unknown:
-        raise ValueError(
-            f"Unknown FLUX conditioning keys {sorted(unknown)}; expected {sorted(known)} (FLUX takes no text mask: "
-            f"T5 pads to a fixed length and the transformer attends to every token)."
-        )
-    check_pooled_text(transformer, conditioning, *TEXT_KEYS[0], batch, family_label="FLUX")
-    true_cfg_scale = float(opts["true_cfg_scale"])
-    if true_cfg_scale > 1:
-        if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
-            raise ValueError(
-                f"True CFG is on (true_cfg_scale={true_cfg_scale} > 1) but no negative prompt was given: pass "
-                f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds', or set true_cfg_scale <= 1 (the "
-                f"embedded guidance_scale of guidance-distilled FLUX needs no negative prompt)."
-            )
-        check_pooled_text(transformer, conditioning, *TEXT_KEYS[1], batch, family_label="FLUX")
+    mmdit.check_text_conditioning(_TEXT, transformer, conditioning, batch, float(opts["true_cfg_scale"]))
 
 
 def velocity(
@@ -232,25 +219,15 @@ def velocity(
             return_dict=False,
         )[0].float()
 
-    cond = predict(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
-    true_cfg_scale = float(opts["true_cfg_scale"])
-    if true_cfg_scale <= 1:
-        return cond
-    neg = predict(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
-    return neg + true_cfg_scale * (cond - neg)
+    return mmdit.guided_prediction(predict, conditioning, float(opts["true_cfg_scale"]))
 
 
 def collate_conditioning(
     conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding.
-
-    FLUX has no text mask, so requests must share one text width; see
-    `rollout_consistency.adapters.families.concat_fixed_width_conditioning`.
-    """
-    return concat_fixed_width_conditioning(
-        conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="FluxPipeline"
-    )
+    """Batch per-request FLUX conditionings for one forward (the step-wise path): concatenation, no padding
+    (`rollout_consistency.adapters.mmdit.collate_text_conditioning`)."""
+    return mmdit.collate_text_conditioning(_TEXT, conditionings, width)
 
 
 def _pipeline_options(settings: PipelineSettings) -> dict[str, Any]:
@@ -266,32 +243,15 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.true_cfg_scale
 
 
-def _load_transformer(path, *, dtype: torch.dtype, device) -> nn.Module:
-    from diffusers import FluxTransformer2DModel
-
-    return load_pretrained_transformer(FluxTransformer2DModel, path, dtype=dtype, device=device)
-
-
 def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
     """The checkpoint's own CLIP and T5 encoders through diffusers' `FluxPipeline` (transformer/VAE not loaded)."""
-    from diffusers import FluxPipeline
+    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
 
-    pipeline = FluxPipeline.from_pretrained(path, transformer=None, vae=None).to(device)
+    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, pooled, _ = pipeline.encode_prompt(texts, None, max_sequence_length=settings.max_sequence_length)
+        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
 
-    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
-            if texts is None:
-                continue
-            with torch.no_grad():
-                embeds, pooled, _ = pipeline.encode_prompt(
-                    list(texts), None, max_sequence_length=settings.max_sequence_length
-                )
-            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
-            out[f"{prefix}pooled_prompt_embeds"] = pooled.float().cpu()
-        return out
-
-    return encode
+    return functools.partial(encode_prompt_pairs, encode_one)
 
 
 FAMILY = register_family(
@@ -308,7 +268,7 @@ FAMILY = register_family(
         guidance=_guidance_scale,
         cfg_scale=_cfg_scale,
         negative_prompt="",
-        load_transformer=_load_transformer,
+        load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
         load_prompt_encoder=_load_prompt_encoder,
         default_options=_DEFAULT_OPTIONS,
         # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.

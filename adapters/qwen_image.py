@@ -37,6 +37,7 @@ from .families import (
     PromptEncoder,
     check_float32_inputs,
     common_conditioning_keys,
+    encode_prompt_pairs,
     load_pretrained_transformer,
     merged_options,
     model_dtype,
@@ -305,16 +306,14 @@ def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEnco
     pipeline = QwenImagePipeline.from_pretrained(path, transformer=None, vae=None).to(device)
     pad_to = settings.max_sequence_length if settings.pad_prompts_to_max_length else None
 
+    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, mask = pipeline.encode_prompt(texts, max_sequence_length=settings.max_sequence_length)
+        if mask is None:  # diffusers drops an all-valid mask
+            mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
+        return {"prompt_embeds": embeds.float().cpu(), "prompt_embeds_mask": mask.long().cpu()}
+
     def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
-            if texts is None:
-                continue
-            embeds, mask = pipeline.encode_prompt(list(texts), max_sequence_length=settings.max_sequence_length)
-            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
-            if mask is None:  # diffusers drops an all-valid mask
-                mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
-            out[f"{prefix}prompt_embeds_mask"] = mask.long().cpu()
+        out = encode_prompt_pairs(encode_one, prompts, negative_prompts)
         return out if pad_to is None else pad_text_conditioning(out, pad_to)
 
     return encode

@@ -26,6 +26,7 @@ Family options (`Trajectory.family_options`, JSON):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,18 +36,17 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup, image_seq_len_shift
 
-from . import trainer
+from . import mmdit, trainer
 from .families import (
     ModelFamily,
     PromptEncoder,
     check_float32_inputs,
-    check_pooled_text,
-    concat_fixed_width_conditioning,
-    load_pretrained_transformer,
+    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
 )
+from .mmdit import TEXT_KEYS
 from .rollout import family_rollout
 from .settings import PipelineSettings
 from .trajectory import Trajectory
@@ -62,10 +62,12 @@ __all__ = [
     "velocity",
 ]
 
-# (sequence embeddings, pooled embeddings) pairs of SD3 conditioning: positive, then negative.
-TEXT_KEYS = (
-    ("prompt_embeds", "pooled_prompt_embeds"),
-    ("negative_prompt_embeds", "negative_pooled_prompt_embeds"),
+_TEXT = mmdit.MMDiTText(
+    label="SD3",
+    pipeline="StableDiffusion3Pipeline",
+    transformer="SD3Transformer2DModel",
+    cfg_name="guidance_scale",
+    cfg_label="CFG",
 )
 _DEFAULT_OPTIONS = {"vae_scale_factor": 8}
 
@@ -139,22 +141,7 @@ def _check_conditioning(
     options: Mapping[str, Any],
 ) -> None:
     latent_grid(transformer, options)
-    known = {key for pair in TEXT_KEYS for key in pair}
-    unknown = set(conditioning) - known
-    if unknown:
-        raise ValueError(
-            f"Unknown SD3 conditioning keys {sorted(unknown)}; expected {sorted(known)} (SD3 takes no text mask: "
-            f"its encoders pad to a fixed length and the transformer attends to every token)."
-        )
-    check_pooled_text(transformer, conditioning, *TEXT_KEYS[0], batch, family_label="SD3")
-    if guidance_scale > 1:
-        if TEXT_KEYS[1][0] not in conditioning and TEXT_KEYS[1][1] not in conditioning:
-            raise ValueError(
-                f"CFG is on (guidance_scale={guidance_scale} > 1) but no negative prompt was given: pass "
-                f"'negative_prompt_embeds' and 'negative_pooled_prompt_embeds' (encode_prompt of the negative "
-                f"prompt; an empty string is the pipeline's default), or set guidance_scale <= 1."
-            )
-        check_pooled_text(transformer, conditioning, *TEXT_KEYS[1], batch, family_label="SD3")
+    mmdit.check_text_conditioning(_TEXT, transformer, conditioning, batch, guidance_scale)
 
 
 def velocity(
@@ -200,24 +187,15 @@ def velocity(
             return_dict=False,
         )[0].float()
 
-    cond = predict(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
-    if guidance_scale <= 1:
-        return cond
-    uncond = predict(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
-    return uncond + guidance_scale * (cond - uncond)
+    return mmdit.guided_prediction(predict, conditioning, guidance_scale)
 
 
 def collate_conditioning(
     conditionings: Sequence[Mapping[str, torch.Tensor]], width: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """Batch per-request SD3 conditionings for one forward (the step-wise path): concatenation, no padding.
-
-    SD3 has no text mask, so requests must share one text width; see
-    `rollout_consistency.adapters.families.concat_fixed_width_conditioning`.
-    """
-    return concat_fixed_width_conditioning(
-        conditionings, width, text_keys=[embeds for embeds, _ in TEXT_KEYS], pipeline="StableDiffusion3Pipeline"
-    )
+    """Batch per-request SD3 conditionings for one forward (the step-wise path): concatenation, no padding
+    (`rollout_consistency.adapters.mmdit.collate_text_conditioning`)."""
+    return mmdit.collate_text_conditioning(_TEXT, conditionings, width)
 
 
 def _pipeline_options(settings: PipelineSettings) -> dict[str, Any]:
@@ -233,36 +211,17 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.guidance_scale
 
 
-def _load_transformer(path, *, dtype: torch.dtype, device) -> nn.Module:
-    from diffusers import SD3Transformer2DModel
-
-    return load_pretrained_transformer(SD3Transformer2DModel, path, dtype=dtype, device=device)
-
-
 def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
     """The checkpoint's own CLIP and T5 encoders through diffusers' `StableDiffusion3Pipeline` (transformer/VAE not loaded)."""
-    from diffusers import StableDiffusion3Pipeline
+    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
 
-    pipeline = StableDiffusion3Pipeline.from_pretrained(path, transformer=None, vae=None).to(device)
+    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _, pooled, _ = pipeline.encode_prompt(
+            texts, None, None, do_classifier_free_guidance=False, max_sequence_length=settings.max_sequence_length
+        )
+        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
 
-    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for prefix, texts in (("", prompts), ("negative_", negative_prompts)):
-            if texts is None:
-                continue
-            with torch.no_grad():
-                embeds, _, pooled, _ = pipeline.encode_prompt(
-                    list(texts),
-                    None,
-                    None,
-                    do_classifier_free_guidance=False,
-                    max_sequence_length=settings.max_sequence_length,
-                )
-            out[f"{prefix}prompt_embeds"] = embeds.float().cpu()
-            out[f"{prefix}pooled_prompt_embeds"] = pooled.float().cpu()
-        return out
-
-    return encode
+    return functools.partial(encode_prompt_pairs, encode_one)
 
 
 FAMILY = register_family(
@@ -279,7 +238,7 @@ FAMILY = register_family(
         guidance=_guidance_scale,
         cfg_scale=_cfg_scale,
         negative_prompt="",
-        load_transformer=_load_transformer,
+        load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
         load_prompt_encoder=_load_prompt_encoder,
         default_options=_DEFAULT_OPTIONS,
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),

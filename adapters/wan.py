@@ -32,6 +32,7 @@ Family options (`Trajectory.family_options`, JSON):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -51,6 +52,7 @@ from .families import (
     PromptEncoder,
     check_float32_inputs,
     concat_fixed_width_conditioning,
+    encode_prompt_pairs,
     load_pretrained_transformer,
     model_dtype,
     register_family,
@@ -475,22 +477,13 @@ def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEnco
 
     pipeline = WanPipeline.from_pretrained(path, transformer=None, transformer_2=None, vae=None).to(device)
 
-    def encode(prompts: Sequence[str], negative_prompts: Sequence[str] | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for key, texts in zip(TEXT_KEYS, (prompts, negative_prompts), strict=True):
-            if texts is None:
-                continue
-            with torch.no_grad():
-                embeds, _ = pipeline.encode_prompt(
-                    list(texts),
-                    do_classifier_free_guidance=False,
-                    max_sequence_length=settings.max_sequence_length,
-                    device=device,
-                )
-            out[key] = embeds.float().cpu()
-        return out
+    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _ = pipeline.encode_prompt(
+            texts, do_classifier_free_guidance=False, max_sequence_length=settings.max_sequence_length, device=device
+        )
+        return {TEXT_KEYS[0]: embeds.float().cpu()}
 
-    return encode
+    return functools.partial(encode_prompt_pairs, encode_one)
 
 
 FAMILY = register_family(

@@ -14,7 +14,8 @@ transformer. Every name below (but `pipeline`'s and `wan_pipeline`'s) is importa
     engine_checks  engine settings and sampling params the pipeline refuses: check_engine_config, check_engine_settings,
                    check_sampling_params
     worker         per-request engine state: TransformerView, RolloutState, start_request, batch_noise_pred,
-                   batch_experts, advance_request, finish_request
+                   batch_experts, advance_request, finish_request, and request mode's wave: decode_wave,
+                   run_request_wave
     wan_pipeline   `RolloutWanPipeline`, vLLM-omni's Wan 2.2 pipeline class for Wan rollouts (imports vLLM; loaded
                    only by vLLM-omni's worker, through `PIPELINE_CLASSES["wan"]`)
     envelope       the trajectory's way back: trajectory_to_payload, output_envelope, order_by_sample_index,
@@ -105,7 +106,9 @@ from .worker import (
     advance_request,
     batch_experts,
     batch_noise_pred,
+    decode_wave,
     finish_request,
+    run_request_wave,
     start_request,
 )
 
@@ -137,6 +140,7 @@ __all__ = [
     "check_sampling_params",
     "collect_trajectories",
     "decode_request",
+    "decode_wave",
     "engine_kwargs",
     "finish_request",
     "order_by_sample_index",
@@ -144,6 +148,7 @@ __all__ = [
     "require_vllm_omni",
     "resolve_window",
     "rollout",
+    "run_request_wave",
     "sampling_params_kwargs",
     "start_request",
     "trajectory_from_payload",

@@ -202,39 +202,16 @@ class RolloutQwenImagePipeline(QwenImagePipeline):
 
     # ------------------------------------------------------------------------------- request mode
     def forward(self, req: DiffusionRequestBatch) -> list[DiffusionOutput]:
-        """A wave of requests, stepped together through the same functions as step mode (one output each)."""
-        decoded: list[rc.RolloutRequest | Exception | None] = []
-        for request in req.requests:
-            try:
-                decoded.append(self._decode(request.request_id, request.prompt, request.sampling_params))
-            except Exception as error:  # a bad request fails alone, with its reason
-                decoded.append(error)
+        """A wave of requests, stepped together through the same functions as step mode (one output each):
+        `rollout_consistency.adapters.vllm_omni.worker.run_request_wave`."""
+        decoded = rc.decode_wave(req.requests, lambda r: self._decode(r.request_id, r.prompt, r.sampling_params))
         if all(d is None for d in decoded):  # vLLM-omni's warm-up request
             return super().forward(req)
-        outputs: list[DiffusionOutput | None] = [None] * req.num_reqs
-        running: list[tuple[int, rc.RolloutState]] = []
-        for index, (request, item) in enumerate(zip(req.requests, decoded, strict=False)):
-            try:
-                if isinstance(item, Exception):
-                    raise item
-                if item is None:
-                    raise ValueError("A request wave mixes rollout-consistency requests with plain ones.")
-                running.append((index, self._start(item, request.sampling_params, "request")))
-            except Exception as error:
-                outputs[index] = self._failed(request.request_id, error)
-        self._interrupt = False
-        while running:
-            noise_pred = rc.batch_noise_pred(self._view, [rollout for _, rollout in running])
-            still_running = []
-            for row, (index, rollout) in enumerate(running):
-                try:
-                    rc.advance_request(rollout, noise_pred[row : row + 1])
-                    if rollout.finished:
-                        outputs[index] = self._finish(rollout)
-                    else:
-                        still_running.append((index, rollout))
-                except Exception as error:
-                    outputs[index] = self._failed(req.requests[index].request_id, error)
-            running = still_running
-        self._current_timestep = None
-        return outputs  # type: ignore[return-value]
+        return rc.run_request_wave(
+            self._view,
+            [request.request_id for request in req.requests],
+            decoded,
+            start=lambda index, item: self._start(item, req.requests[index].sampling_params, "request"),
+            finish=self._finish,
+            failed=self._failed,
+        )

@@ -113,53 +113,23 @@ class RolloutWanPipeline(Wan22Pipeline):
 
     def forward(self, req: DiffusionRequestBatch) -> list[DiffusionOutput]:
         """A wave of requests stepped together: one forward per step over the running requests, one float32
-        scheduler step each (recorded with its expert inside the window), one output each."""
-        decoded: list[Any] = []
-        for request in req.requests:
-            try:
-                decoded.append(self._decode(request))
-            except Exception as error:  # a bad request fails alone, with its reason
-                decoded.append(error)
+        scheduler step each (recorded with its expert inside the window), one output each:
+        `rollout_consistency.adapters.vllm_omni.worker.run_request_wave`."""
+        decoded = worker.decode_wave(req.requests, self._decode)
         if all(d is None for d in decoded):  # vLLM-omni's warm-up request
             return super().forward(req)
         model = self.rollout_model
-        outputs: list[DiffusionOutput | None] = [None] * req.num_reqs
-        running: list[tuple[int, worker.RolloutState]] = []
         provenance = {"execution": "request", "vllm_omni": str(vllm_omni.__version__)}
-        for index, (request, item) in enumerate(zip(req.requests, decoded, strict=True)):
-            try:
-                if isinstance(item, Exception):
-                    raise item
-                if item is None:
-                    raise ValueError("A request wave mixes rollout-consistency requests with plain ones.")
-                running.append(
-                    (
-                        index,
-                        worker.start_request(item, item.conditioning, model, device=self.device, provenance=provenance),
-                    )
-                )
-            except Exception as error:
-                outputs[index] = self._failed(request.request_id, error)
-        while running:
-            rollouts = [rollout for _, rollout in running]
-            with torch.no_grad():
-                noise_pred = worker.batch_noise_pred(model, rollouts)
-            experts = worker.batch_experts(model, rollouts)
-            still_running = []
-            for row, (index, rollout) in enumerate(running):
-                try:
-                    worker.advance_request(
-                        rollout, noise_pred[row : row + 1], None if experts is None else experts[row]
-                    )
-                    if rollout.finished:
-                        with torch.no_grad():
-                            outputs[index] = self._finish(rollout)
-                    else:
-                        still_running.append((index, rollout))
-                except Exception as error:
-                    outputs[index] = self._failed(req.requests[index].request_id, error)
-            running = still_running
-        return outputs  # type: ignore[return-value]
+        return worker.run_request_wave(
+            model,
+            [request.request_id for request in req.requests],
+            decoded,
+            start=lambda _index, item: worker.start_request(
+                item, item.conditioning, model, device=self.device, provenance=provenance
+            ),
+            finish=self._finish,
+            failed=self._failed,
+        )
 
 
 def _boundary_ratio(od_config: OmniDiffusionConfig) -> float | None:

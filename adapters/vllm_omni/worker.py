@@ -8,6 +8,8 @@ One function per method of vLLM-omni's step protocol (the pipeline's request mod
     step_scheduler  → advance_request   one float32 scheduler step of one request, recorded in its window
     post_decode     → finish_request    the request's validated float32 `Trajectory`
 
+and the request mode's wave over them ([`decode_wave`], [`run_request_wave`]), shared by both pipeline classes.
+
 They wrap `rollout_consistency.adapters.stepwise` (the PyTorch step-wise path's per-request state and step),
 so both engines step, record and assemble trajectories with the same code; they run on the CPU with the
 diffusers transformer, and on vLLM-omni's transformer through [`TransformerView`].
@@ -15,9 +17,9 @@ diffusers transformer, and on vLLM-omni's transformer through [`TransformerView`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -35,9 +37,14 @@ __all__ = [
     "advance_request",
     "batch_experts",
     "batch_noise_pred",
+    "decode_wave",
     "finish_request",
+    "run_request_wave",
     "start_request",
 ]
+
+OutputT = TypeVar("OutputT")
+ItemT = TypeVar("ItemT")
 
 
 @dataclass(frozen=True)
@@ -211,3 +218,66 @@ def finish_request(rollout: RolloutState) -> Trajectory:
         family_options=batch.options,
         provenance={"path": "vllm-omni", **rollout.provenance},
     )
+
+
+def decode_wave(
+    requests: Sequence[ItemT], decode: Callable[[ItemT], RolloutRequest | None]
+) -> list[RolloutRequest | Exception | None]:
+    """Each request of a wave decoded (`None`: vLLM-omni's warm-up request), or the error that refused it: a bad
+    request fails alone, with its reason, in [`run_request_wave`]."""
+    decoded: list[RolloutRequest | Exception | None] = []
+    for request in requests:
+        try:
+            decoded.append(decode(request))
+        except Exception as error:
+            decoded.append(error)
+    return decoded
+
+
+def run_request_wave(
+    model: TransformerView | nn.Module,
+    request_ids: Sequence[str],
+    decoded: Sequence[RolloutRequest | Exception | None],
+    *,
+    start: Callable[[int, RolloutRequest], RolloutState],
+    finish: Callable[[RolloutState], OutputT],
+    failed: Callable[[str, BaseException], OutputT],
+) -> list[OutputT]:
+    """Request mode: a wave's requests stepped together, one output each, in request order.
+
+    Each request is started (`start(index, request)`), then every step is one batched forward over the running
+    requests ([`batch_noise_pred`], without grad: a rollout never backpropagates, whatever grad mode the engine
+    runs it in) and one float32 scheduler step per request ([`advance_request`], recording the expert each row
+    took), until each finishes (`finish(state)`, without grad: the VAE decode). A request that cannot start or
+    step fails alone: `failed(request_id, error)`; a request of another kind (`None` in `decoded` beside ours) is
+    refused. `request_ids` and `decoded` are the wave's requests in order (the same length).
+    """
+    outputs: list[OutputT | None] = [None] * len(request_ids)
+    running: list[tuple[int, RolloutState]] = []
+    for index, (request_id, item) in enumerate(zip(request_ids, decoded, strict=True)):
+        try:
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                raise ValueError("A request wave mixes rollout-consistency requests with plain ones.")
+            running.append((index, start(index, item)))
+        except Exception as error:
+            outputs[index] = failed(request_id, error)
+    while running:
+        rollouts = [rollout for _, rollout in running]
+        with torch.no_grad():
+            noise_pred = batch_noise_pred(model, rollouts)
+        experts = batch_experts(model, rollouts)
+        still_running = []
+        for row, (index, rollout) in enumerate(running):
+            try:
+                advance_request(rollout, noise_pred[row : row + 1], None if experts is None else experts[row])
+                if rollout.finished:
+                    with torch.no_grad():
+                        outputs[index] = finish(rollout)
+                else:
+                    still_running.append((index, rollout))
+            except Exception as error:
+                outputs[index] = failed(request_ids[index], error)
+        running = still_running
+    return outputs  # type: ignore[return-value]
