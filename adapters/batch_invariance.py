@@ -50,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .families import get_family
+
 __all__ = ["ROUTE_FIXED_SHAPE", "ROUTE_PER_ROW", "BatchInvariant", "batch_invariant", "is_batch_invariant"]
 
 #: Route names of [`BatchInvariant.routes`].
@@ -245,8 +247,6 @@ def batch_invariant(transformer: nn.Module, family: Any, *, rows_per_forward: in
     forward). Wrapping a proxy again returns a proxy of the same transformer.
     """
     if isinstance(family, str):
-        from .families import get_family
-
         family = get_family(family)
     if not family.row_inputs:
         raise ValueError(f"Model family {family.name!r} declares no row_inputs: batch-invariant mode cannot split it.")

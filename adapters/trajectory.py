@@ -37,6 +37,8 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
+from rollout_consistency.memory_budget import check_fits
+from rollout_consistency.paths import InputPathError, open_regular
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 from .settings import BatchRequests, SamplingSettings
@@ -490,7 +492,6 @@ def read_header_metadata(path: str | os.PathLike) -> dict[str, str]:
 
 def _open_regular(path: Path) -> Any:
     """`open(path, "rb")` with a one-line error for a directory, a symlink loop or an unreadable file."""
-    from rollout_consistency.paths import InputPathError, open_regular
 
     if path.is_dir():
         raise TrajectoryFormatError(f"{path} is a directory; name the trajectory .safetensors file inside it.")
@@ -520,7 +521,6 @@ def _read_checked_bytes(path: Path) -> bytes:
         header_len = _header_length(prefix, size, path)
         head = prefix + handle.read(header_len)
         _read_header_metadata(head, path, file_size=size)  # raises before the data is read
-        from rollout_consistency.memory_budget import check_fits
 
         # The bytes, the tensors and the checksum's copies: refuse what cannot fit before reading it.
         check_fits(3 * size, f"loading the trajectory {path} ({size} bytes)", "check fewer samples per file")

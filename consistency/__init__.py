@@ -18,19 +18,16 @@ The step-1 check in five names (docs/checker.md)::
     print(report.format_table())
     assert report.passed, report.reasons
 
-Importing `rollout_consistency` imports neither torch nor diffusers (`training` is loaded on first use).
+Importing `rollout_consistency` imports nothing else of ours, nor numpy, torch or diffusers: every name is
+loaded on first use (`rollout_consistency.fence`, the lint and the command line pay only for what they import).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-
-from . import gate
-from .gate.check import run_step1_check
-from .gate.config import CheckConfig, ConfigError, load_config
-from .gate.judging.report import Report
 
 try:
     __version__ = version("rollout-consistency")
@@ -39,28 +36,43 @@ except PackageNotFoundError:  # imported from a source tree that is not installe
 
 __all__ = ["CheckConfig", "ConfigError", "Report", "__version__", "gate", "load_config", "run_step1_check", "training"]
 
-# Names 0.1.0 exported from the root; still served (not part of `__all__`) so code written for 0.1.0 keeps
-# running. New code imports them from `rollout_consistency.gate` / `rollout_consistency.training`.
-_MOVED = {
-    **dict.fromkeys(gate.__all__, "rollout_consistency.gate"),
-    **dict.fromkeys(
-        (
-            "checkpoint",
-            "NanCapture",
-            "replay",
-            "load_capture",
-            "audit_precision",
-            "diff_precision_reports",
-            "PrecisionReport",
-        ),
-        "rollout_consistency.training",
-    ),
+# name -> the module that holds it, imported on first use (the gate loads numpy; `training`, torch).
+_LAZY = {
+    "CheckConfig": "rollout_consistency.gate.config",
+    "ConfigError": "rollout_consistency.gate.config",
+    "load_config": "rollout_consistency.gate.config",
+    "Report": "rollout_consistency.gate.judging.report",
+    "run_step1_check": "rollout_consistency.gate.check",
 }
+_SUBPACKAGES = ("gate", "training")
+# Names 0.1.0 exported from the root; still served (not part of `__all__`) so code written for 0.1.0 keeps
+# running: every name of `rollout_consistency.gate.__all__`, and these. New code imports them from
+# `rollout_consistency.gate` / `rollout_consistency.training`.
+_MOVED_TO_TRAINING = (
+    "checkpoint",
+    "NanCapture",
+    "replay",
+    "load_capture",
+    "audit_precision",
+    "diff_precision_reports",
+    "PrecisionReport",
+)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "training":  # torch-heavy on first attribute use only, but the package itself is cheap
-        return importlib.import_module("rollout_consistency.training")
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES or (not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}")):
+        # a module of ours (`from rollout_consistency import supervisor` asks here first): that module alone
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _MOVED_TO_TRAINING:
+        return getattr(importlib.import_module(f"{__name__}.training"), name)
+    if not name.startswith("__"):  # dunder probes (copy, pickle, inspect) must not load the gate
+        gate = importlib.import_module(f"{__name__}.gate")
+        if name in gate.__all__:
+            return getattr(gate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

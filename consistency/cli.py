@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency import __version__
-from rollout_consistency.cli_guard import EXIT_USAGE
+from rollout_consistency.cli_guard import EXIT_USAGE, guarded
 from rollout_consistency.commands import (
     check,
     checkpointing,
@@ -29,6 +29,7 @@ from rollout_consistency.commands import (
     watch,
 )
 from rollout_consistency.commands.usage import UsageError
+from rollout_consistency.supervisor import exit_now, run_supervised
 
 __all__ = ["COMMANDS", "UsageError", "main"]
 
@@ -49,11 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``python -m rollout_consistency`` with ``sys.argv[1:]`` in a fresh interpreter instead (supervised there). With
     `argv` (tests, a Python launcher) it runs in this process, fenced but unsupervised, and returns the code.
     """
-    from rollout_consistency.cli_guard import guarded
 
     if argv is None:  # the process entry: the process ends here, with the code the child handed over
-        from rollout_consistency.supervisor import exit_now, run_supervised
-
         respawn = [sys.executable, "-m", "rollout_consistency", *sys.argv[1:]] if sys.executable else None
         exit_now(run_supervised(main, sys.argv[1:], PROG, respawn=respawn))
     return guarded(_main, argv, PROG)

@@ -31,6 +31,10 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
+from rollout_consistency.fence import UserCodeError
+from rollout_consistency.memory_budget import MemoryBudgetError
+from rollout_consistency.paths import InputPathError
+
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_PASS", "EXIT_USAGE", "guarded", "split_debug"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -67,9 +71,6 @@ def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
     """``run(argv)`` with every escaping exception turned into an exit code and one line on stderr."""
-    from rollout_consistency.fence import UserCodeError
-    from rollout_consistency.memory_budget import MemoryBudgetError
-    from rollout_consistency.paths import InputPathError
 
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     try:

@@ -31,6 +31,8 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from rollout_consistency import supervisor
+
 __all__ = ["DEFAULT_TIMEOUT_S", "UserCodeError", "UserCodeExit", "UserCodeTimeout", "fenced"]
 
 #: Default bound on one call into user code (`user_code_timeout_s`): loading a large checkpoint or one rollout
@@ -74,8 +76,6 @@ class fenced:  # a context manager, named like one (as contextlib.suppress)
         self._breadcrumb = False
 
     def __enter__(self) -> fenced:
-        from rollout_consistency import supervisor
-
         self._breadcrumb = supervisor.enter_user_code(f"{self.owner}: {self.call}", self.timeout_s, self.setting)
         if self.timeout_s is not None and _alarm_is_free():
             self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
@@ -98,8 +98,6 @@ class fenced:  # a context manager, named like one (as contextlib.suppress)
             signal.signal(signal.SIGALRM, self._previous)
             self._previous = None
         if self._breadcrumb:
-            from rollout_consistency import supervisor
-
             supervisor.leave_user_code()
         if isinstance(exc, _Deadline):
             timeout_s, setting = exc.args

@@ -24,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollout_consistency.fence import fenced
+from rollout_consistency.paths import special_kind
+
 __all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file", "spec_source"]
 
 
@@ -62,7 +65,6 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
         SpecError: malformed spec, module or file not importable (or a FIFO, a device), attribute missing.
         rollout_consistency.fence.UserCodeError: the module's import raised SystemExit or overran `timeout_s`.
     """
-    from rollout_consistency.fence import fenced
 
     module_part, sep, attr_part = spec.rpartition(":")
     if not sep or not module_part or not attr_part:
@@ -120,8 +122,6 @@ def spec_source(spec: str | None) -> str | None:
 
 
 def _load_file(path: Path, spec: str, fence: Any) -> Any:
-    from rollout_consistency.paths import special_kind
-
     kind = special_kind(path)
     if kind is not None:
         raise SpecError(f"file {str(path)!r} of spec {spec!r} is {kind}, not a Python file; name the .py file")

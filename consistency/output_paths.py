@@ -33,6 +33,8 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rollout_consistency.supervisor import is_channel
+
 __all__ = ["OutputPathError", "OutputTarget", "check_output_paths", "resolve_output"]
 
 #: The kinds of target, see the module docstring.
@@ -109,8 +111,6 @@ def resolve_output(path: str | os.PathLike[str] | OutputTarget, flag: str = "") 
     if stat.S_ISCHR(mode) and info.st_rdev == _null_device():
         return OutputTarget(given, absolute, "null")
     if stat.S_ISFIFO(mode):
-        from rollout_consistency.supervisor import is_channel
-
         if is_channel(info):
             raise OutputPathError(f"{label} is the command's own pipe to its supervisor; name a file.")
         return OutputTarget(given, absolute, "fifo")

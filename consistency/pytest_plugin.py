@@ -32,8 +32,6 @@ are imported on the first check.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,7 +44,12 @@ from rollout_consistency.gate.monitor.pytest_fixtures import (  # noqa: F401
 )
 
 # Gating the user's own tables or dump: the step1_gate fixture, marker and step1_gate_report fixture.
-from rollout_consistency.gate.tables.pytest_fixtures import GATE_MARKER, step1_gate, step1_gate_report  # noqa: F401
+from rollout_consistency.gate.tables.pytest_fixtures import (  # noqa: F401
+    GATE_MARKER,
+    report_writer,
+    step1_gate,
+    step1_gate_report,
+)
 
 MARKER = "step1_check"
 
@@ -96,8 +99,7 @@ def step1_check(request: pytest.FixtureRequest):
     from rollout_consistency.gate.config import load_config
 
     base_file = _option(request.config, "step1_config")
-    report_dir = _option(request.config, "step1_report_dir")
-    calls = []
+    write_reports = report_writer(request)
 
     def run(config: Any = None, **settings: Any):
         settings.setdefault("progress", False)
@@ -106,11 +108,7 @@ def step1_check(request: pytest.FixtureRequest):
         elif settings:
             config = config.replace(**settings)
         report = _run_check(config)
-        calls.append(report)
-        if report_dir:
-            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid) + (f"-{len(calls)}" if len(calls) > 1 else "")
-            report.write_json(Path(report_dir) / f"{stem}.json")
-            report.write_junit(Path(report_dir) / f"{stem}.xml")
+        write_reports(report)
         if not report.passed:
             pytest.fail(
                 "rollout-consistency step-1 check FAILED\n" + report.format_table(per_sample=True), pytrace=False

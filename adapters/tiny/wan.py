@@ -161,8 +161,6 @@ def save_tiny_wan_directory(
     from tokenizers.pre_tokenizers import Whitespace
     from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
-    from rollout_consistency.adapters.wan import WAN_SCHEDULER_CONFIG
-
     from .qwen_image import _VOCAB_WORDS
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}

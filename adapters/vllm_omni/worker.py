@@ -27,6 +27,7 @@ from torch import nn
 from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.families import ModelFamily, get_family
 from rollout_consistency.adapters.rollout import make_generators
+from rollout_consistency.adapters.rope import takes_txt_seq_lens
 from rollout_consistency.adapters.trajectory import Trajectory
 
 from .protocol import BatchSettings, RolloutRequest
@@ -63,8 +64,6 @@ class TransformerView:
     """
 
     def __init__(self, module: nn.Module, *, in_channels: int, joint_attention_dim: int):
-        from rollout_consistency.adapters.rope import takes_txt_seq_lens
-
         self.module = module
         self.config = _ConfigView(int(in_channels), int(joint_attention_dim))
         self._passes_lengths = takes_txt_seq_lens(module)

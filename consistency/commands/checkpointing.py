@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.fence import fenced
 from rollout_consistency.object_spec import spec_source
 
 from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
@@ -115,7 +116,6 @@ def _checkpointing_case(spec: str, seed: int, factory_args: dict[str, Any], time
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.fence import fenced
     from rollout_consistency.training.checkpoint_check import CheckpointingSettings, check_checkpointing
 
     if args.command == "recompute":

@@ -10,6 +10,9 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
+from rollout_consistency.fence import DEFAULT_TIMEOUT_S, fenced
+from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
+
 from .usage import UsageError
 
 __all__ = ["add_timeout_argument", "call_factory", "load_spec", "parse_factory_args", "timeout"]
@@ -17,7 +20,6 @@ __all__ = ["add_timeout_argument", "call_factory", "load_spec", "parse_factory_a
 
 def load_spec(spec: str, owner: str, timeout_s: float | None) -> Any:
     """The object `spec` names, its import fenced (`rollout_consistency.fence`) as `owner`'s."""
-    from rollout_consistency.object_spec import SpecError, load_object
 
     try:
         return load_object(spec, owner=owner, timeout_s=timeout_s)
@@ -29,8 +31,6 @@ def call_factory(
     factory: Any, spec: str, optional: dict[str, Any], required: dict[str, Any], *, owner: str, timeout_s: float | None
 ) -> Any:
     """`factory` called with the `optional` keywords it takes and every `required` one, fenced as `owner`'s."""
-    from rollout_consistency.fence import fenced
-    from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs
 
     if not callable(factory):
         return factory  # the spec named the object itself
@@ -49,7 +49,6 @@ def call_factory(
 
 def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
     """``--user-code-timeout-s``: the bound on each call into the user's code (`rollout_consistency.fence`)."""
-    from rollout_consistency.fence import DEFAULT_TIMEOUT_S
 
     parser.add_argument(
         "--user-code-timeout-s",

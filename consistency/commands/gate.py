@@ -11,7 +11,12 @@ import argparse
 import os
 from typing import Any
 
+from rollout_consistency.gate.config import ConfigError, parse_thresholds
 from rollout_consistency.gate.judging.tolerances import table_profiles
+from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
+from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+from rollout_consistency.memory_budget import MemoryBudgetError
+from rollout_consistency.paths import InputPathError
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
@@ -78,12 +83,6 @@ def add_threshold_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.gate.config import ConfigError, parse_thresholds
-    from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
-    from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
-    from rollout_consistency.memory_budget import MemoryBudgetError
-    from rollout_consistency.paths import InputPathError
-
     targets = check_outputs(report_outputs(args), {"DUMP": args.dump})
     if os.path.isdir(args.dump):
         raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")

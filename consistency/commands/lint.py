@@ -9,6 +9,7 @@ from typing import Any
 
 from rollout_consistency.lint import LintUsageError
 from rollout_consistency.lint import cli as lint_cli
+from rollout_consistency.paths import InputPathError, refuse_special
 
 from .usage import UsageError
 
@@ -20,8 +21,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.paths import InputPathError, refuse_special
-
     try:  # the paths named on the command line; the lint refuses what it finds inside folders itself
         for path in getattr(args, "paths", None) or ():
             refuse_special(path, "PATH")

@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.fence import fenced
 from rollout_consistency.object_spec import spec_source
 
 from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
@@ -54,7 +55,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.fence import fenced
     from rollout_consistency.training.precision import PrecisionReport, audit_precision, diff_precision_reports
 
     diff_a, diff_b = args.diff or (None, None)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_consistency.atomic_write import write_all
 from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
 from rollout_consistency.output_paths import OutputTarget
 
@@ -68,7 +69,6 @@ def show_and_write(report: Any, args: argparse.Namespace, targets: Mapping[str, 
 def write_reports(requested: list[tuple[OutputTarget, Any]]) -> None:
     """Write every ``(target, write)`` report or none (`atomic_write.write_all`: the JSON and JUnit of one run are
     renamed into place together); `UsageError` when one fails."""
-    from rollout_consistency.atomic_write import write_all
 
     try:  # all or nothing: no report may be left that disagrees with the exit code
         written = write_all(requested)

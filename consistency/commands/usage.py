@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rollout_consistency.atomic_write import write_all
+from rollout_consistency.memory_budget import MemoryBudgetError, check_fits
 from rollout_consistency.output_paths import OutputPathError, OutputTarget, check_output_paths
+from rollout_consistency.paths import InputPathError, check_input_file
 
 __all__ = ["MAX_REPORT_BYTES", "UsageError", "check_outputs", "check_report_file", "read_json", "write_json"]
 
@@ -39,7 +42,6 @@ def check_outputs(
 def write_json(target: OutputTarget | str | None, data: dict[str, Any]) -> None:
     """Write `data` as JSON to a target `check_outputs` returned (a plain path is resolved now; None: not
     requested)."""
-    from rollout_consistency.atomic_write import write_all
 
     if target is None:
         return
@@ -52,8 +54,6 @@ def write_json(target: OutputTarget | str | None, data: dict[str, Any]) -> None:
 
 def check_report_file(path: str, what: str) -> None:
     """A report input: a readable regular file of at most MAX_REPORT_BYTES whose parse fits the memory left."""
-    from rollout_consistency.memory_budget import MemoryBudgetError, check_fits
-    from rollout_consistency.paths import InputPathError, check_input_file
 
     try:
         size = check_input_file(path, what, max_bytes=MAX_REPORT_BYTES)

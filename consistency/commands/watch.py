@@ -17,6 +17,14 @@ import sys
 import time
 from typing import Any
 
+from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.gate.config import ConfigError, parse_thresholds
+from rollout_consistency.gate.monitor.run_logs import RunLogError, open_run
+from rollout_consistency.gate.monitor.run_watch import RunWatch, WatchError
+from rollout_consistency.gate.monitor.settings import MonitorError, MonitorSettings
+from rollout_consistency.gate.monitor.watch_series import watch_table
+from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+
 from .gate import add_profile_flags, add_threshold_flag
 from .report_outputs import write_reports
 from .usage import UsageError, check_outputs
@@ -83,11 +91,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
-    from rollout_consistency.gate.monitor.run_logs import RunLogError, open_run
-    from rollout_consistency.gate.monitor.run_watch import RunWatch, WatchError
-    from rollout_consistency.gate.monitor.watch_series import watch_table
-
     outputs = {"--json": args.json, "--junit": args.junit, "--plot": args.plot}
     targets = check_outputs(outputs, {"RUN": args.run_path})
     _refuse_outputs_in_the_run(outputs, args.run_path)
@@ -123,10 +126,6 @@ def _refuse_outputs_in_the_run(outputs: dict[str, str | None], run_path: str) ->
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from rollout_consistency.gate.config import ConfigError, parse_thresholds
-    from rollout_consistency.gate.monitor.settings import MonitorError, MonitorSettings
-    from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
-
     try:
         gate = GateSettings(
             profile=args.profile,
@@ -142,7 +141,6 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _follow(reader: Any, watcher: Any, args: argparse.Namespace) -> Any:
     """Poll the run until the first alarm, its end mark, or ``--idle-exit`` seconds without a new point."""
-    from rollout_consistency.gate.monitor.watch_series import watch_table
 
     last_change, points, reported = time.monotonic(), -1, 0
     while True:

@@ -25,7 +25,7 @@ import functools
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,25 +123,19 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
-    guards = _experts_guard(results, problems, notes, extra_run)
-    metrics, tolerance, mismatch = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
         for s, start_ in zip(returned, starts, strict=False)
     )
-    run = {**_run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start), **extra_run}
-    precision = _first_precision(results)
-    notes.extend(_precision_note(precision))
-    report = Report(
-        verdict=decide(metrics, tolerance, problems, guards=guards),
-        tolerance=tolerance,
-        metrics=metrics,
+    report = _judged_report(
+        config,
+        results,
+        problems,
+        notes,
         samples=samples,
-        config=config.to_dict(),
-        precision=precision,
-        notes=tuple(notes),
-        run=run,
-        mismatch=mismatch,
+        precision=_first_precision(results),
+        run_extra=extra_run,
+        run_info=lambda: _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start),
     )
     return diagnose_check(report, config, plan, results)  # the doctor: ranked causes, localised by a replay
 
@@ -180,24 +174,17 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     )
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
     problems += [Problem(guard, message) for guard, message in result.findings]
-    run_extra: dict[str, Any] = {}
-    guards = _experts_guard([result], problems, notes, run_extra)
-    metrics, tolerance, mismatch = _judge(config, [result], problems, notes)
     samples = tuple(
         SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
         for i in range(n)
     )
-    timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
-    report = Report(
-        verdict=decide(metrics, tolerance, problems, guards=guards),
-        tolerance=tolerance,
-        metrics=metrics,
-        samples=samples,
-        config=config.to_dict(),
-        precision=None,
-        notes=tuple(notes),
-        run={**_run_info(config, "in-process", 1, timings, [result], start), **run_extra},
-        mismatch=mismatch,
+
+    def run_info() -> dict[str, Any]:
+        timings = {"startup": 0.0, "setup": setup_s, "work": time.perf_counter() - work_start}
+        return _run_info(config, "in-process", 1, timings, [result], start)
+
+    report = _judged_report(
+        config, [result], problems, notes, samples=samples, precision=None, run_extra={}, run_info=run_info
     )
     return attach_diagnosis(report)  # the doctor from the figures alone: the rollout's code is not at hand
 
@@ -243,6 +230,36 @@ def _experts_guard(
 
 
 # ----------------------------------------------------------------------------------------------------
+def _judged_report(
+    config: CheckConfig,
+    results: Sequence[BatchResult],
+    problems: list[Problem],
+    notes: list[str],
+    *,
+    samples: tuple[SampleInfo, ...],
+    precision: Any,
+    run_extra: dict[str, Any],
+    run_info: Callable[[], dict[str, Any]],
+) -> Report:
+    """Both modes' `Report`: the experts guard and the judged figures over `results`, the verdict, the precision
+    note, and `report.run` = `run_info()` (called last, so its total time includes the judging) plus `run_extra`
+    (which the experts guard extends)."""
+    guards = _experts_guard(results, problems, notes, run_extra)
+    metrics, tolerance, mismatch = _judge(config, results, problems, notes)
+    notes.extend(_precision_note(precision))
+    return Report(
+        verdict=decide(metrics, tolerance, problems, guards=guards),
+        tolerance=tolerance,
+        metrics=metrics,
+        samples=samples,
+        config=config.to_dict(),
+        precision=precision,
+        notes=tuple(notes),
+        run={**run_info(), **run_extra},
+        mismatch=mismatch,
+    )
+
+
 def _judge(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> tuple[ConsistencyMetrics | None, Tolerance, MismatchStats | None]:

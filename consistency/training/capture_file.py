@@ -15,6 +15,9 @@ import json
 import os
 from typing import Any, BinaryIO
 
+from rollout_consistency.memory_budget import check_fits
+from rollout_consistency.paths import open_regular
+
 __all__ = ["MAX_HEADER_BYTES", "CaptureFormatError", "read_checked", "write_checked"]
 
 MAX_HEADER_BYTES = 4096
@@ -45,8 +48,6 @@ def read_checked(path: str | os.PathLike[str], format_name: str, version: int) -
         rollout_consistency.memory_budget.MemoryBudgetError: the payload cannot fit the memory left.
         CaptureFormatError: empty, truncated, trailing bytes, checksum mismatch, another format or version.
     """
-    from rollout_consistency.memory_budget import check_fits
-    from rollout_consistency.paths import open_regular
 
     with open_regular(path, "capture") as handle:  # a FIFO or a device is refused, never read
         size = os.fstat(handle.fileno()).st_size

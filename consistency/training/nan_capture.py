@@ -60,6 +60,8 @@ from rollout_consistency.training.rng_state import (
     rng_state_to_dict,
 )
 
+from .capture_file import CaptureFormatError, read_checked, write_checked
+
 __all__ = [
     "CaptureDirectoryError",
     "CaptureWriteError",
@@ -308,8 +310,6 @@ def _probe_writable(directory: Path) -> None:
 
 
 def _serialize(payload: dict[str, Any], file: BinaryIO) -> None:
-    from .capture_file import write_checked
-
     write_checked(payload, file, CAPTURE_FORMAT, CAPTURE_VERSION)
 
 
@@ -392,7 +392,6 @@ def load_capture(
     Raises:
         ValueError: not a capture file, an unsupported version, or objects that need `trust_pickle=True`.
     """
-    from .capture_file import CaptureFormatError, read_checked
 
     payload = read_checked(path, CAPTURE_FORMAT, CAPTURE_VERSION)  # CaptureFormatError before unpickling
     try:

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_consistency.paths import special_kind
+
 __all__ = ["FORMATS", "RunLog", "RunLogError", "RunReader", "open_run", "read_run"]
 
 #: The formats `open_run` reads.
@@ -132,7 +134,6 @@ def open_run(path: str | os.PathLike[str], kind: str | None = None) -> RunReader
 
 def _refuse_special(path: str) -> None:
     """A FIFO, device or socket would block or never end a read: refused by name, unread."""
-    from rollout_consistency.paths import special_kind
 
     kind = special_kind(path)
     if kind is not None:

@@ -42,7 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.atomic_write import write_all
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
+from rollout_consistency.memory_budget import check_fits
+from rollout_consistency.paths import open_regular
 
 from .coverage import COVERAGE_KEY, parse_coverage, settings_with_coverage
 
@@ -180,8 +183,6 @@ def write_dump(
     _check_values(tensors, where="write_dump")  # never write a dump that read_dump refuses
     from safetensors.numpy import save
 
-    from rollout_consistency.atomic_write import write_all
-
     data = save(tensors, metadata=meta)  # serialised here: a full disk is then an OSError of our own write
     try:
         (target,) = write_all([(path, lambda temporary: Path(temporary).write_bytes(data))])
@@ -200,8 +201,6 @@ def read_dump(path: str | os.PathLike[str]) -> LogProbDump:
         DumpFormatError: anything else wrong, in one line naming the fix.
     """
     from safetensors import SafetensorError, safe_open
-
-    from rollout_consistency.memory_budget import check_fits
 
     path = Path(path)
     header, meta = _read_header(path)
@@ -243,7 +242,6 @@ def tables_checksum(tensors: Mapping[str, np.ndarray]) -> str:
 def _read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
     """(name -> (dtype, shape), metadata) from the safetensors header alone, with the data's extent checked
     against the file's size (a truncated or extended file is refused before any data is read)."""
-    from rollout_consistency.paths import open_regular
 
     try:
         handle = open_regular(path, "dump")

@@ -9,13 +9,15 @@
   receives the passed report through the ``step1_gate_report`` fixture.
 
 ``--step1-report-dir DIR`` (ini ``step1_report_dir``) also writes each gate's JSON report and JUnit XML there,
-named after the test. Importing this module imports only pytest.
+named after the test ([`report_writer`], which the ``step1_check`` fixture uses too). Importing this module imports
+only pytest.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,23 @@ import pytest
 GATE_MARKER = "step1_gate"
 
 
-def _report_dir(config: pytest.Config) -> str | None:
-    value = config.getoption("--step1-report-dir", default=None) or config.getini("step1_report_dir")
-    return str(value) if value else None
+def report_writer(request: pytest.FixtureRequest) -> Callable[[Any], None]:
+    """What a fixture calls with each report it makes (a `Report` or a `GateReport`): under ``--step1-report-dir
+    DIR`` (ini ``step1_report_dir``) it writes the report's JSON and JUnit XML there, named after the test
+    (``-2``, ``-3``, ... for the test's later reports); without it, nothing."""
+    config = request.config
+    report_dir = config.getoption("--step1-report-dir", default=None) or config.getini("step1_report_dir")
+    written = 0
+
+    def write(report: Any) -> None:
+        nonlocal written
+        written += 1
+        if report_dir:
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid) + (f"-{written}" if written > 1 else "")
+            report.write_json(Path(report_dir) / f"{stem}.json")
+            report.write_junit(Path(report_dir) / f"{stem}.xml")
+
+    return write
 
 
 @pytest.fixture
@@ -35,8 +51,7 @@ def step1_gate(request: pytest.FixtureRequest):
 
     Call as ``step1_gate(dump_path)`` or ``step1_gate(rollout_log_probs, trainer_log_probs, **settings)``.
     """
-    report_dir = _report_dir(request.config)
-    calls: list[Any] = []
+    write_reports = report_writer(request)
 
     def run(*tables: Any, **settings: Any):
         from rollout_consistency.gate.tables.api import gate
@@ -50,11 +65,7 @@ def step1_gate(request: pytest.FixtureRequest):
             raise pytest.UsageError(
                 "step1_gate takes a dump path, or the rollout and trainer log-prob tables (then keyword settings)"
             )
-        calls.append(report)
-        if report_dir:
-            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid) + (f"-{len(calls)}" if len(calls) > 1 else "")
-            report.write_json(Path(report_dir) / f"{stem}.json")
-            report.write_junit(Path(report_dir) / f"{stem}.xml")
+        write_reports(report)
         if not report.passed:
             pytest.fail("rollout-consistency step-1 gate FAILED\n" + report.format_table(), pytrace=False)
         return report

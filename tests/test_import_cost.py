@@ -1,0 +1,215 @@
+"""What an import costs: the root package is lazy (importing `rollout_consistency.fence` or the lint loads a few
+modules of ours and no numpy), every public name of the root still imports, and an import inside a function of a
+module of ours is there for a reason (it defers torch, diffusers, numpy or an optional extra, or it is listed
+below with its own)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = "rollout_consistency"
+MAPPED = {"consistency": TOP, "adapters": f"{TOP}.adapters", "schedulers": f"{TOP}.schedulers"}
+
+
+def _loaded_by(module: str) -> dict:
+    """In a fresh interpreter: the modules of ours that `import module` loads, and whether numpy / torch came."""
+    code = (
+        f"import sys, json, {module}\n"
+        f"ours = sorted(m for m in sys.modules if m == {TOP!r} or m.startswith({TOP + '.'!r}))\n"
+        "print(json.dumps({'ours': ours, 'numpy': 'numpy' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout)
+
+
+# Measured when the root became lazy (before: the fence 55 modules of ours and numpy, the lint 72 and numpy;
+# after: 2 and 18, no numpy). The bound leaves room for a helper module or two, not for the gate.
+@pytest.mark.parametrize(("module", "most"), [(f"{TOP}.fence", 4), (f"{TOP}.lint", 24), (TOP, 1)])
+def test_light_modules_load_little_of_ours_and_no_numpy(module: str, most: int) -> None:
+    loaded = _loaded_by(module)
+    assert len(loaded["ours"]) <= most, f"import {module} loaded {len(loaded['ours'])} modules: {loaded['ours']}"
+    assert not loaded["numpy"] and not loaded["torch"], f"import {module} loaded numpy or torch"
+
+
+def test_every_public_name_of_the_root_still_imports() -> None:
+    import rollout_consistency
+
+    for name in rollout_consistency.__all__:
+        assert getattr(rollout_consistency, name) is not None, name
+    from rollout_consistency import CheckConfig, GateReport, NanCapture, run_step1_check  # a 0.1.0 name each
+
+    assert CheckConfig().model_family and callable(run_step1_check) and GateReport and NanCapture
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        _ = rollout_consistency.no_such_name
+
+
+# ----------------------------------------------------------------------------------------------------
+# Imports inside functions
+
+
+def _modules() -> dict[str, tuple[Path, str]]:
+    """Module of ours -> (file, the package its relative imports start from)."""
+    found = {}
+    for folder, package in MAPPED.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+                found[".".join(parts)] = (path, ".".join(parts))
+            else:
+                found[".".join(parts)] = (path, ".".join(parts[:-1]))
+    return found
+
+
+def _loads(node: ast.Import | ast.ImportFrom, package: str, modules: dict) -> list[str]:
+    """The modules an import statement loads: each named module, its parent packages, and `from pkg import mod`'s
+    submodules."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join([*parts[: len(parts) - (node.level - 1)], *([node.module] if node.module else [])])
+        names = [base, *(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules)]
+    return [".".join(name.split(".")[: i + 1]) for name in names for i in range(name.count(".") + 1)]
+
+
+def _scan(modules: dict) -> tuple[dict[str, set[str]], list[tuple[str, int, list[str]]]]:
+    """(module -> what its module-level imports load, [(module, line, what an import inside a function loads)])."""
+    top: dict[str, set[str]] = {}
+    inner: list[tuple[str, int, list[str]]] = []
+    for module, (path, package) in modules.items():
+        top[module] = {".".join(module.split(".")[: i + 1]) for i in range(module.count("."))}  # its packages
+
+        def visit(node: ast.AST, in_function: bool, module=module, package=package) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    loads = _loads(child, package, modules)
+                    if in_function:
+                        inner.append((module, child.lineno, loads))
+                    elif not (isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
+                        top[module].update(loads)
+                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)), module)
+
+        visit(ast.parse(path.read_text()), False)
+    return top, inner
+
+
+def _closure(names: set[str], top: dict[str, set[str]]) -> set[str]:
+    """Every module that importing `names` loads, through our modules' module-level imports."""
+    seen, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(top.get(name, ()))
+    return seen
+
+
+def _third_party(names: set[str], top: dict[str, set[str]]) -> set[str]:
+    """The third-party distributions (numpy, torch, ...) that importing `names` loads, through our modules."""
+    roots = {name.split(".")[0] for name in _closure(names, top)}
+    return {r for r in roots if r != TOP and r not in sys.stdlib_module_names and r != "__future__"}
+
+
+def unexplained_inner_imports(modules: dict) -> list[str]:
+    """Imports of our modules inside functions that defer no third-party module the importer does not load
+    already, would close no import circle at the top, and that `INNER_IMPORTS` does not list:
+    `module:line -> target` each."""
+    top, inner = _scan(modules)
+    found = []
+    for module, line, loads in inner:
+        ours = [name for name in loads if name.split(".")[0] == TOP and name != TOP]
+        if not ours or _third_party(set(ours), top) - _third_party({module}, top):
+            continue  # nothing of ours, or it defers numpy/torch/an extra: the reason an import waits
+        if module in _closure(set(ours), top):
+            continue  # at the top it would close a circle (through a package's __init__ too): it must wait
+        target = ours[-1]
+        if (module, target) not in INNER_IMPORTS:
+            found.append(f"{module}:{line} -> {target}")
+    return found
+
+
+def test_imports_inside_functions_have_a_reason() -> None:
+    found = unexplained_inner_imports(_modules())
+    assert found == [], (
+        "imports of light modules of ours inside functions: move them to the top of the module, or list them in "
+        "INNER_IMPORTS with the reason they wait:\n" + "\n".join(found)
+    )
+
+
+def test_every_listed_inner_import_still_exists() -> None:
+    """A stale entry would let a new import in unexplained."""
+    _, inner = _scan(_modules())
+    present = {(module, name) for module, _, loads in inner for name in loads}
+    assert [entry for entry in INNER_IMPORTS if entry not in present] == []
+
+
+def test_the_inner_import_rule_catches_a_light_import() -> None:
+    """Planted: a module whose function imports a light module of ours is refused; one that defers numpy is not."""
+    modules = _modules()
+    light = f"{TOP}.paths"
+    heavy = f"{TOP}.gate.judging.metrics"  # imports numpy
+    planted = {**modules}
+    path = ROOT / "consistency" / "fence.py"
+    assert _third_party({heavy}, _scan(modules)[0]) >= {"numpy"}
+    source = path.read_text() + f"\n\ndef _planted():\n    import {light}\n    import {heavy}\n"
+    tmp = Path(__file__).parent / "__pycache__" / "planted_fence.py"
+    tmp.parent.mkdir(exist_ok=True)
+    tmp.write_text(source)
+    try:
+        planted[f"{TOP}.fence"] = (tmp, TOP)
+        found = unexplained_inner_imports(planted)
+    finally:
+        tmp.unlink()
+    assert [f for f in found if f.startswith(f"{TOP}.fence:")] == [
+        f"{TOP}.fence:{source.count(chr(10)) - 1} -> {light}"
+    ]
+
+
+_PLUGIN = (
+    "pytest loads the plugin in every session where we are installed: the checker waits for a fixture's first call"
+)
+_PARALLEL = "to move to the top after this round's merge (the file is edited in parallel for issue 34 items 1, 2, 7 and the doctor)"
+#: (module, the module of ours it imports inside a function) -> why that import waits.
+INNER_IMPORTS: dict[tuple[str, str], str] = {
+    ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.config"): _PLUGIN,
+    ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.check"): _PLUGIN,
+    ("rollout_consistency.pytest_plugin", "rollout_consistency.supervised_call"): _PLUGIN,
+    ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.backend_registry"): _PLUGIN,
+    ("rollout_consistency.gate.tables.pytest_fixtures", "rollout_consistency.gate.tables.api"): _PLUGIN,
+    ("rollout_consistency.gate.tables.pytest_fixtures", "rollout_consistency.gate.tables.dump"): _PLUGIN,
+    ("rollout_consistency.gate.monitor.pytest_fixtures", "rollout_consistency.gate.monitor"): _PLUGIN,
+    (
+        "rollout_consistency.plugin_template",
+        "rollout_consistency.gate.sides.backends",
+    ): "the template's load_pipeline is the part a user replaces with their own: its imports travel with it",
+    ("rollout_consistency.commands.check", "rollout_consistency.gate.check"): _PARALLEL,
+    ("rollout_consistency.commands.check", "rollout_consistency.gate.sides.trajectory_checks"): _PARALLEL,
+    ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
+    ("rollout_consistency.gate.config", "rollout_consistency.paths"): _PARALLEL,
+    ("rollout_consistency.gate.config", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.atomic_write"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.output_paths"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _PARALLEL,
+    ("rollout_consistency.gate.sides.backends", "rollout_consistency.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.backends", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.distributed", "rollout_consistency.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.rollout_seal", "rollout_consistency.gate.sides.shared"): _PARALLEL,
+    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.fence"): _PARALLEL,
+}
