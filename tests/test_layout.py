@@ -314,6 +314,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "object_spec",
         "cli_guard",
         "sampling_rules",
+        "registry",
+        "builtin_families",
         "fence",
         "supervisor",
         "paths",

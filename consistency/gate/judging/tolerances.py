@@ -49,8 +49,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_consistency.registry import Registry, closest_name
+
 from .metrics import METRICS, Metric, MetricValues
-from .registry import Registry, closest_name
 
 __all__ = [
     "PROFILES",
