@@ -20,14 +20,17 @@ The main entry points (stable; see docs/adapters.md and docs/design.md):
     INJECTION_NAMES, MixedDtypeBatchError, apply_injection
         stock-behaviour reproductions (`rollout_consistency.adapters.pitfalls`; tests and `--inject` only)
 
-Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access `sd3`, `flux`,
-`stepwise` (step-wise continuous batching), `packing`, `rope`, `tiny` (the tiny offline models) and
+Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access the other built-in
+families' modules (`sd3`, `flux`, `wan`: `rollout_consistency.builtin_families` names them), `stepwise` (step-wise
+continuous batching), `packing`, `rope`, `tiny` (the tiny offline models) and
 `vllm_omni` (the vLLM-omni backend, a subpackage). Importing this package never imports vllm.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 
 from . import qwen_image
 from .families import ModelFamily, family_names, get_family, register_family
@@ -58,7 +61,11 @@ __all__ = [
     "stack_trajectories",
 ]
 
-_LAZY_SUBMODULES = ("sd3", "flux", "stepwise", "packing", "rope", "tiny", "vllm_omni")
+# The built-in families' modules (their records, `rollout_consistency.builtin_families`) and the other heavy ones.
+_FAMILY_MODULES = tuple(
+    f.module.rpartition(".")[2] for f in BUILTIN_FAMILIES.values() if f.module.startswith(f"{__name__}.")
+)
+_LAZY_SUBMODULES = (*_FAMILY_MODULES, "stepwise", "packing", "rope", "tiny", "vllm_omni")
 
 
 def __getattr__(name: str):

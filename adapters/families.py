@@ -15,9 +15,9 @@ the trainer (`rollout_consistency.adapters.trainer`), the step-wise engine and t
 fields of a `ModelFamily`, never a family's name.
 
 Adding a family is one module that builds a `ModelFamily` and calls [`register_family`] (see
-docs/design.md). The built-in families are imported on first use by name, so `import
-rollout_consistency.adapters` stays light and a family with a missing optional dependency does not break
-the others.
+docs/design.md). The built-in families (`rollout_consistency.builtin_families`: one record each, naming its
+module) are imported on first use by name, so `import rollout_consistency.adapters` stays light and a family
+with a missing optional dependency does not break the others.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.schedulers import SchedulerSetup
 
 from .settings import PipelineSettings
@@ -142,13 +143,6 @@ class ModelFamily:
     experts: Callable[[nn.Module, torch.Tensor, Mapping[str, Any]], tuple[str, ...] | None] | None = None
 
 
-# The built-in families, imported on first use (each module registers its `FAMILY` when imported).
-_BUILTIN_MODULES = {
-    "qwen-image": "rollout_consistency.adapters.qwen_image",
-    "sd3": "rollout_consistency.adapters.sd3",
-    "flux": "rollout_consistency.adapters.flux",
-    "wan": "rollout_consistency.adapters.wan",
-}
 # name -> family: the process's registry (built-ins on first use, user families when they register).
 _REGISTRY: dict[str, ModelFamily] = {}
 
@@ -172,8 +166,8 @@ def register_family(family: ModelFamily, *, replace: bool = False) -> ModelFamil
 
 def get_family(name: str) -> ModelFamily:
     """The registered [`ModelFamily`] called `name` (a trajectory's `model_family`); ValueError naming the known ones."""
-    if name not in _REGISTRY and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])  # registers its FAMILY
+    if name not in _REGISTRY and name in BUILTIN_FAMILIES:
+        importlib.import_module(BUILTIN_FAMILIES[name].module)  # registers its FAMILY (the built-in table's module)
     if name not in _REGISTRY:
         raise ValueError(
             f"Unknown model family {name!r}; known: {', '.join(family_names())} (a new family registers itself "
@@ -184,7 +178,7 @@ def get_family(name: str) -> ModelFamily:
 
 def family_names() -> tuple[str, ...]:
     """Names of the built-in and registered families, sorted."""
-    return tuple(sorted(set(_BUILTIN_MODULES) | set(_REGISTRY)))
+    return tuple(sorted(set(BUILTIN_FAMILIES) | set(_REGISTRY)))
 
 
 def merged_options(family: ModelFamily, options: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:

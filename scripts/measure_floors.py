@@ -19,8 +19,9 @@ import argparse
 import sys
 import time
 
+from floor_sweep import format_results, null_cases, pitfall_cases, problems_of, sweep  # beside this script
+
 from rollout_consistency.gate.config import INJECTIONS
-from rollout_consistency.gate.floors import format_results, null_cases, pitfall_cases, problems_of, sweep
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ The rules a page follows (a new page needs nothing more):
 * A block whose first line is ``# NAME`` with ``NAME`` a relative file path (``# step1.toml``,
   ``# my_project/factories.py``) is written to that file first, so the page's commands can use it.
 * Every ```` ```python ```` block then runs on its own, in a fresh namespace and a fresh scratch copy of the
-  repository (readers copy single blocks; a block that needs a file makes it); the gate's registries of metrics,
-  statistics, profiles and backends are restored after it, so a block's registrations do not outlive it.
+  repository (readers copy single blocks; a block that needs a file makes it); the registries of metrics,
+  statistics, profiles, backends, causes, built-in families and lint rules are restored after it, so a block's
+  registrations do not outlive it.
 * Every shell block then runs, command by command (``\\`` continues a line), with this environment's ``bin``
   first on ``PATH``, in a scratch copy of the repository (``scripts/...`` and ``tests/...`` resolve) holding
   what the page's python blocks wrote, as a reader following the page would have it: in a
@@ -34,8 +35,11 @@ from pathlib import Path
 
 import pytest
 
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.gate.backend_registry import scoped_backends
+from rollout_consistency.gate.diagnosis import CAUSES
 from rollout_consistency.gate.judging import METRICS, PROFILES, STATISTICS
+from rollout_consistency.lint import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -150,8 +154,17 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
         if block.lang == "python" and block.not_run is None:
             # On its own: a fresh namespace in a fresh copy, so no block leans on one run before it.
             monkeypatch.chdir(_scratch_copy(base, tmp_path / f"python-{block.line}"))
-            # What a block registers (a metric, a statistic, a profile) is gone after it, as in a fresh process.
-            with METRICS.scoped(), STATISTICS.scoped(), PROFILES.scoped(), scoped_backends():
+            # What a block registers (a metric, a statistic, a profile, a backend, a cause, a built-in family, a lint
+            # rule) is gone after it, as in a fresh process.
+            with (
+                METRICS.scoped(),
+                STATISTICS.scoped(),
+                PROFILES.scoped(),
+                scoped_backends(),
+                CAUSES.scoped(),
+                BUILTIN_FAMILIES.scoped(),
+                RULES.scoped(),
+            ):
                 exec(compile(block.body, block.where, "exec"), {"__name__": f"docs_{page.stem}_{block.line}"})
             _scratch_copy(Path.cwd(), shell_dir)
     if page.name in RUN_ELSEWHERE:

@@ -7,22 +7,15 @@ against are the shipped profiles, and the calibrated floor is measured in the sa
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from rollout_consistency import CheckConfig, run_step1_check
-from rollout_consistency.gate.floors import (
-    MUST_FAIL,
-    SWEEP_PROFILES,
-    Case,
-    format_results,
-    null_cases,
-    pitfall_cases,
-    problems_of,
-    sweep,
-)
 from rollout_consistency.gate.judging.metrics import compute_metrics
 from rollout_consistency.gate.judging.tolerance_model import (
     combine_floors,
@@ -35,6 +28,14 @@ from rollout_consistency.gate.judging.tolerances import resolve_tolerance
 from rollout_consistency.gate.judging.verdict import decide
 from rollout_consistency.schedulers import SDE_TYPES, FlowMatchSDEDiscreteScheduler
 from rollout_consistency.schedulers.flow_grpo_step import FlowGRPOStep
+
+# The false-alarm sweep is scripts/measure_floors.py's harness, beside it in scripts/ (not part of the package).
+_SPEC = importlib.util.spec_from_file_location(
+    "floor_sweep", Path(__file__).resolve().parents[1] / "scripts" / "floor_sweep.py"
+)
+floor_sweep = importlib.util.module_from_spec(_SPEC)
+sys.modules.setdefault("floor_sweep", floor_sweep)
+_SPEC.loader.exec_module(floor_sweep)
 
 TINY = CheckConfig(num_prompts=2, num_images_per_prompt=2, rollout_batch_size=4, progress=False)
 
@@ -152,27 +153,27 @@ def test_calibrated_floor_measures_every_source_in_the_configuration():
 
 
 def test_null_cases_have_no_false_alarm_under_kernel_and_calibrated():
-    results = sweep(null_cases(), range(2), base=TINY)
-    assert problems_of(results) == [], format_results(results)
+    results = floor_sweep.sweep(floor_sweep.null_cases(), range(2), base=TINY)
+    assert floor_sweep.problems_of(results) == [], floor_sweep.format_results(results)
     for result in results:
-        assert result.seeds == 2 and set(result.fails) == set(SWEEP_PROFILES)
+        assert result.seeds == 2 and set(result.fails) == set(floor_sweep.SWEEP_PROFILES)
         if result.case.settings["rollout_dtype"] == "float32" or "implementation" in result.case.name:
             # Float32 rounding only: the implementation profile holds too.
-            assert result.fails["implementation"] == 0, format_results(results)
+            assert result.fails["implementation"] == 0, floor_sweep.format_results(results)
 
 
 @pytest.mark.parametrize("name", ["mask-sum-rope", "per-request-window"])
 def test_every_fast_pitfall_fails_every_tolerant_profile(name):
-    (result,) = sweep(pitfall_cases([name]), range(2), base=TINY)
-    assert all(result.fails[p] == 2 for p in MUST_FAIL), format_results([result])
+    (result,) = floor_sweep.sweep(floor_sweep.pitfall_cases([name]), range(2), base=TINY)
+    assert all(result.fails[p] == 2 for p in floor_sweep.MUST_FAIL), floor_sweep.format_results([result])
 
 
 @pytest.mark.parametrize("name", ["bf16-latents", "stepwise-bf16"])
 def test_bf16_pitfalls_fail_every_tolerant_profile(name):
     # 256 px (the injection's own settings): one seed and two samples keep it to a few seconds.
     base = CheckConfig(num_prompts=1, num_images_per_prompt=2, rollout_batch_size=2, progress=False)
-    (result,) = sweep([Case(name, "pitfall", {"inject": name})], range(1), base=base)
-    assert all(result.fails[p] == 1 for p in MUST_FAIL), format_results([result])
+    (result,) = floor_sweep.sweep([floor_sweep.Case(name, "pitfall", {"inject": name})], range(1), base=base)
+    assert all(result.fails[p] == 1 for p in floor_sweep.MUST_FAIL), floor_sweep.format_results([result])
     assert result.max_load["kernel"] > 4  # far outside the kernel limits, not a near miss (~8 measured)
 
 

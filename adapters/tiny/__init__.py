@@ -25,6 +25,7 @@ A family of your own registers its tiny model with [`register_tiny`] next to
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from torch import nn
 
 from rollout_consistency.adapters.families import PromptEncoder
 from rollout_consistency.adapters.settings import PipelineSettings
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 
 from .qwen_image import (
     TinyPromptEncoder,
@@ -52,6 +54,10 @@ from .sd3_flux import (
 from .wan import TinyUMT5Encoder, load_wan, load_wan_scheduler_config, tiny_wan_prompt_encoder
 
 __all__ = [
+    "TINY_FLUX",
+    "TINY_QWEN_IMAGE",
+    "TINY_SD3",
+    "TINY_WAN",
     "TinyClipT5Encoder",
     "TinyModel",
     "TinyPromptEncoder",
@@ -123,20 +129,20 @@ def _wan_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEn
     return encode
 
 
-# name -> tiny model: the built-in ones, and any a user family registers.
-_REGISTRY: dict[str, TinyModel] = {
-    "qwen-image": TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder),
-    "sd3": TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder)),
-    "flux": TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder)),
-    "wan": TinyModel(load_transformer=load_wan, prompt_encoder=_wan_encoder),
-}
+# The built-in families' tiny models, each named by its family's record (`rollout_consistency.builtin_families`).
+TINY_QWEN_IMAGE = TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder)
+TINY_SD3 = TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder))
+TINY_FLUX = TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder))
+TINY_WAN = TinyModel(load_transformer=load_wan, prompt_encoder=_wan_encoder)
+# name -> tiny model: those a user family registers (a built-in one is found through its family's record).
+_REGISTRY: dict[str, TinyModel] = {}
 
 
 def register_tiny(name: str, tiny: TinyModel, *, replace: bool = False) -> TinyModel:
     """Make `tiny` the offline model of family `name` (used by the checker when `model_path` is None)."""
     if not isinstance(tiny, TinyModel):
         raise TypeError(f"register_tiny takes a TinyModel, got {type(tiny).__name__}.")
-    known = _REGISTRY.get(name)
+    known = _REGISTRY.get(name) or _builtin(name)
     if known is not None and known is not tiny and not replace:
         raise ValueError(f"A tiny model for family {name!r} is already registered; pass replace=True to replace it.")
     _REGISTRY[name] = tiny
@@ -145,14 +151,24 @@ def register_tiny(name: str, tiny: TinyModel, *, replace: bool = False) -> TinyM
 
 def get_tiny(name: str) -> TinyModel:
     """The tiny model of family `name`; ValueError naming the families that have one."""
-    if name not in _REGISTRY:
+    found = _REGISTRY.get(name) or _builtin(name)
+    if found is None:
         raise ValueError(
             f"No tiny offline model for family {name!r} (have: {', '.join(tiny_names())}): set model_path to a "
             f"model directory, or register one with rollout_consistency.adapters.tiny.register_tiny."
         )
-    return _REGISTRY[name]
+    return found
 
 
 def tiny_names() -> tuple[str, ...]:
     """Families with a tiny offline model, sorted."""
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(set(_REGISTRY) | {f.name for f in BUILTIN_FAMILIES.values() if f.tiny}))
+
+
+def _builtin(name: str) -> TinyModel | None:
+    """The tiny model a built-in family's record names (``"module:name"``), or None."""
+    entry = BUILTIN_FAMILIES.get(name)
+    if entry is None or entry.tiny is None:
+        return None
+    module, _, attribute = entry.tiny.partition(":")
+    return getattr(importlib.import_module(module), attribute)

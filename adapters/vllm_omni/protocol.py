@@ -26,6 +26,7 @@ from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.qwen_image import latent_grid
 from rollout_consistency.adapters.rollout import resolve_windows
 from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 __all__ = [
@@ -46,15 +47,13 @@ __all__ = [
 #: Key of our block in `prompt["additional_information"]`, `sampling_params.extra_args` and `state.extra`.
 PAYLOAD_KEY = "rollout_consistency"
 PAYLOAD_VERSION = 1
-#: `custom_pipeline_args["pipeline_class"]`: a qualified name, re-imported inside vLLM-omni's worker.
-PIPELINE_CLASS = "rollout_consistency.adapters.vllm_omni.pipeline.RolloutQwenImagePipeline"
+#: The pipeline class vLLM-omni loads for each family (`custom_pipeline_args={"pipeline_class": ...}`): a qualified
+#: name, re-imported inside vLLM-omni's worker (the built-in families' records, `rollout_consistency.builtin_families`).
+PIPELINE_CLASSES = {f.name: f.vllm_omni_pipeline for f in BUILTIN_FAMILIES.values() if f.vllm_omni_pipeline}
+#: The default `custom_pipeline_args["pipeline_class"]` (Qwen-Image's).
+PIPELINE_CLASS = PIPELINE_CLASSES["qwen-image"]
 #: The model families with a vLLM-omni pipeline.
-SUPPORTED_FAMILIES = ("qwen-image", "wan")
-#: The pipeline class vLLM-omni loads for each family (`custom_pipeline_args={"pipeline_class": ...}`).
-PIPELINE_CLASSES = {
-    "qwen-image": PIPELINE_CLASS,
-    "wan": "rollout_consistency.adapters.vllm_omni.wan_pipeline.RolloutWanPipeline",
-}
+SUPPORTED_FAMILIES = tuple(PIPELINE_CLASSES)
 _TEXT_FIELDS = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask")
 _BLOCK_KEYS = {"version", "batch", "request"}
 

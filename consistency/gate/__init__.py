@@ -16,7 +16,7 @@ The package, in layers (each imports only from those above it; tests/test_layout
     tables      your own tables: `gate()`, log-prob dumps, `Step1Recorder`, the `step1_gate` fixture
     monitor     the run monitor: every training step's figures, verdict and alarms (`RunMonitor`, `StepStats`,
                 `StepJudge`), the `run_monitor` fixture
-    check       `run_step1_check`, end to end (and `floors`, the false-alarm sweep over it)
+    check       `run_step1_check`, end to end
 
 Every name below is importable from here; the subpackages' own faces hold the rest. Importing this package
 imports neither torch nor diffusers; the sides import them when they run.

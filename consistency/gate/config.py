@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.fence import DEFAULT_TIMEOUT_S
 from rollout_consistency.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
 from rollout_consistency.sampling_rules import sampling_problem
@@ -50,7 +51,8 @@ from .judging.tolerances import (
 )
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
-MODEL_FAMILIES: tuple[str, ...] = ("qwen-image", "sd3", "flux", "wan")
+#: The built-in model families (`rollout_consistency.builtin_families`, read without importing the adapters).
+MODEL_FAMILIES: tuple[str, ...] = BUILTIN_FAMILIES.names()
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 WINDOW_KINDS: tuple[str, ...] = (
     "fixed",
@@ -605,8 +607,8 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 def _model_families(name: str) -> tuple[str, ...]:
     """The built-in families, plus those registered in this process when `name` is not built in (only that
     lookup imports the adapters, and torch)."""
-    if name in MODEL_FAMILIES:
-        return MODEL_FAMILIES
+    if name in BUILTIN_FAMILIES:
+        return BUILTIN_FAMILIES.names()
     from rollout_consistency.adapters.families import family_names
 
     return family_names()

@@ -59,6 +59,11 @@ class Rule:
     summarise: Callable[[SourceFile], object] | None = None
     compare: Callable[[Sequence[object], Sequence[tuple[str, tuple[str, ...]]]], Iterable[Finding]] | None = None
 
+    @property
+    def name(self) -> str:
+        """The registry's key (`rules.RULES`): the id."""
+        return self.id
+
 
 def span(file: SourceFile, node: ast.AST) -> tuple[int, int, int, int]:
     """(line, col, end_line, end_col) of `node` as a `Finding` gives them: 1-based, columns in characters."""

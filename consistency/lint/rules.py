@@ -1,10 +1,11 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""The rules, by id (docs/lint.md documents each: what it finds, why, the fix, examples and limits)."""
+"""The rules, by id, in the `RULES` registry (docs/lint.md documents each: what it finds, why, the fix, examples and
+limits). A new rule is one module (its id, `needs` and `check`, or `summarise` and `compare`) plus one `Rule` here;
+the engine, `--select`/`--ignore`, suppression comments, SARIF and `--list-rules` read the registry."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from rollout_consistency.registry import Registry
 
 from . import amp, flags, latents, recompute, rope, seeds
 from .model import Rule
@@ -16,7 +17,10 @@ def _no_hits(file):
     return ()
 
 
-_ALL = (
+#: rule id -> Rule, in documentation order.
+RULES: Registry[Rule] = Registry("lint rule")
+
+for _rule in (
     Rule(
         id=latents.RULE_ID,
         title="a sample scored in float32, then cast to bf16/fp16 or the model dtype and stored, returned or fed on",
@@ -83,10 +87,8 @@ _ALL = (
         summarise=flags.summarise,
         compare=flags.compare,
     ),
-)
-
-#: rule id -> Rule, in documentation order
-RULES: Mapping[str, Rule] = MappingProxyType({rule.id: rule for rule in _ALL})
+):
+    RULES.register(_rule)
 
 
 #: Reported for files that do not parse; always on (no --select/--ignore), never suppressed.

@@ -5,8 +5,10 @@ own code that finds the first stage where they part.
     doctor            `diagnose(report)` -> ranked `Diagnosis` (`rollout_consistency.gate.judging.causes`): from
                       the guards, a localisation where both sides' code is here, and the figures; the `doctor`
                       command's parser and run
-    catalogue         the cause ids, one fix per id (`FIXES`), what a confidence means (`CONFIDENCE`), the causes
-                      that are no bug (`NOT_A_BUG`)
+    cause_registry    the causes: one `Cause` record per id (summary, fix, evidence kinds, no bug or not) in
+                      `CAUSES`, the docs' table of causes
+    catalogue         what a confidence means (`CONFIDENCE`); from the records, one fix per id (`FIXES`) and the
+                      causes that are no bug (`NOT_A_BUG`)
     figure_causes     causes from the report's figures and recorded settings (and the tables' signature)
     table_signatures  what two log-prob tables say on their own (a ratio, an offset, an offset per timestep)
     localised_causes  the cause a localisation points at
@@ -21,7 +23,18 @@ own code that finds the first stage where they part.
 from __future__ import annotations
 
 from .catalogue import CONFIDENCE, FIXES, NOT_A_BUG
+from .cause_registry import CAUSES, Cause
 from .doctor import attach_diagnosis, diagnose
 from .localise import Localisation, SideSpec
 
-__all__ = ["CONFIDENCE", "FIXES", "NOT_A_BUG", "Localisation", "SideSpec", "attach_diagnosis", "diagnose"]
+__all__ = [
+    "CAUSES",
+    "CONFIDENCE",
+    "FIXES",
+    "NOT_A_BUG",
+    "Cause",
+    "Localisation",
+    "SideSpec",
+    "attach_diagnosis",
+    "diagnose",
+]

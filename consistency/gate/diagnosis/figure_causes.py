@@ -25,6 +25,7 @@ from typing import Any
 from rollout_consistency.gate.judging.causes import Diagnosis
 
 from .catalogue import LOCALISE_HINT, make
+from .cause_registry import CAUSES, summaries
 
 #: Below this max |Δlogp| a difference is float32 rounding of a forward: the same PyTorch code on two kernels
 #: differs by about 1e-6 (docs/checker.md, measured floors), a real bug usually by far more.
@@ -55,22 +56,7 @@ _SHIFT_CANDIDATES = {
     ),
     "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input", "forward-precision"),
 }
-_SUMMARIES = {
-    "bf16-latents": "Stored latents rounded to low precision after the log-prob was computed: the trainer scores "
-    "a point further from the mean.",
-    "stepwise-bf16": "The step-wise (continuous batching) path keeps per-request latents in low precision.",
-    "guidance-mismatch": "The sides guide differently (CFG scale, CFG on one side only, the embedded guidance).",
-    "model-input": "A model input (latents, timestep, mask) is computed differently on the two sides.",
-    "step-index": "One side scores a step with another step's timestep or sigma.",
-    "different-weights": "The two sides' weights differ.",
-    "text-conditioning": "The text conditioning (embeddings, padding, mask) differs between the sides.",
-    "misaligned-batch": "The trainer pairs latents with another sample's text conditioning.",
-    "noise-level-mismatch": "The two sides step with different noise levels.",
-    "sde-type-mismatch": "The two sides step with different SDE types.",
-    "forward-precision": "The two sides' forwards run in different precisions (dtype or autocast).",
-    "mask-sum-rope": "The text RoPE length is taken from mask.sum() (valid tokens) while the embeddings are padded "
-    "wider: the two sides rotate text tokens differently.",
-}
+_SUMMARIES = summaries()
 
 
 def from_figures(report: Any, config: Mapping[str, Any], signature: Mapping[str, Any] | None = None) -> list[Diagnosis]:
@@ -274,7 +260,7 @@ def _recorded(config: Mapping[str, Any], direction: str, evidence: Sequence[str]
     padded = config.get("pad_prompts_to_max_length") or config.get("step_execution")
     if (
         direction == "both"
-        and config.get("model_family") == "qwen-image"
+        and config.get("model_family") in CAUSES["mask-sum-rope"].families
         and padded
         and config.get("mask_text_padding") is False
     ):

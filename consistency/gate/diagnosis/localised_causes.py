@@ -15,6 +15,7 @@ from typing import Any
 from rollout_consistency.gate.judging.causes import Diagnosis
 
 from .catalogue import make
+from .cause_registry import localised_summaries
 
 _STAGE_CAUSES = {
     "weights": "different-weights",
@@ -43,28 +44,7 @@ _SETTING_CAUSES = (
     ("normalizer", "logprob-convention"),
     ("offset", "logprob-offset"),
 )
-_SUMMARIES = {
-    "attention-kernel": "The forwards part inside attention: the two sides run different attention kernels.",
-    "batch-composition": "The rows per forward differ, and with them the forward's rounding (or an input it gets).",
-    "settings-mismatch": "The sides run with different settings.",
-    "different-weights": "The two sides' weights differ.",
-    "mask-sum-rope": "The text lengths / RoPE the transformer gets differ (mask.sum() against the padded width).",
-    "bf16-latents": "The sample the trainer scores is not the one the rollout drew: the latents were rounded to "
-    "low precision after the log-prob was computed.",
-    "stepwise-bf16": "The step-wise path stores per-request latents rounded to low precision.",
-    "logprob-convention": "Everything up to the log-prob agrees; the log-prob's formula (normaliser, std) differs.",
-    "guidance-mismatch": "The two sides guide differently (CFG scale, CFG on one side only, its combination, or the "
-    "embedded guidance).",
-    "noise-level-mismatch": "The two sides step with different noise levels.",
-    "sde-type-mismatch": "The two sides step with different SDE types.",
-    "step-index": "One side takes the step at another step's timestep or sigma (an index off by one).",
-    "logprob-reduction": "One side reduces the log-density by a sum over the latent, the other by the mean.",
-    "logprob-offset": "One side's log-probs carry a constant the other's do not.",
-    "text-conditioning": "The text conditioning the transformer gets differs (embeddings, padding or mask).",
-    "misaligned-batch": "The trainer pairs latents with another sample's text conditioning: the batch is misaligned.",
-    "forward-precision": "Same inputs, different precision: the two sides' forwards run in different dtypes or "
-    "autocast.",
-}
+_SUMMARIES = localised_summaries()
 
 
 def from_localisation(loc: Any, config: Mapping[str, Any]) -> Diagnosis:

@@ -2,7 +2,6 @@
 """Judging: from two log-prob tables to PASS or FAIL, and the report that says why. Nothing here runs a side or
 reads the check's settings (tests/test_layout.py keeps it so); numpy only.
 
-    registry         `Registry`: entries by name, the one mechanism behind every extension point below
     views            the float64 working table and its views (cells, positions, timesteps, samples), vectorised
     metrics          the figures GRPO trainers log (`METRICS`: ratio mean/std, ppo_kl, clip fractions, approx_kl,
                      |Δlogp|): one `Metric` entry each
@@ -17,6 +16,8 @@ reads the check's settings (tests/test_layout.py keeps it so); numpy only.
 
 from __future__ import annotations
 
+from rollout_consistency.registry import Registry
+
 from .causes import Diagnosis
 from .loggers import LOGGED_NAMES, LoggerError, tracker_rows, tracker_scalars
 from .metrics import (
@@ -30,7 +31,6 @@ from .metrics import (
     get_metric,
 )
 from .mismatch import STATISTICS, MismatchStats, Statistic, compute_mismatch
-from .registry import Registry
 from .report import Report, SampleInfo
 from .tolerance_model import difference_sources
 from .tolerances import PROFILES, LimitContext, Profile, Tolerance, ToleranceError, get_profile, resolve_tolerance

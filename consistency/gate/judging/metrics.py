@@ -59,7 +59,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .registry import Registry, markdown_table
+from rollout_consistency.registry import Registry, markdown_table
+
 from .views import POOLS, Entries, Indicator, Layout, Pooled, as_table
 
 Side = Literal["rollout", "trainer"]

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .registry import Registry, markdown_table
+from rollout_consistency.registry import Registry, markdown_table
+
 from .views import key_table, row_sums
 
 #: Two-sided 95 % normal quantile.

@@ -22,7 +22,7 @@ source                 the configuration has it when                            
 plug-in's kernels), [`rounding_advice`] explains a FAIL at a few ULP, and [`floor_variants`] /
 [`calibration_floor`] say what the ``calibrated`` floor measures and combine it: the trainer recomputes the
 same stored trajectory once per source with that one thing changed
-(`rollout_consistency.gate.sides.trainer.measure_floor_tables`), and the floor is the sum of the per-source
+(`rollout_consistency.gate.sides.floor_tables.measure_floor_tables`), and the floor is the sum of the per-source
 figures (differences add at most linearly; the rms adds at most as the
 sum of rms). Nothing here reads the environment: everything follows from the settings.
 """

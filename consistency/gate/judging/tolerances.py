@@ -49,8 +49,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_consistency.registry import Registry, closest_name
+
 from .metrics import METRICS, Metric, MetricValues
-from .registry import Registry, closest_name
 
 __all__ = [
     "PROFILES",
@@ -63,7 +64,6 @@ __all__ = [
     "deviation",
     "exact_tolerance",
     "get_profile",
-    "implementation_tolerance",
     "kernel_tolerance",
     "metric_name_hint",
     "narrowest_dtype",
@@ -425,19 +425,6 @@ def kernel_tolerance(
         "kernel",
         {name: limit for name, limit in limits.items() if limit is not None},
         basis=_kernel_basis(mean_limit, spread_limit, max_limit, compute_dtype),
-        pooled=True,
-    )
-
-
-def implementation_tolerance(
-    mean_limit: float = IMPLEMENTATION_MEAN_LIMIT, max_limit: float = IMPLEMENTATION_MAX_LIMIT
-) -> Tolerance:
-    """Same maths, other code: both sides compute the same float32 transition, in another operation order."""
-    limits = {m.name: limit_by_scale(m, bias=mean_limit, spread=mean_limit, max_=max_limit) for m in METRICS.values()}
-    return Tolerance(
-        "implementation",
-        {name: limit for name, limit in limits.items() if limit is not None},
-        basis=_implementation_basis(mean_limit, max_limit),
         pooled=True,
     )
 

@@ -5,8 +5,9 @@ trainer's recomputation, the work over Ray actors, and the step-2 weight-sync ch
     plan               which prompt, group, seed and SDE window each sample gets, and the rollout batches
     shared             a worker's state (`Backend`), one batch's result (`BatchResult`), `BackendError`, the
                        attention-kernel switch: what the modules below share
-    trainer            the trainer side: every stored window step recomputed (`score_trajectory`), the floor's tables,
-                       and the registered ``torch`` trainer backend
+    trainer            the trainer side: every stored window step recomputed (`score_trajectory`) and the registered
+                       ``torch`` trainer backend
+    floor_tables       the calibrated floor's tables: the trainer against itself, one source of difference changed
     torch_rollout      the registered ``torch`` rollout backend: the diffusers adapters in the worker's process
     vllm_omni_rollout  the registered ``vllm-omni`` rollout backend: one engine per worker
     plugins            a user's own rollout or trainer as a side (``"package.module:factory"``): the protocol

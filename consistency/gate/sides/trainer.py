@@ -5,7 +5,8 @@ trainer's attention kernel and dtype, and pack both sides' log-probs as one batc
 [`score_trajectory`] is the trainer's half of a batch whatever produced the trajectory (the built-in rollout,
 a rollout plug-in, or a saved file). For the ``calibrated`` profile it also recomputes with the trainer's
 other attention kernel and once per other source of difference the configuration has
-([`measure_floor_tables`]; the sources are `rollout_consistency.gate.judging.tolerance_model`'s).
+(`rollout_consistency.gate.sides.floor_tables`, the floor's tables; the sources are
+`rollout_consistency.gate.judging.tolerance_model`'s).
 The recompute itself is the worker's trainer backend (`Backend.trainer_recompute`): for the registered
 ``torch`` trainer, [`torch_log_probs`] (its factory, [`start`], is registered in
 `rollout_consistency.gate.backend_registry`); a trainer plug-in recomputes with its own code.
@@ -19,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.gate.judging.tolerance_model import floor_variants
-
+from .floor_tables import measure_floor_tables, recompute_variant
 from .shared import Backend, BatchResult, attention
 
 
@@ -125,49 +125,3 @@ def torch_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarra
             part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
             parts.append(adapters.recompute_log_probs(backend.trainer_model, part, family=backend.family))
     return torch.cat(parts).detach().cpu().numpy().copy()
-
-
-# ----------------------------------------------------------------------------------------------------
-# The calibrated floor: the trainer against itself with one source of difference changed at a time.
-def recompute_variant(
-    backend: Any,
-    trajectory: Any,
-    *,
-    kernel: str,
-    micro_batch_size: int | None = None,
-    implementation: str | None = None,
-) -> np.ndarray:
-    """The trainer's log-probs of every stored step, `(B, W)` float32 numpy, with the given kernel,
-    micro-batch size (default: the config's) and SDE-step implementation (default: the config's)."""
-    import torch
-
-    from rollout_consistency.adapters import recompute_step_log_prob
-    from rollout_consistency.schedulers.flow_grpo_step import step_implementation
-
-    config = backend.config
-    micro = micro_batch_size or config.resolved_micro_batch_size
-    name = implementation or getattr(config, "trainer_step_implementation", "reference")
-    parts = []
-    with torch.no_grad(), attention(kernel):
-        for start in range(0, trajectory.batch_size, micro):
-            part = trajectory.select(range(start, min(start + micro, trajectory.batch_size)))
-            step = step_implementation(name, part.scheduler.scheduler())
-            columns = [
-                recompute_step_log_prob(
-                    backend.trainer_model, part, k, family=backend.family, scheduler=step, check=k == 0
-                )
-                for k in range(part.window_size)
-            ]
-            parts.append(torch.stack(columns, dim=1))
-    return torch.cat(parts).detach().cpu().numpy().copy()
-
-
-def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]:
-    """Per source present in the configuration (besides the kernel, which `score_trajectory` measures): the
-    trainer's log-probs `(B, W)` float32 with that source changed."""
-    config = backend.config
-    variants = floor_variants(config, None)
-    return {
-        source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
-        for source, settings in variants.items()
-    }

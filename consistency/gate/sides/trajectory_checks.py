@@ -14,26 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_consistency.builtin_families import BUILTIN_FAMILIES, builtin_option_keys
 from rollout_consistency.gate.config import ConfigError
 
 __all__ = ["FAMILY_OPTION_KEYS", "check_explicit_family", "check_family_options", "unknown_family_options"]
 
-#: The `family_options` keys each built-in family reads (docstrings of rollout_consistency.adapters.<family>).
+#: The `family_options` keys each built-in family reads (`rollout_consistency.builtin_families`, its records).
 FAMILY_OPTION_KEYS: Mapping[str, frozenset[str]] = {
-    "qwen-image": frozenset({"height", "width", "vae_scale_factor", "mask_text_padding"}),
-    "sd3": frozenset({"height", "width", "vae_scale_factor"}),
-    "flux": frozenset({"height", "width", "vae_scale_factor", "true_cfg_scale"}),
-    "wan": frozenset(
-        {
-            "height",
-            "width",
-            "num_frames",
-            "vae_scale_factor_spatial",
-            "vae_scale_factor_temporal",
-            "guidance_scale_2",
-            "expand_timesteps",
-        }
-    ),
+    entry.name: entry.option_keys for entry in BUILTIN_FAMILIES.values()
 }
 
 
@@ -60,7 +48,7 @@ def check_explicit_family(path: str, family: str | None) -> None:
 
 def unknown_family_options(model_family: str, options: Mapping[str, Any]) -> list[str]:
     """Keys of `options` the built-in family `model_family` does not read (empty for registered families)."""
-    known = FAMILY_OPTION_KEYS.get(model_family)
+    known = builtin_option_keys(model_family)
     return [] if known is None else sorted(set(options) - known)
 
 
@@ -70,6 +58,6 @@ def check_family_options(model_family: str, options: Mapping[str, Any], source: 
     if unknown:
         raise ConfigError(
             f"--trajectory {source}: family_options key {unknown[0]!r} is not read by the {model_family!r} family "
-            f"(it reads {', '.join(sorted(FAMILY_OPTION_KEYS[model_family]))}); fix the writer rather than let "
+            f"(it reads {', '.join(sorted(builtin_option_keys(model_family) or ()))}); fix the writer rather than let "
             f"the check ignore it."
         )

@@ -65,7 +65,6 @@ _SPEC: dict[str, tuple[int, tuple[str, ...]]] = {
     "window_starts": (1, ("I64", "I32")),
     "advantages": (1, ("F32",)),
 }
-_NUMPY_DTYPE = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
 #: Bytes per element of safetensors' dtypes (any of them may appear in a file; _check_header refuses the wrong ones).
 _ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 _ITEM_BYTES |= {"U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}

@@ -1,10 +1,11 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""`Registry`: entries known by name, in registration order — the one mechanism behind the gate's extension points.
+"""`Registry`: entries known by name, in registration order — the one mechanism behind the package's extension points.
 
-Three registries use it: `metrics.METRICS` (the gated figures), `mismatch.STATISTICS` (the mismatch statistics,
-reported and never gated) and `profiles.PROFILES` (the tolerance profiles). A new metric, statistic or profile is
-one entry (a frozen dataclass of plain values and functions) and one call to the registry's `register`; everything
-that lists, computes, gates, renders or documents them iterates the registry, so nothing else changes.
+The gate's judging: `METRICS` (the gated figures), `STATISTICS` (the mismatch statistics, reported and never
+gated) and `PROFILES` (the tolerance profiles); the doctor's `CAUSES`; the lint's `RULES`; and the built-in model
+families (`builtin_families.BUILTIN_FAMILIES`). A new entry is one frozen dataclass of plain values and functions
+and one call to the registry's `register`; everything that lists, computes, gates, renders or documents them
+iterates the registry, so nothing else changes. Imports nothing of ours (every layer may use it).
 
 A registry iterates over its names (``", ".join(METRICS)``, ``name in PROFILES``, ``argparse`` choices), and
 ``registry[name]`` is the entry.

@@ -7,8 +7,8 @@ kernel, batch composition, SDE-step implementation) in float32 or bfloat16; each
 profile (so the floor of every source present is measured in the same run), and judges the very same
 metrics under every profile. A FAIL on a null case is a false alarm; a PASS on a pitfall is a miss.
 
-``scripts/measure_floors.py`` prints the table published in docs/checker.md; the tests run the same
-sweep on 2 seeds at tiny sizes.
+``scripts/measure_floors.py`` prints the table published in docs/checker.md; tests/test_tolerance_model.py runs
+the same sweep on 2 seeds at tiny sizes. A measurement harness over the public check, not part of the package.
 """
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .check import run_step1_check
-from .config import INJECTIONS, CheckConfig
-from .judging.tolerances import PROFILES, deviation, get_profile, narrowest_dtype, resolve_tolerance
-from .judging.verdict import Problem, decide
+from rollout_consistency.gate.check import run_step1_check
+from rollout_consistency.gate.config import INJECTIONS, CheckConfig
+from rollout_consistency.gate.judging.tolerances import (
+    PROFILES,
+    deviation,
+    get_profile,
+    narrowest_dtype,
+    resolve_tolerance,
+)
+from rollout_consistency.gate.judging.verdict import Problem, decide
 
 #: Profiles every case is judged under: every registered one.
 SWEEP_PROFILES: tuple[str, ...] = PROFILES.names()
