@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.config import CheckConfig
 from rollout_consistency.gate.judging.tolerance_model import floor_variants
 
 from .shared import Backend, BatchResult, attention
@@ -104,7 +105,7 @@ def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndar
     return backend.trainer_recompute(backend, trajectory, kernel)
 
 
-def start(config: Any) -> Callable[[Backend, Any, str], np.ndarray]:
+def start(config: CheckConfig) -> Callable[[Backend, Any, str], np.ndarray]:
     """The ``torch`` trainer backend's registered factory: its recompute, [`torch_log_probs`]."""
     return torch_log_probs
 
@@ -146,7 +147,7 @@ def recompute_variant(
 
     config = backend.config
     micro = micro_batch_size or config.resolved_micro_batch_size
-    name = implementation or getattr(config, "trainer_step_implementation", "reference")
+    name = implementation or config.trainer_step_implementation
     parts = []
     with torch.no_grad(), attention(kernel):
         for start in range(0, trajectory.batch_size, micro):
@@ -166,7 +167,7 @@ def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]
     """Per source present in the configuration (besides the kernel, which `score_trajectory` measures): the
     trainer's log-probs `(B, W)` float32 with that source changed."""
     config = backend.config
-    variants = floor_variants(config, None)
+    variants = floor_variants(config.judging, None)
     return {
         source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
         for source, settings in variants.items()
