@@ -32,6 +32,7 @@ import numpy as np
 
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .diagnosis.doctor import attach_diagnosis, diagnose_check
+from .diagnosis.settings import DiagnosisSettings
 from .judging import tolerance_model
 from .judging.experts import GUARD as EXPERTS_GUARD
 from .judging.experts import compare_experts
@@ -92,6 +93,8 @@ def run_step1_check(config: CheckConfig | None = None, **overrides: Any) -> Repo
 
 # ----------------------------------------------------------------------------------------------------
 def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Report:
+    # Each layer below gets its own settings, built here once: the judgement's and the doctor's.
+    judging, doctor = config.judging, DiagnosisSettings.from_config(config)
     plan = make_plan(config)
     progress = _progress_bar(config, total=config.num_samples)
     try:
@@ -125,7 +128,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
     guards = _experts_guard(results, problems, notes, extra_run)
-    metrics, tolerance, mismatch = _judge(config.judging, results, problems, notes)
+    metrics, tolerance, mismatch = _judge(judging, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
         for s, start_ in zip(returned, starts, strict=False)
@@ -144,7 +147,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         run=run,
         mismatch=mismatch,
     )
-    return diagnose_check(report, config, plan, results)  # the doctor: ranked causes, localised by a replay
+    return diagnose_check(report, doctor, plan, results)  # the doctor: ranked causes, localised by a replay
 
 
 def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:
