@@ -125,10 +125,10 @@ def _refuse_outputs_in_the_run(outputs: dict[str, str | None], run_path: str) ->
 def _settings(args: argparse.Namespace) -> Any:
     from rollout_consistency.gate.config import ConfigError, parse_thresholds
     from rollout_consistency.gate.monitor.settings import MonitorError, MonitorSettings
-    from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+    from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 
     try:
-        gate = GateSettings(
+        gate = TableSettings(
             profile=args.profile,
             compute_dtype=args.compute_dtype,
             thresholds=parse_thresholds(args.threshold) if args.threshold else None,
