@@ -28,7 +28,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,7 +169,7 @@ class Setting:
     kind: str
     help: str
     optional: bool = False
-    choices: tuple[str, ...] = ()
+    choices: Collection[str] = ()
     choices_checked: bool = True
     more_choices: Callable[[str], tuple[str, ...]] | None = None
     registry: str | None = None
