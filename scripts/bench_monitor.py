@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from paired_timing import interleaved_pairs
 
-from rollout_consistency.gate import GateSettings, gate
+from rollout_consistency.gate import TableSettings, gate
 from rollout_consistency.gate.monitor import MonitorSettings, MonitorWarning, RunMonitor
 
 _LOOP = Path(__file__).resolve().parent / "examples" / "flow_grpo_monitored.py"
@@ -58,7 +58,7 @@ def _load_loop():
 
 def loop_step_timers(loop):
     """Two timers of one loop step each (bare, monitored), on separate but identical runs."""
-    settings = MonitorSettings(gate=GateSettings(profile="implementation"))
+    settings = MonitorSettings(gate=TableSettings(profile="implementation"))
 
     def make(monitored: bool):
         trainer, engine = loop.VelocityModel(0), loop.VelocityModel(0)
@@ -88,7 +88,7 @@ def big_table_timers(rows: int, columns: int):
     rollout = rng.normal(-1.0, 0.1, (rows, columns)).astype(np.float32)
     trainer = (rollout + rng.normal(0.0, 1e-6, rollout.shape)).astype(np.float32)
     timesteps = np.tile(np.linspace(1000.0, 100.0, columns, dtype=np.float32), (rows, 1))
-    settings = MonitorSettings(gate=GateSettings(profile="kernel"))
+    settings = MonitorSettings(gate=TableSettings(profile="kernel"))
     monitor = RunMonitor(settings)
     state = {"step": 0}
 
@@ -114,7 +114,7 @@ def held_after(steps: int, failing: bool) -> int:
     trainer = rollout + np.float32(1e-3) if failing else rollout.copy()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    monitor = RunMonitor(MonitorSettings(gate=GateSettings(profile="kernel")))
+    monitor = RunMonitor(MonitorSettings(gate=TableSettings(profile="kernel")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MonitorWarning)
         for step in range(steps):

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollout_consistency.gate import GateSettings
+from rollout_consistency.gate import TableSettings
 from rollout_consistency.gate.monitor import MonitorSettings, MonitorWarning, StepJudge
 
 _LOOP = Path(__file__).resolve().parent / "examples" / "flow_grpo_monitored.py"
@@ -49,7 +49,7 @@ def settings() -> MonitorSettings:
     """The monitor's defaults under the ``kernel`` profile (the engine's float64 forward is another kernel; this
     toy's floor is heavy-tailed — its last SDE step has σ' = 0.001 — so its steps are judged with the bfloat16
     kernel limits)."""
-    return MonitorSettings(gate=GateSettings(profile="kernel", clip_ratio=1e-4))
+    return MonitorSettings(gate=TableSettings(profile="kernel", clip_ratio=1e-4))
 
 
 def real_clean(loop, seeds: int, steps: int) -> tuple[np.ndarray, dict[str, int]]:

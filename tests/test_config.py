@@ -180,3 +180,130 @@ def test_a_plugin_file_missing_on_the_command_line_names_the_working_directory(t
         load_object("sides.py:make")
     with pytest.raises(SpecError, match=rf"the working directory {re.escape(str(tmp_path))} first"):
         load_object("no_such_sides_module:make")
+
+
+# ----------------------------------------------------------------------------------------------------
+# One place per setting's facts: each field's `Setting` generates its coercion, its checks, BOUNDS and the flag.
+def _check_parser():
+    import argparse
+
+    from rollout_consistency.commands import check
+
+    parser = check.add_parser(argparse.ArgumentParser().add_subparsers())
+    return {a.dest: a for a in parser._actions}
+
+
+def test_every_setting_has_its_facts_and_its_annotation_agrees():
+    """Every field carries a `Setting` whose kind matches the field's annotation (the integer fields are one
+    derived fact: `INT_FIELDS`), and `optional` exactly where the annotation allows None."""
+    import dataclasses
+
+    from rollout_consistency.gate.config import INT_FIELDS, KINDS, SETTINGS, SPEC_FIELDS
+
+    by_annotation = {"int": "int", "float": "float", "bool": "bool", "str": "str", "int | str": "window_size"}
+    fields = dataclasses.fields(CheckConfig)
+    assert list(SETTINGS) == [f.name for f in fields]
+    for f in fields:
+        setting = SETTINGS[f.name]
+        assert setting.kind in KINDS and setting.help, f.name
+        base = f.type.removesuffix(" | None")
+        assert by_annotation.get(base, setting.kind) == setting.kind, (f.name, f.type, setting.kind)
+        assert setting.optional == f.type.endswith(" | None"), f.name
+        assert (f.default is None) <= setting.optional, f.name
+    assert "micro_batch_size" in INT_FIELDS and "seed" in INT_FIELDS and "sde_window_size" not in INT_FIELDS
+    assert SPEC_FIELDS == ("rollout_backend", "trainer_backend", "weight_sync")
+
+
+def test_a_field_without_its_setting_is_refused():
+    import dataclasses
+
+    from rollout_consistency.gate.config import settings_of
+
+    planted = dataclasses.make_dataclass("Planted", [("seed", int, dataclasses.field(default=1))])
+    with pytest.raises(TypeError, match=r"Planted.seed has no Setting"):
+        settings_of(planted)
+
+
+def test_the_check_command_flags_are_generated_from_the_settings():
+    """Each setting is one flag whose help, type and choices are its `Setting`'s (a flag dropped, a help or a
+    type written elsewhere, fails here)."""
+    import argparse
+
+    from rollout_consistency.gate.config import SETTINGS
+
+    actions = _check_parser()
+    for name, setting in SETTINGS.items():
+        action = actions.get(name)
+        assert action is not None, f"no flag for {name}"
+        assert action.option_strings[0] == (setting.flag or "--" + name.replace("_", "-")), name
+        assert action.help.startswith(setting.help), name
+        if setting.kind == "bool":
+            assert isinstance(action, argparse.BooleanOptionalAction), name
+        elif setting.choices and not setting.spec:
+            assert tuple(action.choices) == tuple(setting.choices), name
+        elif setting.kind in ("int", "float", "str"):
+            assert action.type is {"int": int, "float": float, "str": str}[setting.kind], name
+    assert set(actions) >= set(SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--num-prompts", "3", "--no-progress", "--clip-ratio", "2e-4"], {"num_prompts": 3, "clip_ratio": 2e-4}),
+        (["--sde-window-size", "all", "--sde-window-range", "0", "6"], {"sde_window_size": "all"}),
+        (["--micro-batch-size", "2", "--profile", "kernel"], {"micro_batch_size": 2, "profile": "kernel"}),
+        (["--prompt", "a", "--prompt", "b", "--threshold", "ppo_kl=off"], {"prompts": ("a", "b")}),
+        (["--weight-sync", "pkg.mod:sync", "--boundary-ratio", "0.5"], {"weight_sync": "pkg.mod:sync"}),
+    ],
+)
+def test_generated_flags_build_the_config(argv, expected):
+    import argparse
+
+    from rollout_consistency.commands import check
+
+    parser = argparse.ArgumentParser()
+    check.add_parser(parser.add_subparsers(dest="command"))
+    config = check.config_from_args(parser.parse_args(["check", *argv]))
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
+def _beyond(name: str, high: float) -> dict:
+    """Settings with `name` just above its bound (and what lets that value reach the bound check)."""
+    value = high + 1 if isinstance(high, int) else high * 2
+    extra = {"micro_batch_size": {"batch_invariant": True}}.get(name, {})
+    return {name: value, **extra}
+
+
+def test_every_bound_is_checked_and_documented():
+    """Each `Setting.bounds` refuses the value above it with the documented message, and docs/checker.md's table
+    names exactly the bounded settings (a bound dropped or added on one side only fails here)."""
+    from pathlib import Path
+
+    from rollout_consistency.gate.config import BOUNDS, SETTINGS
+
+    assert {name: s.bounds for name, s in SETTINGS.items() if s.bounds is not None} == BOUNDS
+    for name, (_low, high) in BOUNDS.items():
+        if name == "sde_window_size":  # above num_inference_steps' own bound: refused as exceeding it
+            continue
+        with pytest.raises(ConfigError, match=rf"setting '{name}' is .*; it must lie in \["):
+            CheckConfig(**_beyond(name, high))
+    text = (Path(__file__).resolve().parents[1] / "docs" / "checker.md").read_text()
+    table = text[text.index("| setting | bounds |") :].split("\n\n")[0]
+    documented = set(re.findall(r"`(\w+)`", table))
+    assert documented == set(BOUNDS)
+    numeric = {name for name, s in SETTINGS.items() if s.kind in ("int", "float", "window_size")}
+    assert numeric == set(BOUNDS), "every numeric setting has a bound"
+
+
+def test_minimum_and_positive_are_checked_from_the_settings():
+    from rollout_consistency.gate.config import SETTINGS
+
+    for name, setting in SETTINGS.items():
+        if setting.minimum is not None and name != "sde_window_size":
+            with pytest.raises(ConfigError, match=rf"setting '{name}' must be >= {setting.minimum:g}, got"):
+                CheckConfig(**{name: int(setting.minimum) - 1})
+        if setting.positive:
+            with pytest.raises(ConfigError, match=rf"setting '{name}' must be > 0, got 0"):
+                CheckConfig(**{name: 0.0})
+    with pytest.raises(ConfigError, match="setting 'sde_window_size' must be >= 1, got 0"):
+        CheckConfig(sde_window_size=0)

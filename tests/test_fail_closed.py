@@ -34,7 +34,7 @@ from rollout_consistency.atomic_write import TEMP_PREFIX, write_all
 from rollout_consistency.cli import main
 from rollout_consistency.gate import BackendEntry, register_backend
 from rollout_consistency.gate.backend_registry import unregister_backend
-from rollout_consistency.gate.bounds import BOUNDS
+from rollout_consistency.gate.config import BOUNDS
 from rollout_consistency.training.capture_file import CaptureFormatError
 from rollout_consistency.training.nan_capture import NanCapture, NonFiniteGradientError, load_capture, replay
 

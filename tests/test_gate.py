@@ -12,7 +12,7 @@ import pytest
 
 from rollout_consistency.cli import main
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
-from rollout_consistency.gate.tables.api import GateInputError, GateReport, GateSettings, gate
+from rollout_consistency.gate.tables.api import GateInputError, GateReport, TableSettings, gate
 from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump, write_dump
 
 
@@ -72,11 +72,11 @@ def test_shape_mismatch_is_a_fail_and_bad_inputs_are_one_line_errors():
 
 
 def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
-    """`gate(r, t, GateSettings(...))` and today's keyword call give the same report; keywords override the
+    """`gate(r, t, TableSettings(...))` and today's keyword call give the same report; keywords override the
     object's fields; a keyword that is no field, or a bad field, is refused before anything is computed."""
     rollout, ts = tables()
     trainer = rollout + np.float32(1e-6)
-    settings = GateSettings(profile="kernel", clip_ratio=2e-4, micro_batch_size=3, source="mine", notes=("n",))
+    settings = TableSettings(profile="kernel", clip_ratio=2e-4, micro_batch_size=3, source="mine", notes=("n",))
     by_object = gate(rollout, trainer, settings, timesteps=ts)
     by_keywords = gate(
         rollout,
@@ -93,7 +93,7 @@ def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
     assert by_object.run["settings"]["clip_ratio_low"] == by_object.run["settings"]["clip_ratio_high"] == 2e-4
     assert gate(rollout, trainer, settings, profile="exact").tolerance.profile == "exact"
     assert settings.profile == "kernel"  # frozen: the override made a copy
-    with pytest.raises(TypeError, match=r"'profil'.*GateSettings"):
+    with pytest.raises(TypeError, match=r"'profil'.*TableSettings"):
         gate(rollout, trainer, profil="kernel")
     for bad, words in (
         (dict(clip_ratio_c=1.0), "clip_ratio_c"),
@@ -101,11 +101,11 @@ def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
         (dict(profile="loose"), "unknown profile"),
     ):
         with pytest.raises(GateInputError, match=words):
-            GateSettings(**bad)
+            TableSettings(**bad)
 
 
 def test_expected_samples_is_a_setting_the_complete_guard_reads():
-    """Coverage travels in GateSettings: a count or ids, checked when built; fewer rows is a `complete` FAIL naming
+    """Coverage travels in TableSettings: a count or ids, checked when built; fewer rows is a `complete` FAIL naming
     the samples not gated and why; a guard the caller cannot support is reported as not checked."""
     rollout, _ = tables()
     assert gate(rollout, rollout.copy(), expected_samples=6).passed
@@ -113,7 +113,7 @@ def test_expected_samples_is_a_setting_the_complete_guard_reads():
     (reason,) = [r for r in counted.reasons if r.startswith("complete:")]
     assert "2 of the 8 samples the rollout produced were not gated: dropped by the loader" in reason
     by_ids = gate(
-        rollout, rollout.copy(), GateSettings(expected_samples=np.arange(10, 17)), sample_ids=np.arange(10, 16)
+        rollout, rollout.copy(), TableSettings(expected_samples=np.arange(10, 17)), sample_ids=np.arange(10, 16)
     )
     (reason,) = [r for r in by_ids.reasons if r.startswith("complete:")]
     assert "1 of the 7 samples" in reason and "(ids [16])" in reason
@@ -122,7 +122,7 @@ def test_expected_samples_is_a_setting_the_complete_guard_reads():
     assert "complete" not in {check.name for check in unsupported.verdict.checks}
     for bad, words in ((-1, ">= 0"), (True, "count or sample ids"), ([0, 1.5], "integers"), (object(), "count")):
         with pytest.raises(GateInputError, match=words):
-            GateSettings(expected_samples=bad)
+            TableSettings(expected_samples=bad)
 
 
 def test_nan_log_prob_fails_closed():
@@ -327,3 +327,12 @@ def test_a_dump_with_repeated_sample_ids_or_one_nan_advantage_is_refused(tmp_pat
     with pytest.raises(DumpFormatError, match="'advantages' holds NaN or inf"):
         write_dump(tmp_path / "d.safetensors", table, table.copy(), advantages=np.array([0.0, np.nan], np.float32))
     assert not (tmp_path / "d.safetensors").exists()
+
+
+def test_table_settings_keep_their_earlier_public_name():
+    """`TableSettings` is named for what it judges; `GateSettings`, its public name before, is the same class."""
+    import rollout_consistency.gate as face
+    from rollout_consistency.gate.tables import GateSettings
+
+    assert GateSettings is TableSettings is face.GateSettings is face.TableSettings
+    assert {"GateSettings", "TableSettings"} <= set(face.__all__)

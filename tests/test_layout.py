@@ -458,3 +458,50 @@ def test_every_dotted_name_of_ours_in_code_and_docs_resolves() -> None:
                     break
                 target = getattr(target, name)
     assert sorted(stale) == [], "\n".join(sorted(stale))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Settings handed downward are typed: below the check, no layer takes "the config" as `Any`
+
+#: The layers below the check that receive settings from it; each reads its own typed settings object
+#: (judging: `JudgingSettings`, diagnosis: `DiagnosisSettings`) or, where it builds the sides and hands the user's
+#: factories their argument, the `CheckConfig` itself (sides), never an untyped one that hides an upward arrow.
+TYPED_SETTINGS_PACKAGES = ("gate/judging", "gate/sides", "gate/diagnosis", "gate/bounds.py")
+
+
+def _untyped_settings(source: str) -> list[tuple[int, str]]:
+    """(line, parameter) of every function parameter named like settings (``config``, ``settings``,
+    ``*_config``, ``*_settings``; not ``**settings`` keywords) that is unannotated or annotated ``Any``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = node.args
+        for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            named = arg.arg in ("config", "settings") or arg.arg.endswith(("_config", "_settings"))
+            annotation = arg.annotation
+            untyped = annotation is None or (
+                ast.unparse(annotation).strip("'\"") in ("Any", "typing.Any", "Any | None", "object")
+            )
+            if named and untyped:
+                found.append((arg.lineno, f"{node.name}({arg.arg})"))
+    return found
+
+
+def test_settings_below_the_check_are_typed() -> None:
+    found = []
+    for target in TYPED_SETTINGS_PACKAGES:
+        root = ROOT / "consistency" / target
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            found += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in _untyped_settings(path.read_text())]
+    assert found == [], "type these with the layer's own settings object:\n" + "\n".join(found)
+
+
+def test_the_typed_settings_rule_catches_an_any_config() -> None:
+    planted = (
+        "def exact_notice(config: Any) -> str: ...\n"
+        "def floor(settings, kernel: str) -> None: ...\n"
+        "def ok(settings: JudgingSettings, **options: Any) -> None: ...\n"
+        "def also_ok(pipeline_settings: 'PipelineSettings') -> None: ...\n"
+    )
+    assert _untyped_settings(planted) == [(1, "exact_notice(config)"), (2, "floor(settings)")]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rollout_consistency.gate import GateSettings
+from rollout_consistency.gate import TableSettings
 from rollout_consistency.gate.monitor import MonitorError, MonitorSettings, StepJudge, StepStats
 
 
@@ -18,7 +18,7 @@ def _figures(rng: np.random.Generator, scale: float, n: int = 32, t: int = 4) ->
 
 
 def _kernel(**changes: object) -> MonitorSettings:
-    return MonitorSettings(gate=GateSettings(profile="kernel"), **changes)
+    return MonitorSettings(gate=TableSettings(profile="kernel"), **changes)
 
 
 def test_clean_steps_pass_and_the_floor_is_measured_over_the_first_k() -> None:

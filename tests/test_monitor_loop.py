@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_consistency.gate import GateSettings
+from rollout_consistency.gate import TableSettings
 from rollout_consistency.gate.monitor import MonitorSettings
 from rollout_consistency.gate.tables.dump import read_dump
 
@@ -22,7 +22,7 @@ loop = importlib.util.module_from_spec(_SPEC)
 sys.modules.setdefault("flow_grpo_monitored", loop)
 _SPEC.loader.exec_module(loop)
 
-SETTINGS = MonitorSettings(gate=GateSettings(profile="implementation", clip_ratio=loop.CLIP_RANGE))
+SETTINGS = MonitorSettings(gate=TableSettings(profile="implementation", clip_ratio=loop.CLIP_RANGE))
 BUG_STEP = 25
 
 

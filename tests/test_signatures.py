@@ -1,11 +1,11 @@
 """No function of ours takes more than eight parameters: settings travel as one frozen object (`CheckConfig`,
-`GateSettings`, `SamplingSettings`, `BatchRequests`, `EngineSettings`, `CheckpointingSettings`), not as long
+`TableSettings`, `SamplingSettings`, `BatchRequests`, `EngineSettings`, `CheckpointingSettings`), not as long
 parameter lists. Checked on the AST of every module of the package and the scripts.
 
 What counts: every named parameter, positional-only, positional or keyword-only. Not counted: a method's
 ``self`` / ``cls`` (the object it is called on is not something the caller lists), and ``*args`` /
 ``**kwargs``: a variadic forwards to one settings object or one function whose own fields or parameters are
-documented and checked (``gate(..., **overrides)`` are `GateSettings` fields, a family's ``rollout(...,
+documented and checked (``gate(..., **overrides)`` are `TableSettings` fields, a family's ``rollout(...,
 **settings)`` are `family_rollout`'s, ``VllmOmniRollout(..., **engine_args)`` are `engine_kwargs`'), and that
 function is held to this rule too.
 

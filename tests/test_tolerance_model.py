@@ -61,7 +61,9 @@ def test_flow_grpo_step_is_the_same_maths_up_to_float32_rounding(sde_type):
 
 
 def test_sources_say_when_exact_is_promised():
-    assert difference_sources(TINY) == () and exact_promised(TINY) and exact_notice(TINY) is None
+    assert (
+        difference_sources(TINY.judging) == () and exact_promised(TINY.judging) and exact_notice(TINY.judging) is None
+    )
     cases = {
         "kernel": TINY.replace(trainer_attention="_native_math"),
         "batch composition": TINY.replace(micro_batch_size=2),
@@ -69,39 +71,39 @@ def test_sources_say_when_exact_is_promised():
         "dtype": TINY.replace(trainer_dtype="bfloat16"),
     }
     for name, config in cases.items():
-        assert [s.name for s in difference_sources(config)] == [name]
-        assert not exact_promised(config) and "NOT promised" in exact_notice(config)
-    assert "--batch-invariant" in exact_notice(cases["batch composition"])
-    assert "--profile implementation" in exact_notice(cases["implementation"])
+        assert [s.name for s in difference_sources(config.judging)] == [name]
+        assert not exact_promised(config.judging) and "NOT promised" in exact_notice(config.judging)
+    assert "--batch-invariant" in exact_notice(cases["batch composition"].judging)
+    assert "--profile implementation" in exact_notice(cases["implementation"].judging)
     # Step-wise execution changes the composition of the rollout's forwards.
-    assert [s.name for s in difference_sources(TINY.replace(step_execution=True))] == ["batch composition"]
+    assert [s.name for s in difference_sources(TINY.replace(step_execution=True).judging)] == ["batch composition"]
     # A rounding-sized difference is explained; a bug-sized one is not excused.
-    assert "batch composition" in rounding_advice(cases["batch composition"], 1.2e-7)
-    assert "not noise" in rounding_advice(TINY, 1.2e-7)
-    assert rounding_advice(cases["kernel"], 1e-3) is None and rounding_advice(TINY, math.nan) is None
+    assert "batch composition" in rounding_advice(cases["batch composition"].judging, 1.2e-7)
+    assert "not noise" in rounding_advice(TINY.judging, 1.2e-7)
+    assert rounding_advice(cases["kernel"].judging, 1e-3) is None and rounding_advice(TINY.judging, math.nan) is None
 
 
 def test_a_plugin_side_is_no_source_of_difference_and_the_notice_states_what_exact_rests_on():
     """docs/checker.md: plug-ins default to `exact`, right when both sides run the same PyTorch code; the notice
     says so (not "NOT promised ... the trainer PyTorch" when the trainer is the user's code too)."""
     pair = TINY.replace(rollout_backend="my_loop.py:make_rollout", trainer_backend="my_loop.py:make_trainer")
-    assert pair.resolved_profile == "exact" and difference_sources(pair) == () and exact_promised(pair)
-    notice = exact_notice(pair)
+    assert pair.resolved_profile == "exact" and difference_sources(pair.judging) == () and exact_promised(pair.judging)
+    notice = exact_notice(pair.judging)
     assert notice.startswith("exact holds only if both sides run the same code on the same kernels")
     assert "the rollout and the trainer are plug-ins, whose kernels the checker cannot see" in notice
     assert "NOT promised" not in notice and "PyTorch" not in notice and "--profile kernel" in notice
     trainer_only = TINY.replace(trainer_backend="my_loop.py:make_trainer")
-    assert "the trainer is a plug-in, whose kernels" in exact_notice(trainer_only)
+    assert "the trainer is a plug-in, whose kernels" in exact_notice(trainer_only.judging)
     # A registered engine is a kernel source; the trainer is named as it is, PyTorch only when it is built in.
     engine = TINY.replace(rollout_backend="vllm-omni", device="cuda", trainer_backend="my_loop.py:make_trainer")
-    (kernel,) = difference_sources(engine)
+    (kernel,) = difference_sources(engine.judging)
     assert kernel.detail == "the rollout engine is vllm-omni, the trainer 'my_loop.py:make_trainer'"
-    assert "NOT promised" in exact_notice(engine) and "the trainer is a plug-in" in exact_notice(engine)
-    assert difference_sources(TINY.replace(rollout_backend="vllm-omni", device="cuda"))[0].detail.endswith(
+    assert "NOT promised" in exact_notice(engine.judging) and "the trainer is a plug-in" in exact_notice(engine.judging)
+    assert difference_sources(TINY.replace(rollout_backend="vllm-omni", device="cuda").judging)[0].detail.endswith(
         "the trainer PyTorch"
     )
     # A rounding-sized exact FAIL with a plug-in side names both readings.
-    advice = rounding_advice(pair, 1.2e-7)
+    advice = rounding_advice(pair.judging, 1.2e-7)
     assert "kernels the checker cannot see" in advice and "not noise" in advice
 
 

@@ -10,25 +10,13 @@ from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency.gate.backend_registry import backend_names, get_backend
-from rollout_consistency.gate.config import (
-    DEVICES,
-    DTYPES,
-    INJECTIONS,
-    MODEL_FAMILIES,
-    SDE_TYPES,
-    STEP_IMPLEMENTATIONS,
-    WINDOW_KINDS,
-    CheckConfig,
-    load_config,
-    parse_thresholds,
-)
-from rollout_consistency.gate.judging.tolerances import PROFILES
+from rollout_consistency.gate.config import SETTINGS, CheckConfig, Setting, load_config, parse_thresholds
 from rollout_consistency.object_spec import spec_source
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
 
-__all__ = ["FIELD_HELP", "add_parser", "config_from_args", "run"]
+__all__ = ["add_parser", "config_from_args", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,132 +51,54 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from error
 
 
-def _backends_help(side: str) -> str:
-    """The registered `side` backends with their summaries (`rollout_consistency.gate.backend_registry`)."""
-    listed = ", ".join(f"{name} ({get_backend(side, name).summary})" for name in backend_names(side))
-    return f"{side} engine: {listed}, or your plug-in 'package.module:factory'"
+def _flag_help(name: str, setting: Setting) -> str:
+    """The command line's help for setting `name`, from its `Setting`: the help line (a registry's setting lists
+    the registered names and summaries when the parser is built), then the default."""
+    text = setting.help
+    if setting.registry is not None:
+        side = setting.registry
+        text += ": " + ", ".join(f"{n} ({get_backend(side, n).summary})" for n in backend_names(side))
+        if setting.spec:
+            text += ", or your plug-in 'package.module:factory'"
+    default = _DEFAULTS[name]
+    if default is not None and setting.kind not in ("prompts", "thresholds"):
+        text += f" (default: {_show(default)})"
+    return text
 
 
-#: One line of help per setting (the config file uses the same names, with underscores); the backends' lines
-#: list the registered backends when the parser is built (`_backends_help`).
-FIELD_HELP: dict[str, str] = {
-    "model_family": "model family",
-    "model_path": "diffusers model directory (default: the built-in tiny model, offline)",
-    "step_execution": "step-wise (continuous batching) rollout instead of request-level",
-    "max_num_seqs": "requests the step-wise engine runs together",
-    "stagger_arrivals": "step-wise: admit requests two per engine step (forwards mix requests at different steps)",
-    "rollout_attention": "diffusers attention backend of the rollout (native = PyTorch SDPA, _native_math = math kernel)",
-    "trainer_attention": "diffusers attention backend of the trainer",
-    "calibration_attention": "the trainer's other kernel for --profile calibrated (default: the other of native/_native_math)",
-    "rollout_dtype": "transformer dtype of the rollout (latents stay float32)",
-    "trainer_dtype": "transformer dtype of the trainer",
-    "device": "cpu, cuda or auto",
-    "batch_invariant": "run every forward at a shape that depends on nothing but the sample, on both sides (padded to "
-    "rollout_batch_size rows where this machine's kernels allow, else one sample per forward): bit-identical per "
-    "sample whatever its batch-mates or micro-batch (exact across batch compositions)",
-    "prompts": "prompt text (repeatable; default: built-in prompts)",
-    "num_prompts": "prompt groups to sample",
-    "num_images_per_prompt": "rollouts per prompt group (GRPO's n)",
-    "height": "image height in pixels",
-    "num_frames": "video frames (Wan; num_frames - 1 a multiple of 4)",
-    "width": "image width in pixels",
-    "num_inference_steps": "denoising steps",
-    "max_sequence_length": "text length (tokens)",
-    "pad_prompts_to_max_length": "pad every prompt to max_sequence_length instead of the batch's longest",
-    "mask_text_padding": "pass the text mask to attention (Qwen-Image)",
-    "noise_level": "SDE noise level",
-    "sde_type": "SDE step",
-    "sde_window_size": "stochastic (log-prob carrying) steps per rollout, or 'all': every step (Flow-GRPO samples "
-    "with the SDE on every step)",
-    "sde_window_range": "half-open step range [LOW, HIGH) the window lies in",
-    "sde_window_kind": "how the window is drawn per prompt group",
-    "guidance_scale": "guidance (FLUX embedded guidance / SD3 and Wan CFG)",
-    "true_cfg_scale": "Qwen-Image true CFG scale (1 = off)",
-    "guidance_scale_2": "Wan 2.2: CFG scale of the low-noise expert (default: --guidance-scale)",
-    "boundary_ratio": "Wan 2.2: the expert switch (transformer for timesteps >= ratio * 1000, transformer_2 below); "
-    "default: the model directory's, one expert for the tiny model",
-    "seed": "launcher seed (every draw derives from it)",
-    "global_step": "training step whose rollout is checked",
-    "rollout_batch_size": "requests per rollout batch (the unit of work of a worker)",
-    "micro_batch_size": "trainer micro-batch (must divide --rollout-batch-size; default: the rollout batch)",
-    "clip_ratio": "PPO clip range epsilon",
-    "clip_ratio_low": "lower clip range (default: --clip-ratio)",
-    "clip_ratio_high": "upper clip range (default: --clip-ratio)",
-    "profile": "tolerance profile (default: exact for the torch rollout, kernel for vllm-omni)",
-    "thresholds": "override one metric's limit (repeatable; VALUE 'off' reports without gating)",
-    "calibration_multiple": "calibrated gate, in multiples of the measured floor",
-    "trainer_step_implementation": "the trainer's SDE-step code (flow-grpo: same maths, other operation order)",
-    "inject": "reproduce a stock pitfall to see what a failing run looks like",
-    "trajectory": "check this saved trajectory file against the trainer instead of sampling",
-    "workers": "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
-    "ray_address": "join this Ray cluster ('auto', 'ray://host:10001')",
-    "ray_timeout_s": "seconds to reach --ray-address before giving up (exit 2)",
-    "user_code_timeout_s": "seconds each call into your code (plug-in import, factory, rollout, recompute_log_probs, "
-    "weight sync) may take before the check stops with exit 2",
-    "progress": "progress bar on stderr",
-    "weight_sync": "also check step 2: one optimizer update, this sync to the rollout (load_state_dict, peft or 'package.module:function'), check again",
-    "weight_sync_lr": "Adam learning rate of the step-2 update",
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(CheckConfig)
 }
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "model_family": MODEL_FAMILIES,
-    "rollout_dtype": DTYPES,
-    "trainer_dtype": DTYPES,
-    "device": DEVICES,
-    "sde_type": SDE_TYPES,
-    "sde_window_kind": WINDOW_KINDS,
-    "profile": PROFILES,
-    "inject": INJECTIONS,
-    "trainer_step_implementation": STEP_IMPLEMENTATIONS,
-}
+#: The command-line type of each `Setting.kind` that takes one value (a bool is a --flag/--no-flag pair).
+_FLAG_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
 
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every setting as a flag (default: not given), plus --config and the output flags."""
+    """Every setting as a flag (default: not given), generated from its `Setting`, plus --config and the outputs."""
     parser.add_argument(
         "--config", metavar="FILE", help="YAML, TOML or JSON file of settings (keys as below, with underscores)"
     )
     add_report_outputs(parser, "outputs")
-    settings = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")
-    defaults = CheckConfig()
-    for field in dataclasses.fields(CheckConfig):
-        name = field.name
-        flag = "--" + name.replace("_", "-")
-        default = getattr(defaults, name)
-        side = name.removesuffix("_backend")
-        help_text = _backends_help(side) if side in ("rollout", "trainer") else FIELD_HELP.get(name, "")
-        if default is not None and name not in ("prompts", "thresholds"):
-            help_text += f" (default: {_show(default)})"
-        common = dict(dest=name, default=argparse.SUPPRESS, help=help_text)
-        if name == "prompts":
-            parser_args = dict(action="append", metavar="TEXT")
-            settings.add_argument("--prompt", **parser_args, **common)
-        elif name == "thresholds":
-            settings.add_argument("--threshold", action="append", metavar="METRIC=VALUE", **common)
-        elif name == "sde_window_range":
-            settings.add_argument(flag, nargs=2, type=int, metavar=("LOW", "HIGH"), **common)
-        elif isinstance(default, bool):
-            settings.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
-        elif name in _CHOICES:
-            settings.add_argument(flag, choices=_CHOICES[name], **common)
+    group = parser.add_argument_group("settings (defaults: the built-in tiny Qwen-Image check on the CPU)")
+    for name, setting in SETTINGS.items():
+        flag = setting.flag or "--" + name.replace("_", "-")
+        common: dict[str, Any] = dict(dest=name, default=argparse.SUPPRESS, help=_flag_help(name, setting))
+        if setting.kind in ("prompts", "thresholds"):
+            group.add_argument(flag, action="append", metavar=setting.metavar, **common)
+        elif setting.kind == "window_range":
+            group.add_argument(flag, nargs=2, type=int, metavar=setting.metavar, **common)
+        elif setting.kind == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+        elif setting.choices and not setting.spec:
+            group.add_argument(flag, choices=setting.choices, **common)
         else:
-            settings.add_argument(flag, type=_flag_type(name, default), metavar=name.upper(), **common)
+            kind = _window_size if setting.kind == "window_size" else _FLAG_TYPES[setting.kind]
+            group.add_argument(flag, type=kind, metavar=setting.metavar or name.upper(), **common)
 
 
 def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _flag_type(name: str, default: Any):
-    if name == "sde_window_size":
-        return _window_size
-    if name in ("micro_batch_size",) or (isinstance(default, int) and not isinstance(default, bool)):
-        return int
-    if name in ("clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio") or isinstance(
-        default, float
-    ):
-        return float
-    return str
 
 
 def _window_size(text: str) -> int | str:

@@ -60,8 +60,8 @@ def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def timeout(args: argparse.Namespace) -> float:
-    """The parsed ``--user-code-timeout-s``, inside its bound (`rollout_consistency.gate.bounds`)."""
-    from rollout_consistency.gate.bounds import BOUNDS
+    """The parsed ``--user-code-timeout-s``, inside its bound (`rollout_consistency.gate.config.BOUNDS`)."""
+    from rollout_consistency.gate.config import BOUNDS
 
     low, high = BOUNDS["user_code_timeout_s"]
     if not low <= args.user_code_timeout_s <= high:

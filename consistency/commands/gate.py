@@ -14,7 +14,7 @@ from typing import Any
 from rollout_consistency.gate.config import ConfigError, parse_thresholds
 from rollout_consistency.gate.judging.tolerances import table_profiles
 from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
-from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 from rollout_consistency.memory_budget import MemoryBudgetError
 from rollout_consistency.paths import InputPathError
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.dump):
         raise UsageError(f"DUMP {args.dump} is a directory; name the .safetensors dump inside it.")
     try:
-        settings = GateSettings(
+        settings = TableSettings(
             profile=args.profile,
             compute_dtype=args.compute_dtype,
             clip_ratio=args.clip_ratio,

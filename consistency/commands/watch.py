@@ -23,7 +23,7 @@ from rollout_consistency.gate.monitor.run_logs import RunLogError, open_run
 from rollout_consistency.gate.monitor.run_watch import RunWatch, WatchError
 from rollout_consistency.gate.monitor.settings import MonitorError, MonitorSettings
 from rollout_consistency.gate.monitor.watch_series import watch_table
-from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 
 from .gate import add_profile_flags, add_threshold_flag
 from .report_outputs import write_reports
@@ -127,7 +127,7 @@ def _refuse_outputs_in_the_run(outputs: dict[str, str | None], run_path: str) ->
 
 def _settings(args: argparse.Namespace) -> Any:
     try:
-        gate = GateSettings(
+        gate = TableSettings(
             profile=args.profile,
             compute_dtype=args.compute_dtype,
             thresholds=parse_thresholds(args.threshold) if args.threshold else None,

@@ -1,64 +1,39 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Documented bounds of every numeric setting of a step-1 check, checked before anything is allocated.
+"""The check of every numeric setting of a step-1 check against its documented bound, before anything is allocated.
 
-Each bound is far above any real run (so it never stands in a user's way) and far below what overflows
-64-bit arithmetic or exhausts memory while building the plan or the model's inputs. The table is the
-documentation: docs/checker.md lists the same numbers (a test keeps them in step).
+Each setting's bound is written once, with the setting (`rollout_consistency.gate.config.Setting.bounds`, gathered
+in `rollout_consistency.gate.config.BOUNDS`; docs/checker.md lists the same numbers and a test keeps them in step).
+Each is far above any real run (so it never stands in a user's way) and far below what overflows 64-bit arithmetic
+or exhausts memory while building the plan or the model's inputs. Here: the check, and the two bounds on products
+of settings.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
-__all__ = ["BOUNDS", "MAX_PIXELS", "MAX_SAMPLES", "check_bounds"]
-
-_I64 = 2**63 - 1
-
-#: setting -> (lowest, highest), inclusive.
-BOUNDS: dict[str, tuple[float, float]] = {
-    "max_num_seqs": (1, 4096),
-    "num_prompts": (1, 65536),
-    "num_images_per_prompt": (1, 1024),
-    "height": (1, 8192),
-    "width": (1, 8192),
-    "num_frames": (1, 1024),
-    "num_inference_steps": (1, 10000),
-    "max_sequence_length": (1, 65536),
-    "sde_window_size": (1, 10000),
-    "seed": (-(2**63), _I64),  # packed as a signed 64-bit integer when sample seeds are derived
-    "global_step": (0, _I64),
-    "rollout_batch_size": (1, 65536),
-    "micro_batch_size": (1, 65536),
-    "workers": (1, 1024),
-    "noise_level": (0.0, 100.0),
-    "guidance_scale": (0.0, 1000.0),
-    "guidance_scale_2": (0.0, 1000.0),
-    "boundary_ratio": (0.0, 1.0),
-    "true_cfg_scale": (0.0, 1000.0),
-    "clip_ratio": (0.0, 100.0),
-    "clip_ratio_low": (0.0, 100.0),
-    "clip_ratio_high": (0.0, 100.0),
-    "calibration_multiple": (1.0, 1e9),
-    "ray_timeout_s": (0.1, 3600.0),
-    "user_code_timeout_s": (0.1, 86400.0),
-}
+__all__ = ["MAX_PIXELS", "MAX_SAMPLES", "check_bounds"]
 
 #: Largest image (height × width) and number of rollouts (num_prompts × num_images_per_prompt) of one check.
 MAX_PIXELS = 8192 * 8192
 MAX_SAMPLES = 65536
 
 
-def check_bounds(settings: Any, error: type[Exception]) -> None:
-    """Raise `error` naming the first setting of `settings` (a `CheckConfig`) outside its bound."""
-    for name, (low, high) in BOUNDS.items():
-        value = getattr(settings, name, None)
+def check_bounds(
+    values: Mapping[str, object], bounds: Mapping[str, tuple[float, float]], error: type[Exception]
+) -> None:
+    """Raise `error` naming the first of `values` (setting -> value) outside its inclusive `bounds`, then the
+    totals (``height x width``, ``num_prompts x num_images_per_prompt``)."""
+    for name, (low, high) in bounds.items():
+        value = values.get(name)
         if not isinstance(value, (int, float)):  # None, or a word such as sde_window_size "all"
             continue
         if not low <= value <= high:
             raise error(f"setting {name!r} is {value}; it must lie in [{_show(low)}, {_show(high)}] (docs/checker.md).")
-    if settings.height * settings.width > MAX_PIXELS:
-        raise error(f"height x width is {settings.height * settings.width} pixels; at most {MAX_PIXELS} are checked.")
-    samples = settings.num_prompts * settings.num_images_per_prompt
+    height, width = values["height"], values["width"]
+    if height * width > MAX_PIXELS:
+        raise error(f"height x width is {height * width} pixels; at most {MAX_PIXELS} are checked.")
+    samples = values["num_prompts"] * values["num_images_per_prompt"]
     if samples > MAX_SAMPLES:
         raise error(
             f"num_prompts x num_images_per_prompt is {samples} rollouts; at most {MAX_SAMPLES} are checked "

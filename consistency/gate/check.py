@@ -32,12 +32,14 @@ import numpy as np
 
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .diagnosis.doctor import attach_diagnosis, diagnose_check
+from .diagnosis.settings import DiagnosisSettings
 from .judging import tolerance_model
 from .judging.experts import GUARD as EXPERTS_GUARD
 from .judging.experts import compare_experts
 from .judging.metrics import ConsistencyMetrics, MetricsInputError, compute_metrics
 from .judging.mismatch import MismatchStats, compute_mismatch
 from .judging.report import Report, SampleInfo
+from .judging.settings import JudgingSettings
 from .judging.tolerances import Profile, Tolerance, ToleranceError, exact_tolerance, get_profile, resolve_tolerance
 from .judging.verdict import Problem, decide, window_problems
 from .sides.backends import build_backend, run_batch
@@ -91,6 +93,7 @@ def run_step1_check(config: CheckConfig | None = None, **overrides: Any) -> Repo
 
 # ----------------------------------------------------------------------------------------------------
 def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Report:
+    doctor = DiagnosisSettings.from_config(config)  # the doctor's own settings, built once here
     plan = make_plan(config)
     progress = _progress_bar(config, total=config.num_samples)
     try:
@@ -137,7 +140,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         run_extra=extra_run,
         run_info=lambda: _run_info(config, sharded.mode, sharded.workers, sharded.timings_s, results, start),
     )
-    return diagnose_check(report, config, plan, results)  # the doctor: ranked causes, localised by a replay
+    return diagnose_check(report, doctor, plan, results)  # the doctor: ranked causes, localised by a replay
 
 
 def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Report:
@@ -245,7 +248,7 @@ def _judged_report(
     note, and `report.run` = `run_info()` (called last, so its total time includes the judging) plus `run_extra`
     (which the experts guard extends)."""
     guards = _experts_guard(results, problems, notes, run_extra)
-    metrics, tolerance, mismatch = _judge(config, results, problems, notes)
+    metrics, tolerance, mismatch = _judge(config.judging, results, problems, notes)
     notes.extend(_precision_note(precision))
     return Report(
         verdict=decide(metrics, tolerance, problems, guards=guards),
@@ -261,19 +264,14 @@ def _judged_report(
 
 
 def _judge(
-    config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
+    judging: JudgingSettings, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> tuple[ConsistencyMetrics | None, Tolerance, MismatchStats | None]:
     """Metrics over every returned sample (global order), the resolved tolerance, and the mismatch statistics."""
-    profile = get_profile(config.resolved_profile)
-    settings = dict(
-        clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high,
-        micro_batch_size=config.resolved_micro_batch_size,
-    )
+    profile = get_profile(judging.profile)
+    settings = judging.metric_settings
     if not results:
         problems.append(Problem("nonempty", "no rollout batch came back"))
-        return None, _fallback_tolerance(config, profile), None
+        return None, _fallback_tolerance(judging, profile), None
     try:
         rollout = _stack([r.rollout_log_probs for r in results], "rollout log-probs")
         trainer = _stack([r.trainer_log_probs for r in results], "trainer log-probs")
@@ -289,7 +287,7 @@ def _judge(
         )
     except MetricsInputError as error:
         problems.append(Problem("shapes", str(error)))
-        return None, _fallback_tolerance(config, profile), None
+        return None, _fallback_tolerance(judging, profile), None
 
     floor, floor_parts = None, {}
     if profile.needs_floor:
@@ -307,32 +305,32 @@ def _judge(
     try:
         tolerance = resolve_tolerance(
             profile.name,
-            config.thresholds,
+            judging.thresholds,
             floor=floor,
-            multiple=config.calibration_multiple,
+            multiple=judging.calibration_multiple,
             floor_sources=" + ".join(floor_parts) or None,
-            compute_dtype=config.compute_dtype,
+            compute_dtype=judging.compute_dtype,
         )
     except ToleranceError as error:
         problems.append(Problem("calibration", str(error)))
-        tolerance = _fallback_tolerance(config, profile)
+        tolerance = _fallback_tolerance(judging, profile)
     for source, part in floor_parts.items():
         notes.append(
-            f"calibrated floor, {source} (trainer '{config.trainer_attention}' vs itself with the {source} changed): "
+            f"calibrated floor, {source} (trainer '{judging.trainer_attention}' vs itself with the {source} changed): "
             f"mean |dlogp| {part.mean_abs_dlogp:.3g}, max {part.max_abs_dlogp:.3g}, ppo_kl {part.ppo_kl:.3g}"
         )
     if profile.bit_exact:
-        tolerance, advice = tolerance_model.exact_promise(config, tolerance, metrics)
+        tolerance, advice = tolerance_model.exact_promise(judging, tolerance, metrics)
         if advice:
             problems.append(Problem("exact", advice))
     return metrics, tolerance, mismatch
 
 
-def _fallback_tolerance(config: CheckConfig, profile: Profile) -> Tolerance:
+def _fallback_tolerance(judging: JudgingSettings, profile: Profile) -> Tolerance:
     """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
     if profile.needs_floor:
         return Tolerance(profile.name, exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
-    return resolve_tolerance(profile.name, config.thresholds, compute_dtype=config.compute_dtype)
+    return resolve_tolerance(profile.name, judging.thresholds, compute_dtype=judging.compute_dtype)
 
 
 def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from rollout_consistency.sampling_rules import sampling_problem
 from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
 from .judging.metrics import METRIC_NAMES
+from .judging.settings import JudgingSettings
 from .judging.tolerances import (
     DEFAULT_CALIBRATION_MULTIPLE,
     PROFILES,
@@ -139,6 +140,64 @@ class ConfigError(ValueError):
     """A bad setting: unknown key, wrong type or out-of-range value. The message names the fix."""
 
 
+#: What a setting's value may be (`Setting.kind`), each with its one coercion (`_coerce`) and command-line type.
+KINDS: tuple[str, ...] = ("int", "float", "bool", "str", "window_size", "window_range", "prompts", "thresholds")
+
+_I64 = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The facts of one `CheckConfig` field, in one place: the field's coercion, its checks, `BOUNDS`, the
+    command line's flag, type, choices and help are generated from them (`SETTINGS`).
+
+    Attributes:
+        kind: one of `KINDS` (``"int"`` refuses a bool or a float; ``"float"`` also takes YAML's ``1e-4`` string).
+        help: the command line's one-line help (its default is appended there).
+        optional: ``None`` is a value (the default, mostly: "derive it").
+        choices: the accepted names, also the command line's choices (unless `spec`: then any
+            ``"package.module:function"`` too, and the command line lists none).
+        choices_checked: False where another rule checks the choices (``sde_type``: the sampling rules).
+        more_choices: names registered in this process that are accepted beside `choices` (model families).
+        registry: ``"rollout"`` / ``"trainer"``: the names are the backend registry's for that side.
+        spec: the user's code may be named (``"package.module:function"`` or ``"file.py:function"``).
+        minimum: the value must be ``>= minimum`` (``sde_window_size``: the resolved number of steps).
+        positive: the value must be ``> 0``.
+        bounds: inclusive ``(lowest, highest)``: far above any real run, far below what overflows or exhausts
+            memory; docs/checker.md lists them.
+        flag, metavar: the command line's flag (default ``--name-with-dashes``) and metavar.
+    """
+
+    kind: str
+    help: str
+    optional: bool = False
+    choices: Collection[str] = ()
+    choices_checked: bool = True
+    more_choices: Callable[[str], tuple[str, ...]] | None = None
+    registry: str | None = None
+    spec: bool = False
+    minimum: float | None = None
+    positive: bool = False
+    bounds: tuple[float, float] | None = None
+    flag: str | None = None
+    metavar: str | tuple[str, ...] | None = None
+
+
+def _setting(default: Any, kind: str, help: str, **facts: Any) -> Any:
+    """A `CheckConfig` field with its `Setting` (a callable `default`, such as ``dict``, is a default factory)."""
+    metadata = {"setting": Setting(kind, help, **facts)}
+    if callable(default):
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _registered_families(name: str) -> tuple[str, ...]:
+    """The families registered in this process (only this lookup imports the adapters, and torch)."""
+    from rollout_consistency.adapters.families import family_names
+
+    return family_names()
+
+
 @dataclass(frozen=True)
 class CheckConfig:
     """Everything a step-1 check needs. Field names follow Flow-GRPO / verl / vLLM-omni.
@@ -209,65 +268,195 @@ class CheckConfig:
         weight_sync: also run the step-2 check (`rollout_consistency.gate.sides.weight_sync`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
         then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
-        Every numeric setting has a documented bound (`rollout_consistency.gate.bounds.BOUNDS`).
+
+    Each field's facts (kind, choices, minimum, bound, the command line's help and flag) are written once, in its
+    `Setting` (`SETTINGS`): the coercion, the checks, `BOUNDS` (every numeric setting has a documented bound) and
+    the flags of ``rollout-consistency check`` are generated from them.
     """
 
-    model_family: str = "qwen-image"
-    model_path: str | None = None
-    rollout_backend: str = "torch"
-    trainer_backend: str = "torch"
-    step_execution: bool = False
-    max_num_seqs: int = 4
-    stagger_arrivals: bool = False
-    rollout_attention: str = "native"
-    trainer_attention: str = "native"
-    calibration_attention: str | None = None
-    rollout_dtype: str = "float32"
-    trainer_dtype: str = "float32"
-    device: str = "cpu"
-    batch_invariant: bool = False
+    model_family: str = _setting(
+        "qwen-image", "str", "model family", choices=MODEL_FAMILIES, more_choices=_registered_families
+    )
+    model_path: str | None = _setting(
+        None, "str", "diffusers model directory (default: the built-in tiny model, offline)", optional=True
+    )
+    rollout_backend: str = _setting("torch", "str", "rollout engine", registry="rollout", spec=True)
+    trainer_backend: str = _setting("torch", "str", "trainer engine", registry="trainer", spec=True)
+    step_execution: bool = _setting(False, "bool", "step-wise (continuous batching) rollout instead of request-level")
+    max_num_seqs: int = _setting(4, "int", "requests the step-wise engine runs together", minimum=1, bounds=(1, 4096))
+    stagger_arrivals: bool = _setting(
+        False, "bool", "step-wise: admit requests two per engine step (forwards mix requests at different steps)"
+    )
+    rollout_attention: str = _setting(
+        "native",
+        "str",
+        "diffusers attention backend of the rollout (native = PyTorch SDPA, _native_math = math kernel)",
+    )
+    trainer_attention: str = _setting("native", "str", "diffusers attention backend of the trainer")
+    calibration_attention: str | None = _setting(
+        None,
+        "str",
+        "the trainer's other kernel for --profile calibrated (default: the other of native/_native_math)",
+        optional=True,
+    )
+    rollout_dtype: str = _setting(
+        "float32", "str", "transformer dtype of the rollout (latents stay float32)", choices=DTYPES
+    )
+    trainer_dtype: str = _setting("float32", "str", "transformer dtype of the trainer", choices=DTYPES)
+    device: str = _setting("cpu", "str", "cpu, cuda or auto", choices=DEVICES)
+    batch_invariant: bool = _setting(
+        False,
+        "bool",
+        "run every forward at a shape that depends on nothing but the sample, on both sides (padded to "
+        "rollout_batch_size rows where this machine's kernels allow, else one sample per forward): bit-identical per "
+        "sample whatever its batch-mates or micro-batch (exact across batch compositions)",
+    )
 
-    prompts: tuple[str, ...] = ()
-    num_prompts: int = 4
-    num_images_per_prompt: int = 2
-    height: int = 32
-    width: int = 32
-    num_frames: int = 13
-    num_inference_steps: int = 6
-    max_sequence_length: int = 32
-    pad_prompts_to_max_length: bool = False
-    mask_text_padding: bool = True
-    noise_level: float = 0.7
-    sde_type: str = "sde"
-    sde_window_size: int | str = 2
-    sde_window_range: tuple[int, int] | None = None
-    sde_window_kind: str = "random"
-    guidance_scale: float = 1.0
-    guidance_scale_2: float | None = None
-    true_cfg_scale: float = 1.0
-    boundary_ratio: float | None = None
-    seed: int = 42
-    global_step: int = 0
+    prompts: tuple[str, ...] = _setting(
+        (), "prompts", "prompt text (repeatable; default: built-in prompts)", flag="--prompt", metavar="TEXT"
+    )
+    num_prompts: int = _setting(4, "int", "prompt groups to sample", minimum=1, bounds=(1, 65536))
+    num_images_per_prompt: int = _setting(2, "int", "rollouts per prompt group (GRPO's n)", minimum=1, bounds=(1, 1024))
+    height: int = _setting(32, "int", "image height in pixels", minimum=1, bounds=(1, 8192))
+    width: int = _setting(32, "int", "image width in pixels", minimum=1, bounds=(1, 8192))
+    num_frames: int = _setting(
+        13, "int", "video frames (Wan; num_frames - 1 a multiple of 4)", minimum=1, bounds=(1, 1024)
+    )
+    num_inference_steps: int = _setting(6, "int", "denoising steps", minimum=1, bounds=(1, 10000))
+    max_sequence_length: int = _setting(32, "int", "text length (tokens)", minimum=1, bounds=(1, 65536))
+    pad_prompts_to_max_length: bool = _setting(
+        False, "bool", "pad every prompt to max_sequence_length instead of the batch's longest"
+    )
+    mask_text_padding: bool = _setting(True, "bool", "pass the text mask to attention (Qwen-Image)")
+    # noise_level > 0 and the SDE types are the sampling rules' (rollout_consistency.sampling_rules)
+    noise_level: float = _setting(0.7, "float", "SDE noise level", bounds=(0.0, 100.0))
+    sde_type: str = _setting("sde", "str", "SDE step", choices=SDE_TYPES, choices_checked=False)
+    sde_window_size: int | str = _setting(
+        2,
+        "window_size",
+        "stochastic (log-prob carrying) steps per rollout, or 'all': every step (Flow-GRPO samples with the SDE on "
+        "every step)",
+        minimum=1,
+        bounds=(1, 10000),
+    )
+    sde_window_range: tuple[int, int] | None = _setting(
+        None,
+        "window_range",
+        "half-open step range [LOW, HIGH) the window lies in",
+        optional=True,
+        metavar=("LOW", "HIGH"),
+    )
+    sde_window_kind: str = _setting("random", "str", "how the window is drawn per prompt group", choices=WINDOW_KINDS)
+    guidance_scale: float = _setting(
+        1.0, "float", "guidance (FLUX embedded guidance / SD3 and Wan CFG)", bounds=(0.0, 1000.0)
+    )
+    guidance_scale_2: float | None = _setting(
+        None,
+        "float",
+        "Wan 2.2: CFG scale of the low-noise expert (default: --guidance-scale)",
+        optional=True,
+        bounds=(0.0, 1000.0),
+    )
+    true_cfg_scale: float = _setting(1.0, "float", "Qwen-Image true CFG scale (1 = off)", bounds=(0.0, 1000.0))
+    boundary_ratio: float | None = _setting(
+        None,
+        "float",
+        "Wan 2.2: the expert switch (transformer for timesteps >= ratio * 1000, transformer_2 below); default: the "
+        "model directory's, one expert for the tiny model",
+        optional=True,
+        bounds=(0.0, 1.0),
+    )
+    # Packed as a signed 64-bit integer when sample seeds are derived.
+    seed: int = _setting(42, "int", "launcher seed (every draw derives from it)", bounds=(-(2**63), _I64))
+    global_step: int = _setting(0, "int", "training step whose rollout is checked", minimum=0, bounds=(0, _I64))
 
-    rollout_batch_size: int = 4
-    micro_batch_size: int | None = None
-    clip_ratio: float = 1e-4
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    profile: str | None = None
-    thresholds: Mapping[str, float | None] = field(default_factory=dict)
-    calibration_multiple: float = DEFAULT_CALIBRATION_MULTIPLE
-    trainer_step_implementation: str = "reference"
+    rollout_batch_size: int = _setting(
+        4, "int", "requests per rollout batch (the unit of work of a worker)", minimum=1, bounds=(1, 65536)
+    )
+    micro_batch_size: int | None = _setting(
+        None,
+        "int",
+        "trainer micro-batch (must divide --rollout-batch-size; default: the rollout batch)",
+        optional=True,
+        minimum=1,
+        bounds=(1, 65536),
+    )
+    clip_ratio: float = _setting(1e-4, "float", "PPO clip range epsilon", positive=True, bounds=(0.0, 100.0))
+    clip_ratio_low: float | None = _setting(
+        None, "float", "lower clip range (default: --clip-ratio)", optional=True, positive=True, bounds=(0.0, 100.0)
+    )
+    clip_ratio_high: float | None = _setting(
+        None, "float", "upper clip range (default: --clip-ratio)", optional=True, positive=True, bounds=(0.0, 100.0)
+    )
+    profile: str | None = _setting(
+        None,
+        "str",
+        "tolerance profile (default: exact for the torch rollout, kernel for vllm-omni)",
+        optional=True,
+        choices=PROFILES,
+    )
+    thresholds: Mapping[str, float | None] = _setting(
+        dict,
+        "thresholds",
+        "override one metric's limit (repeatable; VALUE 'off' reports without gating)",
+        flag="--threshold",
+        metavar="METRIC=VALUE",
+    )
+    calibration_multiple: float = _setting(
+        DEFAULT_CALIBRATION_MULTIPLE,
+        "float",
+        "calibrated gate, in multiples of the measured floor",
+        minimum=1,
+        bounds=(1.0, 1e9),
+    )
+    trainer_step_implementation: str = _setting(
+        "reference",
+        "str",
+        "the trainer's SDE-step code (flow-grpo: same maths, other operation order)",
+        choices=STEP_IMPLEMENTATIONS,
+    )
 
-    inject: str | None = None
-    trajectory: str | None = None
-    weight_sync: str | None = None
-    weight_sync_lr: float = 1e-3
-    workers: int = 1
-    ray_address: str | None = None
-    ray_timeout_s: float = 30.0
-    user_code_timeout_s: float = DEFAULT_TIMEOUT_S
-    progress: bool = True
+    inject: str | None = _setting(
+        None,
+        "str",
+        "reproduce a stock pitfall to see what a failing run looks like",
+        optional=True,
+        choices=INJECTIONS,
+    )
+    trajectory: str | None = _setting(
+        None, "str", "check this saved trajectory file against the trainer instead of sampling", optional=True
+    )
+    weight_sync: str | None = _setting(
+        None,
+        "str",
+        "also check step 2: one optimizer update, this sync to the rollout (load_state_dict, peft or "
+        "'package.module:function'), check again",
+        optional=True,
+        choices=WEIGHT_SYNCS,
+        spec=True,
+    )
+    weight_sync_lr: float = _setting(
+        1e-3, "float", "Adam learning rate of the step-2 update", positive=True, bounds=(0.0, 1000.0)
+    )
+    workers: int = _setting(
+        1,
+        "int",
+        "Ray workers (more than 1 starts a local Ray cluster unless --ray-address is given)",
+        minimum=1,
+        bounds=(1, 1024),
+    )
+    ray_address: str | None = _setting(None, "str", "join this Ray cluster ('auto', 'ray://host:10001')", optional=True)
+    ray_timeout_s: float = _setting(
+        30.0, "float", "seconds to reach --ray-address before giving up (exit 2)", bounds=(0.1, 3600.0)
+    )
+    user_code_timeout_s: float = _setting(
+        DEFAULT_TIMEOUT_S,
+        "float",
+        "seconds each call into your code (plug-in import, factory, rollout, recompute_log_probs, weight sync) may "
+        "take before the check stops with exit 2",
+        bounds=(0.1, 86400.0),
+    )
+    progress: bool = _setting(True, "bool", "progress bar on stderr")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -275,6 +464,33 @@ class CheckConfig:
         _validate(self)
 
     # -- derived ---------------------------------------------------------------------------------
+    @property
+    def judging(self) -> JudgingSettings:
+        """What the judgement reads (`rollout_consistency.gate.judging.settings`): how the sides differ, how the
+        figures are gated."""
+        return JudgingSettings(
+            rollout_backend=self.rollout_backend,
+            trainer_backend=self.trainer_backend,
+            rollout_attention=self.rollout_attention,
+            trainer_attention=self.trainer_attention,
+            rollout_dtype=self.rollout_dtype,
+            trainer_dtype=self.trainer_dtype,
+            rollout_from_file=self.trajectory is not None,
+            batch_invariant=self.batch_invariant,
+            step_execution=self.step_execution,
+            max_num_seqs=self.max_num_seqs,
+            rollout_batch_size=self.rollout_batch_size,
+            micro_batch_size=self.resolved_micro_batch_size,
+            trainer_step_implementation=self.trainer_step_implementation,
+            profile=self.resolved_profile,
+            clip_ratio=self.clip_ratio,
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            calibration_multiple=self.calibration_multiple,
+            compute_dtype=self.compute_dtype,
+            thresholds=dict(self.thresholds),
+        )
+
     @property
     def resolved_profile(self) -> str:
         if self.profile is not None:
@@ -330,6 +546,28 @@ class CheckConfig:
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckConfig))
+
+
+def settings_of(cls: type) -> dict[str, Setting]:
+    """Field name -> `Setting` of a dataclass of settings; a field without one is a TypeError (on import, for
+    `CheckConfig`: no setting without its facts)."""
+    found = {}
+    for f in dataclasses.fields(cls):
+        setting = f.metadata.get("setting")
+        if not isinstance(setting, Setting) or setting.kind not in KINDS:
+            raise TypeError(f"{cls.__name__}.{f.name} has no Setting: declare it with _setting(default, kind, help).")
+        found[f.name] = setting
+    return found
+
+
+#: Every setting's facts, by field name (the one place they are written: the field's `Setting`).
+SETTINGS: Mapping[str, Setting] = settings_of(CheckConfig)
+#: setting -> (lowest, highest), inclusive: every numeric setting's documented bound (docs/checker.md).
+BOUNDS: Mapping[str, tuple[float, float]] = {name: s.bounds for name, s in SETTINGS.items() if s.bounds is not None}
+#: The integer settings (``micro_batch_size`` included: it may be None).
+INT_FIELDS: tuple[str, ...] = tuple(name for name, s in SETTINGS.items() if s.kind == "int")
+#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.object_spec`).
+SPEC_FIELDS: tuple[str, ...] = tuple(name for name, s in SETTINGS.items() if s.spec)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -434,10 +672,6 @@ def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     return data
 
 
-#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.object_spec`).
-SPEC_FIELDS: tuple[str, ...] = ("rollout_backend", "trainer_backend", "weight_sync")
-
-
 def _resolve_spec_files(data: dict[str, Any], path: str) -> dict[str, Any]:
     """A relative ``file.py:function`` in a config file names a file beside the config file, wherever the command
     runs from (a CI job's working directory is rarely the config's folder): rewritten to the absolute path, and
@@ -476,115 +710,59 @@ def _reject_unknown(data: Mapping[str, Any], source: str) -> None:
         raise ConfigError(f"{source}: unknown setting {key!r}.{hint}")
 
 
-_INT_FIELDS = {
-    "max_num_seqs",
-    "num_prompts",
-    "num_images_per_prompt",
-    "height",
-    "width",
-    "num_frames",
-    "num_inference_steps",
-    "max_sequence_length",
-    "seed",
-    "global_step",
-    "rollout_batch_size",
-    "workers",
-}
-_OPTIONAL_INT_FIELDS = {"micro_batch_size"}
-_FLOAT_FIELDS = {
-    "noise_level",
-    "guidance_scale",
-    "true_cfg_scale",
-    "clip_ratio",
-    "calibration_multiple",
-    "ray_timeout_s",
-    "user_code_timeout_s",
-    "weight_sync_lr",
-}
-_OPTIONAL_FLOAT_FIELDS = {"clip_ratio_low", "clip_ratio_high", "guidance_scale_2", "boundary_ratio"}
-_BOOL_FIELDS = {
-    "step_execution",
-    "stagger_arrivals",
-    "progress",
-    "pad_prompts_to_max_length",
-    "mask_text_padding",
-    "batch_invariant",
-}
-_STR_FIELDS = {
-    "model_family",
-    "rollout_backend",
-    "trainer_backend",
-    "rollout_attention",
-    "trainer_attention",
-    "rollout_dtype",
-    "trainer_dtype",
-    "device",
-    "sde_type",
-    "sde_window_kind",
-    "trainer_step_implementation",
-}
-_OPTIONAL_STR_FIELDS = {
-    "model_path",
-    "profile",
-    "inject",
-    "trajectory",
-    "ray_address",
-    "calibration_attention",
-    "weight_sync",
-}
-
-
 def _coerce(name: str, value: Any) -> Any:
-    """Normalise what YAML/TOML/argparse give (lists, ints for floats) and reject wrong types."""
-    optional = name in _OPTIONAL_INT_FIELDS | _OPTIONAL_FLOAT_FIELDS | _OPTIONAL_STR_FIELDS | {"sde_window_range"}
+    """Normalise what YAML/TOML/argparse give (lists, ints for floats) and reject wrong types, by the setting's
+    `Setting.kind`."""
+    setting = SETTINGS[name]
     if value is None:
-        if optional:
+        if setting.optional:
             return None
         raise ConfigError(f"setting {name!r} cannot be empty.")
-    if name == "sde_window_size":
+    kind = setting.kind
+    if kind == "window_size":
         if value == "all":
             return value
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"setting 'sde_window_size' must be an integer or 'all' (every step), got {value!r}.")
+            raise ConfigError(f"setting {name!r} must be an integer or 'all' (every step), got {value!r}.")
         return int(value)
-    if name in _INT_FIELDS or name in _OPTIONAL_INT_FIELDS:
+    if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"setting {name!r} must be an integer, got {value!r}.")
         return int(value)
-    if name in _FLOAT_FIELDS or name in _OPTIONAL_FLOAT_FIELDS:
+    if kind == "float":
         value = _yaml_float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"setting {name!r} must be a finite number, got {value!r}.")
         return float(value)
-    if name in _BOOL_FIELDS:
+    if kind == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"setting {name!r} must be true or false, got {value!r}.")
         return value
-    if name in _STR_FIELDS or name in _OPTIONAL_STR_FIELDS:
+    if kind == "str":
         if not isinstance(value, str) or not value:
             raise ConfigError(f"setting {name!r} must be a non-empty string, got {value!r}.")
         return value
-    if name == "prompts":
+    if kind == "prompts":
         if isinstance(value, str) or not all(isinstance(p, str) and p for p in value):
-            raise ConfigError(f"setting 'prompts' must be a list of non-empty strings, got {value!r}.")
+            raise ConfigError(f"setting {name!r} must be a list of non-empty strings, got {value!r}.")
         return tuple(value)
-    if name == "sde_window_range":
+    if kind == "window_range":
         if (
             isinstance(value, str)
             or len(value) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
-            raise ConfigError(f"setting 'sde_window_range' must be two integers [low, high), got {value!r}.")
+            raise ConfigError(f"setting {name!r} must be two integers [low, high), got {value!r}.")
         return (int(value[0]), int(value[1]))
-    if name == "thresholds":
+    if kind == "thresholds":
         if not isinstance(value, Mapping):
-            raise ConfigError(f"setting 'thresholds' must map metric names to limits, got {value!r}.")
+            raise ConfigError(f"setting {name!r} must map metric names to limits, got {value!r}.")
         # `off`/`none`/null disable a gate (YAML 1.1 reads a bare `off` as false).
         return {
             str(k): None if (v is None or v is False or str(v).lower() in ("none", "off")) else _yaml_float(v)
             for k, v in value.items()
         }
-    raise AssertionError(f"unhandled config field {name}")  # pragma: no cover
+    raise AssertionError(f"setting {name}: unknown kind {kind!r}")  # pragma: no cover - test_config checks kinds
 
 
 def _yaml_float(value: Any) -> Any:
@@ -604,54 +782,37 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         )
 
 
-def _model_families(name: str) -> tuple[str, ...]:
-    """The built-in families, plus those registered in this process when `name` is not built in (only that
-    lookup imports the adapters, and torch)."""
-    if name in BUILTIN_FAMILIES:
-        return BUILTIN_FAMILIES.names()
-    from rollout_consistency.adapters.families import family_names
+def _check_choices(config: CheckConfig) -> None:
+    """Each setting with choices holds one of them (a registered name, or the user's code where allowed)."""
+    for name, setting in SETTINGS.items():
+        value = getattr(config, name)
+        if value is None or not setting.choices_checked or (setting.spec and is_plugin_spec(value)):
+            continue
+        if setting.registry is not None:
+            _choice(name, value, backend_names(setting.registry))
+        elif setting.choices:
+            more = setting.more_choices is not None and value not in setting.choices
+            _choice(name, value, setting.more_choices(value) if more else setting.choices)
 
-    return family_names()
+
+def _check_limits(config: CheckConfig) -> None:
+    """Each setting's `Setting.minimum`, `Setting.positive` and `Setting.bounds` (then the totals)."""
+    for name, setting in SETTINGS.items():
+        value = config.resolved_window_size if setting.kind == "window_size" else getattr(config, name)
+        if value is None:
+            continue
+        if setting.minimum is not None and value < setting.minimum:
+            raise ConfigError(f"setting {name!r} must be >= {setting.minimum:g}, got {value}.")
+        if setting.positive and not value > 0:
+            raise ConfigError(f"setting {name!r} must be > 0, got {value}.")
 
 
 def _validate(config: CheckConfig) -> None:
-    _choice("model_family", config.model_family, _model_families(config.model_family))
-    # A registered backend (rollout_consistency.gate.backend_registry), or a plug-in "package.module:factory"
-    # (rollout_consistency.gate.sides.plugins), resolved when a worker starts.
-    for side in ("rollout", "trainer"):
-        name = getattr(config, f"{side}_backend")
-        if not is_plugin_spec(name):
-            _choice(f"{side}_backend", name, backend_names(side))
-    _choice("rollout_dtype", config.rollout_dtype, DTYPES)
-    _choice("trainer_dtype", config.trainer_dtype, DTYPES)
+    _check_choices(config)
     problem = sampling_problem(config.noise_level, config.sde_type, config.guidance_scale)  # the adapters' rules
     if problem:
         raise ConfigError(f"setting {problem}")
-    _choice("sde_window_kind", config.sde_window_kind, WINDOW_KINDS)
-    _choice("device", config.device, DEVICES)
-    _choice("trainer_step_implementation", config.trainer_step_implementation, STEP_IMPLEMENTATIONS)
-    if config.profile is not None:
-        _choice("profile", config.profile, PROFILES)
-    if config.inject is not None:
-        _choice("inject", config.inject, INJECTIONS)
-    for name in (
-        "max_num_seqs",
-        "num_prompts",
-        "num_images_per_prompt",
-        "height",
-        "width",
-        "num_frames",
-        "num_inference_steps",
-        "max_sequence_length",
-        "resolved_window_size",
-        "rollout_batch_size",
-        "workers",
-    ):
-        if getattr(config, name) < 1:
-            shown = "sde_window_size" if name == "resolved_window_size" else name
-            raise ConfigError(f"setting {shown!r} must be >= 1, got {getattr(config, name)}.")
-    if config.global_step < 0:
-        raise ConfigError(f"setting 'global_step' must be >= 0, got {config.global_step}.")
+    _check_limits(config)
     if config.resolved_window_size > config.num_inference_steps:
         raise ConfigError(
             f"sde_window_size {config.sde_window_size} exceeds num_inference_steps {config.num_inference_steps}; "
@@ -665,24 +826,12 @@ def _validate(config: CheckConfig) -> None:
                 f"num_inference_steps ({config.num_inference_steps}) and hold sde_window_size "
                 f"({config.sde_window_size}) steps."
             )
-    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        value = getattr(config, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"setting {name!r} must be > 0, got {value}.")
-    if config.weight_sync is not None and ":" not in config.weight_sync:
-        _choice("weight_sync", config.weight_sync, WEIGHT_SYNCS)
-    if not config.weight_sync_lr > 0:
-        raise ConfigError(f"setting 'weight_sync_lr' must be > 0, got {config.weight_sync_lr}.")
     if config.weight_sync is not None and (config.trajectory is not None or config.step_execution):
         raise ConfigError(
             "weight_sync runs a request-level rollout before and after an update: it cannot be combined with "
             "trajectory or step_execution."
         )
-    if config.calibration_multiple < 1:
-        raise ConfigError(f"setting 'calibration_multiple' must be >= 1, got {config.calibration_multiple}.")
     mbs = config.micro_batch_size
-    if mbs is not None and mbs < 1:
-        raise ConfigError(f"micro_batch_size must be >= 1, got {mbs}.")
     # In batch-invariant mode a row's bits do not depend on its micro-batch, so any size is fine; otherwise
     # equal micro-batches keep the per-cell figures comparable from one batch to the next.
     if mbs is not None and not config.batch_invariant and config.rollout_batch_size % mbs:
@@ -704,7 +853,7 @@ def _validate(config: CheckConfig) -> None:
         )
     if config.ray_address is not None:
         ray_host_port(config.ray_address)  # malformed: refused here, whether or not Ray is installed
-    check_bounds(config, ConfigError)
+    check_bounds({name: getattr(config, name) for name in FIELD_NAMES}, BOUNDS, ConfigError)
 
 
 #: Ray's default ports: the client server (``ray://host``) and the GCS (``host``).

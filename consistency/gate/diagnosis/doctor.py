@@ -32,6 +32,7 @@ from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, P
 from .catalogue import LOCALISE_HINT, make
 from .figure_causes import from_figures
 from .localised_causes import from_localisation
+from .settings import DiagnosisSettings
 
 __all__ = [
     "NEAR_LIMIT_FRACTION",
@@ -90,7 +91,7 @@ def attach_diagnosis(report: Any, localisation: Any = None, **options: Any) -> A
     return dataclasses.replace(report, diagnosis=tuple(d.to_dict() for d in causes))
 
 
-def diagnose_check(report: Any, config: Any, plan: Sequence[Any], results: Sequence[Any] = ()) -> Any:
+def diagnose_check(report: Any, settings: DiagnosisSettings, plan: Sequence[Any], results: Sequence[Any] = ()) -> Any:
     """The check's hook: diagnose a FAIL (or near-limit PASS), localising it by replaying both sides' own code
     on the batch that holds the worst sample (`rollout_consistency.gate.diagnosis.localise.localise_check`).
 
@@ -110,7 +111,7 @@ def diagnose_check(report: Any, config: Any, plan: Sequence[Any], results: Seque
         if batch is not None:
             from .localise import localise_check
 
-            found = localise_check(config, batch, _batch_tables(results, batch.index))
+            found = localise_check(settings, batch, _batch_tables(results, batch.index))
             if isinstance(found, str):
                 why = found
             else:

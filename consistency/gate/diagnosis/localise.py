@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .settings import DiagnosisSettings
+
 #: Model-input keyword names, by stage (the names diffusers' and vLLM-omni's transformers take).
 INPUT_STAGES: tuple[tuple[str, str], ...] = (
     ("inputs.latents", "hidden_states"),
@@ -461,7 +463,9 @@ def _settings_diff(trajectory: Any, rollout: SideSpec, trainer: SideSpec) -> tup
 
 
 # ----------------------------------------------------------------------------------------------------
-def localise_check(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = None) -> Localisation | str:
+def localise_check(
+    settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any, Any] | None = None
+) -> Localisation | str:
     """The check's localisation: replay `batch_spec` through both sides' own code (plug-ins or built-in
     backends, as the check ran them) with their models watched, and compare call by call.
 
@@ -472,7 +476,7 @@ def localise_check(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None 
     from .replay import replay_batch
 
     try:
-        replay = replay_batch(config, batch_spec, tables)
+        replay = replay_batch(settings, batch_spec, tables)
         return replay if isinstance(replay, str) else localise_replay(replay)
     except Exception as error:  # the user's code failed on the replay: the diagnosis must not end the check
         return f"the replay of the sides' code raised {type(error).__name__}: {str(error)[:200]}"

@@ -17,7 +17,7 @@ record every forward:
 
 Nothing of the user's is changed: hooks only, removed in ``finally``; every module's training flag, every
 parameter's ``requires_grad`` and the Python, NumPy, torch CPU and CUDA RNG states are restored afterwards
-([`preserved_state`]). The sides are built afresh from the config (``build_backend``), so the objects the check
+([`preserved_state`]). The sides are built afresh, as the check built them (``build_backend``), so the objects the check
 ran are not touched either; a side that exposes no ``model`` cannot be watched, and [`replay_batch`] says so.
 
 Shapes: recorded tensors are float64 on the CPU, row-first ``(rows, -1)``.
@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .settings import DiagnosisSettings
 
 #: Block outputs keep at most this many values per row (strided): enough to see any difference a kernel,
 #: an input or a weight makes, small enough for a large model's replay.
@@ -285,7 +287,7 @@ def _row_sample(value: Any, rows: int, limit: int) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------
-def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = None) -> Replay | str:
+def replay_batch(settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any, Any] | None = None) -> Replay | str:
     """Run both sides of the check on `batch_spec` once more with their models watched.
 
     Returns the [`Replay`], or a sentence saying why the sides cannot be watched (a side without a model, a
@@ -293,23 +295,23 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
     trajectory file).
 
     Args:
-        config: the check's `CheckConfig`. batch_spec: the plan's batch holding the worst sample.
+        settings: the check's `DiagnosisSettings`. batch_spec: the plan's batch holding the worst sample.
         tables: the check's ``(rollout, trainer)`` log-prob tables of this batch, if known (the replay is
             compared with them).
     """
     import torch
 
     from rollout_consistency.gate.sides import plugins
-    from rollout_consistency.gate.sides.backends import build_backend, rollout_trajectory
+    from rollout_consistency.gate.sides.backends import rollout_trajectory
     from rollout_consistency.gate.sides.trainer import trainer_log_probs
 
-    if config.trajectory is not None:
+    if settings.rollout_from_file:
         return "the rollout is a trajectory file: its code is not in this process"
-    out_of_process = f"the rollout is a {config.rollout_backend} engine running in its own process"
-    if config.rollout_backend == "vllm-omni":  # known before starting one (an engine start takes minutes)
+    out_of_process = f"the rollout is a {settings.rollout_backend} engine running in its own process"
+    if settings.rollout_backend == "vllm-omni":  # known before starting one (an engine start takes minutes)
         return out_of_process
     start = time.perf_counter()
-    backend = build_backend(config)
+    backend = settings.start_sides()
     engine = backend.rollout_engine
     if engine is not None and not engine.in_process:  # another registered engine, known once started
         return out_of_process
@@ -329,7 +331,7 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
                 f"the {label}'s model holds {len(cores)} transformers ({', '.join(cores)}: experts); the replay "
                 f"watches one transformer per side"
             )
-    context = _context(config, backend, batch_spec, tables)
+    context = _context(settings, backend, batch_spec, tables)
     with preserved_state([rollout_model, trainer_model]), torch.no_grad():
         side_start = time.perf_counter()
         with record_calls(rollout_model) as calls:
@@ -341,9 +343,9 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
         side_start = time.perf_counter()
         with record_calls(trainer_model) as calls:
             if isinstance(out, plugins.PluginRollout):
-                table = plugins.plugin_recompute(backend, out.batch, config.trainer_attention)
+                table = plugins.plugin_recompute(backend, out.batch, settings.trainer_attention)
             else:
-                table = trainer_log_probs(backend, out, config.trainer_attention)
+                table = trainer_log_probs(backend, out, settings.trainer_attention)
         trainer = SideTrace("trainer", calls, _table(table), time.perf_counter() - side_start)
     return Replay(rollout, trainer, context, rollout_model, trainer_model, time.perf_counter() - start)
 
@@ -354,21 +356,19 @@ def _table(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def _context(config: Any, backend: Any, batch_spec: Any, tables: tuple[Any, Any] | None) -> ReplayContext:
-    from rollout_consistency.gate.sides.backends import pipeline_settings
-
+def _context(
+    settings: DiagnosisSettings, backend: Any, batch_spec: Any, tables: tuple[Any, Any] | None
+) -> ReplayContext:
     scheduler = backend.scheduler_setup.scheduler()
-    settings = pipeline_settings(config)
-    cfg = float(backend.family.cfg_scale(settings)) if backend.family.cfg_scale else 1.0
     return ReplayContext(
         samples=tuple(batch_spec.sample_indices),
         window_starts=tuple(s.window_start for s in batch_spec.samples),
-        window_size=config.resolved_window_size,
+        window_size=settings.window_size,
         sigmas=tuple(float(s) for s in scheduler.sigmas.double().tolist()),
-        noise_level=float(config.noise_level),
-        sde_type=config.sde_type,
-        cfg_scale=cfg,
-        attention=(config.rollout_attention, config.trainer_attention),
+        noise_level=settings.noise_level,
+        sde_type=settings.sde_type,
+        cfg_scale=backend.cfg_scale,
+        attention=(settings.rollout_attention, settings.trainer_attention),
         rollout_table=None if tables is None else np.asarray(tables[0], dtype=np.float64),
         trainer_table=None if tables is None else np.asarray(tables[1], dtype=np.float64),
     )

@@ -1,12 +1,14 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Judging: from two log-prob tables to PASS or FAIL, and the report that says why. Nothing here runs a side or
-reads the check's settings (tests/test_layout.py keeps it so); numpy only.
+reads the check's `CheckConfig` (tests/test_layout.py keeps it so): what it knows of a check's settings comes as
+one `JudgingSettings`, built from the config at the check's top; numpy only.
 
     views            the float64 working table and its views (cells, positions, timesteps, samples), vectorised
     metrics          the figures GRPO trainers log (`METRICS`: ratio mean/std, ppo_kl, clip fractions, approx_kl,
                      |Δlogp|): one `Metric` entry each
     mismatch         the mismatch statistics LLM trainers log (`STATISTICS`, reported, never gated)
     tolerances       the profiles (`PROFILES`: exact, implementation, kernel, calibrated) and their limits
+    settings         `JudgingSettings`: how the two sides differ, how the figures are gated
     tolerance_model  which differences a configuration legitimately has, and how the calibrated floor combines
     verdict          the checks: the gated metrics and the guards on the comparison itself (windows included)
     causes           a likely cause as a report carries it (`Diagnosis`; the doctor finds them)
@@ -32,6 +34,7 @@ from .metrics import (
 )
 from .mismatch import STATISTICS, MismatchStats, Statistic, compute_mismatch
 from .report import Report, SampleInfo
+from .settings import JudgingSettings
 from .tolerance_model import difference_sources
 from .tolerances import PROFILES, LimitContext, Profile, Tolerance, ToleranceError, get_profile, resolve_tolerance
 from .verdict import CheckResult, Problem, Verdict, decide
@@ -45,6 +48,7 @@ __all__ = [
     "CheckResult",
     "ConsistencyMetrics",
     "Diagnosis",
+    "JudgingSettings",
     "LimitContext",
     "LoggerError",
     "Metric",

@@ -38,7 +38,9 @@ import numpy as np
 
 from rollout_consistency.object_spec import is_object_spec
 
-from .metrics import METRICS, MetricsInputError, MetricValues, compute_metrics
+from .metrics import METRICS, ConsistencyMetrics, MetricsInputError, MetricValues, compute_metrics
+from .settings import JudgingSettings
+from .tolerances import Tolerance
 
 #: |Δlogp| at or below this is "rounding-sized" (≈100 float32 ULP of a log-prob near 1).
 ROUNDING_SIZED = 1e-5
@@ -53,46 +55,42 @@ class DifferenceSource:
     remedy: str
 
 
-def _batch_invariant(config: Any) -> bool:
-    return bool(getattr(config, "batch_invariant", False))
+def _trainer_name(settings: JudgingSettings) -> str:
+    return "PyTorch" if settings.trainer_backend == "torch" else repr(settings.trainer_backend)
 
 
-def _trainer_name(config: Any) -> str:
-    return "PyTorch" if config.trainer_backend == "torch" else repr(config.trainer_backend)
+def plugin_sides(settings: JudgingSettings) -> tuple[str, ...]:
+    """The sides of `settings` that are the user's own code (plug-ins): the checker cannot see their kernels."""
+    return tuple(side for side in ("rollout", "trainer") if is_object_spec(getattr(settings, f"{side}_backend")))
 
 
-def plugin_sides(config: Any) -> tuple[str, ...]:
-    """The sides of `config` that are the user's own code (plug-ins): the checker cannot see their kernels."""
-    return tuple(side for side in ("rollout", "trainer") if is_object_spec(getattr(config, f"{side}_backend")))
-
-
-def difference_sources(config: Any) -> tuple[DifferenceSource, ...]:
-    """The legitimate sources of difference between the two sides of `config` (a `CheckConfig`).
+def difference_sources(settings: JudgingSettings) -> tuple[DifferenceSource, ...]:
+    """The legitimate sources of difference between the two sides of `settings`.
 
     A plug-in side is none by itself: whether it runs the other side's code and kernels is the user's to say
     (`exact_notice` states the condition)."""
     sources = []
-    if config.rollout_backend != "torch" and "rollout" not in plugin_sides(config):
+    if settings.rollout_backend != "torch" and "rollout" not in plugin_sides(settings):
         sources.append(
             DifferenceSource(
                 "kernel",
-                f"the rollout engine is {config.rollout_backend}, the trainer {_trainer_name(config)}",
+                f"the rollout engine is {settings.rollout_backend}, the trainer {_trainer_name(settings)}",
                 "--profile kernel",
             )
         )
-    elif config.rollout_attention != config.trainer_attention:
+    elif settings.rollout_attention != settings.trainer_attention:
         sources.append(
             DifferenceSource(
                 "kernel",
-                f"rollout attention {config.rollout_attention!r}, trainer attention {config.trainer_attention!r}",
+                f"rollout attention {settings.rollout_attention!r}, trainer attention {settings.trainer_attention!r}",
                 "--profile kernel or calibrated",
             )
         )
-    if config.trajectory is None and not _batch_invariant(config):
-        rows, micro = config.rollout_batch_size, config.resolved_micro_batch_size
-        if config.step_execution:
+    if not settings.rollout_from_file and not settings.batch_invariant:
+        rows, micro = settings.rollout_batch_size, settings.micro_batch_size
+        if settings.step_execution:
             detail = (
-                f"the step-wise rollout forwards the requests running at each step (up to {config.max_num_seqs}), "
+                f"the step-wise rollout forwards the requests running at each step (up to {settings.max_num_seqs}), "
                 f"the trainer micro-batches of {micro}"
             )
         elif micro != rows:
@@ -103,7 +101,7 @@ def difference_sources(config: Any) -> tuple[DifferenceSource, ...]:
             sources.append(
                 DifferenceSource("batch composition", detail, "--batch-invariant (keeps exact) or --profile calibrated")
             )
-    implementation = getattr(config, "trainer_step_implementation", "reference")
+    implementation = settings.trainer_step_implementation
     if implementation != "reference":
         sources.append(
             DifferenceSource(
@@ -112,29 +110,29 @@ def difference_sources(config: Any) -> tuple[DifferenceSource, ...]:
                 "--profile implementation or calibrated",
             )
         )
-    if config.rollout_dtype != config.trainer_dtype:
+    if settings.rollout_dtype != settings.trainer_dtype:
         sources.append(
             DifferenceSource(
                 "dtype",
-                f"rollout transformer {config.rollout_dtype}, trainer {config.trainer_dtype}",
+                f"rollout transformer {settings.rollout_dtype}, trainer {settings.trainer_dtype}",
                 "run both sides in one dtype",
             )
         )
     return tuple(sources)
 
 
-def exact_promised(config: Any) -> bool:
-    """Whether ``exact`` (bit-for-bit) is a promise for `config`: no source of difference at all."""
-    return not difference_sources(config)
+def exact_promised(settings: JudgingSettings) -> bool:
+    """Whether ``exact`` (bit-for-bit) is a promise for `settings`: no source of difference at all."""
+    return not difference_sources(settings)
 
 
 def _describe(sources: Sequence[DifferenceSource]) -> str:
     return "; ".join(f"{s.name} ({s.detail}): use {s.remedy}" for s in sources)
 
 
-def _plugin_condition(config: Any) -> str | None:
+def _plugin_condition(settings: JudgingSettings) -> str | None:
     """What ``exact`` rests on when a side is the user's code (``None`` when neither is)."""
-    sides = plugin_sides(config)
+    sides = plugin_sides(settings)
     if not sides:
         return None
     # The header line names the plug-ins already; this one says what the verdict rests on.
@@ -146,10 +144,10 @@ def _plugin_condition(config: Any) -> str | None:
     )
 
 
-def exact_notice(config: Any) -> str | None:
-    """The line printed before any figure when `config` asks for ``exact`` but cannot be promised it, or when
+def exact_notice(settings: JudgingSettings) -> str | None:
+    """The line printed before any figure when `settings` ask for ``exact`` but cannot be promised it, or when
     the promise rests on a plug-in side's code (the condition, then)."""
-    sources, condition = difference_sources(config), _plugin_condition(config)
+    sources, condition = difference_sources(settings), _plugin_condition(settings)
     if not sources:
         return condition
     notice = (
@@ -159,7 +157,7 @@ def exact_notice(config: Any) -> str | None:
     return notice if condition is None else f"{notice}; {condition}"
 
 
-def rounding_advice(config: Any, max_abs_dlogp: float) -> str | None:
+def rounding_advice(settings: JudgingSettings, max_abs_dlogp: float) -> str | None:
     """Why an ``exact`` FAIL by a rounding-sized difference happened, and which profile or mode to use.
 
     ``None`` when the difference is not rounding-sized (a real bug) or not a number.
@@ -168,12 +166,12 @@ def rounding_advice(config: Any, max_abs_dlogp: float) -> str | None:
         return None
     ulps = max_abs_dlogp / 2.0**-24
     head = f"max |dlogp| {max_abs_dlogp:.3g} is rounding-sized (~{ulps:.3g} float32 ULP of a log-prob near 1)"
-    sources = difference_sources(config)
+    sources = difference_sources(settings)
     if sources:
         return f"{head}; the configuration has {_describe(sources)}"
-    if plugin_sides(config):
+    if plugin_sides(settings):
         return (
-            f"{head}; {_plugin_condition(config)}; with the same code, kernels and batches on both sides it is a "
+            f"{head}; {_plugin_condition(settings)}; with the same code, kernels and batches on both sides it is a "
             f"different computation, not noise (for another SDE step, --profile implementation)"
         )
     return (
@@ -184,7 +182,7 @@ def rounding_advice(config: Any, max_abs_dlogp: float) -> str | None:
 
 # ----------------------------------------------------------------------------------------------------
 # The calibrated floor: the trainer against itself with one source of difference changed at a time.
-def floor_variants(config: Any, default_kernel: str | None) -> dict[str, dict[str, Any]]:
+def floor_variants(settings: JudgingSettings, default_kernel: str | None) -> dict[str, dict[str, Any]]:
     """Per source: the trainer recompute settings that differ from the trainer's own in that source only.
 
     The kernel floor is always measured (it also stands for engine differences the configuration cannot
@@ -193,9 +191,9 @@ def floor_variants(config: Any, default_kernel: str | None) -> dict[str, dict[st
     variants: dict[str, dict[str, Any]] = {}
     if default_kernel is not None:
         variants["kernel"] = {"kernel": default_kernel}
-    names = {s.name for s in difference_sources(config)}
+    names = {s.name for s in difference_sources(settings)}
     if "batch composition" in names:
-        micro, rows = config.resolved_micro_batch_size, config.rollout_batch_size
+        micro, rows = settings.micro_batch_size, settings.rollout_batch_size
         other = rows if micro != rows else (1 if rows > 1 else None)
         if other is not None and other != micro:
             variants["batch composition"] = {"micro_batch_size": other}
@@ -241,15 +239,17 @@ def calibration_floor(
     return combine_floors(list(parts.values())), parts
 
 
-def exact_promise(config: Any, tolerance: Any, metrics: Any) -> tuple[Any, str | None]:
+def exact_promise(
+    settings: JudgingSettings, tolerance: Tolerance, metrics: ConsistencyMetrics | None
+) -> tuple[Tolerance, str | None]:
     """For an ``exact`` check: the tolerance with the not-promised notice first in its basis (the report
     prints it before any figure), and the advice for a rounding-sized FAIL (or ``None``)."""
     import dataclasses
 
-    notice = exact_notice(config)
+    notice = exact_notice(settings)
     if notice:
         tolerance = dataclasses.replace(tolerance, basis=f"{notice}. Limits: {tolerance.basis}")
     advice = None
     if metrics is not None and metrics.overall.count:
-        advice = rounding_advice(config, metrics.overall.max_abs_dlogp)
+        advice = rounding_advice(settings, metrics.overall.max_abs_dlogp)
     return tolerance, advice

@@ -8,7 +8,7 @@ For each judged step, in order:
 
 ``gap``        the step is not the last judged step + ``step_stride``: the steps between were not judged.
 ``nonfinite``  the step has a NaN/±inf entry (``nonfinite > 0``) or a NaN/±inf figure.
-``verdict``    a gated figure is outside the profile's limit (`GateSettings.tolerance`; the pooled profiles
+``verdict``    a gated figure is outside the profile's limit (`TableSettings.tolerance`; the pooled profiles
                allow a bias ``BIAS_NOISE_Z`` standard errors of its mean over samples, as the gate does), or the
                step compared no entry.
 ``sync``       the same as ``verdict``, on the first step judged after `mark_sync` (a weight sync, a resume):

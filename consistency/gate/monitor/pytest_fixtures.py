@@ -4,7 +4,7 @@
 
 * ``run_monitor`` fixture — ``run_monitor(loop, steps=K, **settings)`` calls ``loop(make_monitor, K)``: your loop
   builds its model and optimizer, then ``monitor = make_monitor(optimizer=optimizer)`` (a `RunMonitor` with the
-  fixture's settings: `MonitorSettings` / `GateSettings` fields as keywords), and trains K steps with the monitor's
+  fixture's settings: `MonitorSettings` / `TableSettings` fields as keywords), and trains K steps with the monitor's
   hooks. The test **fails** with the monitor's summary unless every monitor made judged at least K steps with no
   alarm (a monitor that judged fewer — or none — fails: a smoke that watched nothing proves nothing). Returns the
   summaries.

@@ -142,7 +142,7 @@ class RunMonitor:
             the directory it will capture to).
         process_group (*optional*): with ``distributed=True``, the torch.distributed group whose ranks hold the
             shards (default: the initialised default group).
-        **overrides: `MonitorSettings` or `GateSettings` fields (``profile="kernel"``, ``on_alarm="raise"``).
+        **overrides: `MonitorSettings` or `TableSettings` fields (``profile="kernel"``, ``on_alarm="raise"``).
     """
 
     def __init__(

@@ -4,7 +4,7 @@ likely cause, as text, JSON, JUnit and a per-step plot.
 
 ::
 
-    watcher = RunWatch(MonitorSettings(gate=GateSettings(profile="kernel")))
+    watcher = RunWatch(MonitorSettings(gate=TableSettings(profile="kernel")))
     result = watcher.update(watch_table(read_run("tensorboard_log/proj/exp")), final=True)
     result.passed, result.first_alarm, result.format()
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_consistency.gate.tables.settings import GateInputError, GateSettings
+from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 
 from .distributed import DEFAULT_MAX_TIMESTEPS
 from .figures import FIGURE_NAMES
@@ -31,10 +31,10 @@ class MonitorSettings:
     """How the run monitor judges each training step.
 
     Args:
-        gate ([`GateSettings`]): the per-step verdict's profile, compute dtype, clip ranges and threshold
+        gate ([`TableSettings`]): the per-step verdict's profile, compute dtype, clip ranges and threshold
             overrides — the step-1 gate's own settings; each step's pooled figures must stay within the profile's
             limits (``exact``: 0; ``kernel``: the published attention-kernel floor's; ``implementation``: float32
-            rounding). Default ``GateSettings()`` (``exact``).
+            rounding). Default ``TableSettings()`` (``exact``).
         warmup_steps (`int`): K, the number of first judged steps whose drift figure sets the drift alarm's floor
             (steps that fail their verdict are left out of it). The drift alarm is armed from step K+1 on.
         drift_figure (`str`): the figure the drift alarm follows (default ``mean_abs_dlogp``, verl-omni's
@@ -69,11 +69,11 @@ class MonitorSettings:
             `DistributedMonitorError` (a rank crashed or skipped the monitor).
 
     Raises:
-        MonitorError: a setting out of range, an unknown drift figure or ``on_alarm``, or a `GateSettings` the gate
+        MonitorError: a setting out of range, an unknown drift figure or ``on_alarm``, or a `TableSettings` the gate
             refuses.
     """
 
-    gate: GateSettings = field(default_factory=GateSettings)
+    gate: TableSettings = field(default_factory=TableSettings)
     warmup_steps: int = 20
     drift_figure: str = "mean_abs_dlogp"
     drift_slack: float = 1.0
@@ -92,8 +92,8 @@ class MonitorSettings:
     reduce_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gate, GateSettings):
-            raise MonitorError(f"gate must be a GateSettings, got {type(self.gate).__name__}.")
+        if not isinstance(self.gate, TableSettings):
+            raise MonitorError(f"gate must be a TableSettings, got {type(self.gate).__name__}.")
         if not isinstance(self.distributed, bool):
             raise MonitorError(f"distributed must be True or False, got {self.distributed!r}.")
         for name in ("warmup_steps", "step_stride", "max_dumps", "max_alarms_kept", "max_timesteps"):
@@ -129,14 +129,14 @@ class MonitorSettings:
             raise MonitorError(f"on_alarm {self.on_alarm!r}: expected one of {', '.join(ON_ALARM)}.")
 
     def replace(self, **changes: Any) -> MonitorSettings:
-        """A copy with `changes` applied (checked again); `GateSettings` fields are passed on to ``gate``."""
+        """A copy with `changes` applied (checked again); `TableSettings` fields are passed on to ``gate``."""
         names = {f.name for f in dataclasses.fields(self)}
-        gate_names = {f.name for f in dataclasses.fields(GateSettings)}
+        gate_names = {f.name for f in dataclasses.fields(TableSettings)}
         unknown = sorted(set(changes) - names - gate_names)
         if unknown:
             raise TypeError(
                 f"unknown monitor setting(s) {', '.join(map(repr, unknown))}; the settings are MonitorSettings' "
-                f"fields ({', '.join(sorted(names))}) and GateSettings' ({', '.join(sorted(gate_names))})."
+                f"fields ({', '.join(sorted(names))}) and TableSettings' ({', '.join(sorted(gate_names))})."
             )
         own = {k: v for k, v in changes.items() if k in names}
         gate_changes = {k: v for k, v in changes.items() if k not in names}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from . import plugins
 from .plan import BatchSpec
 from .shared import Backend, BackendError, BatchResult, attention, encode_prompts
 from .trainer import score_trajectory
+
+if TYPE_CHECKING:  # the adapters import torch: only named here, imported where used
+    from rollout_consistency.adapters import PipelineSettings
 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
 
@@ -59,7 +62,7 @@ def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchR
 
 # ----------------------------------------------------------------------------------------------------
 # Model families: the checker reads everything per family from its `ModelFamily` (no family-name branches).
-def pipeline_settings(config: CheckConfig) -> Any:
+def pipeline_settings(config: CheckConfig) -> PipelineSettings:
     """The config's pipeline arguments as the adapters' `PipelineSettings` (what each family maps to its options)."""
     from rollout_consistency.adapters import PipelineSettings
 
@@ -97,7 +100,7 @@ def checker_family(name: str) -> Any:
     return family
 
 
-def _load_transformer(family: Any, path: str | None, dtype: Any, device: str, settings: Any) -> Any:
+def _load_transformer(family: Any, path: str | None, dtype: Any, device: str, settings: PipelineSettings) -> Any:
     # The family's loader settings (Wan 2.2: boundary_ratio, which makes the model two experts).
     kwargs = family.model_kwargs(settings) if family.model_kwargs is not None else {}
     if path is not None:
@@ -111,7 +114,7 @@ def _load_transformer(family: Any, path: str | None, dtype: Any, device: str, se
     return model.load_transformer(dtype=dtype, device=device, seed=0, **kwargs)
 
 
-def _prompt_encoder(family: Any, path: str | None, transformer: Any, device: str, settings: Any) -> Any:
+def _prompt_encoder(family: Any, path: str | None, transformer: Any, device: str, settings: PipelineSettings) -> Any:
     if path is not None:
         return family.load_prompt_encoder(path, device, settings)
     from rollout_consistency.adapters import tiny
@@ -244,6 +247,7 @@ def build_backend(config: CheckConfig) -> Backend:
         options=options,
         guidance=float(family.guidance(settings)),
         cfg_passes=2 if family.cfg_scale(settings) > 1 else 1,
+        cfg_scale=float(family.cfg_scale(settings)),
         injection=config.inject,
         floor_kernel=floor_kernel(config),
         rollout_engine=engine,

@@ -57,7 +57,7 @@ def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]
     """Per source present in the configuration (besides the kernel, which `score_trajectory` measures): the
     trainer's log-probs `(B, W)` float32 with that source changed."""
     config = backend.config
-    variants = floor_variants(config, None)
+    variants = floor_variants(config.judging, None)
     return {
         source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
         for source, settings in variants.items()

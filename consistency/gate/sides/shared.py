@@ -103,6 +103,8 @@ class Backend:
     #: A trainer plug-in's optional expert record, ``(backend, batch, (n, W)) -> names | None``
     #: (`rollout_consistency.gate.sides.plugins.plugin_trainer_experts`); None: the built-in trainer's.
     trainer_experts: Callable[[Backend, Any, tuple[int, ...]], Any] | None = None
+    #: The family's classifier-free guidance scale for these settings (1: off; 2 passes per step above 1).
+    cfg_scale: float = 1.0
 
 
 def encode_prompts(backend: Backend, prompts: Sequence[str]) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from rollout_consistency.gate.config import CheckConfig
+
 from .floor_tables import measure_floor_tables, recompute_variant
 from .shared import Backend, BatchResult, attention
 
@@ -104,7 +106,7 @@ def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndar
     return backend.trainer_recompute(backend, trajectory, kernel)
 
 
-def start(config: Any) -> Callable[[Backend, Any, str], np.ndarray]:
+def start(config: CheckConfig) -> Callable[[Backend, Any, str], np.ndarray]:
     """The ``torch`` trainer backend's registered factory: its recompute, [`torch_log_probs`]."""
     return torch_log_probs
 

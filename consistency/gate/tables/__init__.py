@@ -3,7 +3,7 @@
 verdict and doctor (docs/ci.md).
 
     api              `gate(rollout_log_probs, trainer_log_probs, settings)` -> `GateReport`
-    settings         `GateSettings`: how `gate()` judges the tables (profile, clip ranges, limits, ...)
+    settings         `TableSettings`: how `gate()` judges the tables (profile, clip ranges, limits, ...)
     dump             `write_dump` / `read_dump`: the tables as one safetensors file (`rollout-consistency gate DUMP`)
     recorder         `Step1Recorder`: collects the tables inside a training loop, gates them at the first update;
                      `digest_ids`: sample ids for a loop that keeps none
@@ -17,7 +17,7 @@ from __future__ import annotations
 from .api import GateInputError, GateReport, gate
 from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
 from .recorder import RecorderError, Step1GateFailed, Step1Recorder, digest_ids
-from .settings import GateSettings
+from .settings import GateSettings, TableSettings
 
 __all__ = [
     "DumpFormatError",
@@ -28,6 +28,7 @@ __all__ = [
     "RecorderError",
     "Step1GateFailed",
     "Step1Recorder",
+    "TableSettings",
     "digest_ids",
     "gate",
     "read_dump",

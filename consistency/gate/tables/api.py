@@ -33,7 +33,7 @@ from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
 from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide, window_problems
 
-from .settings import GateInputError, GateSettings
+from .settings import GateInputError, TableSettings
 
 #: Guards a pair of tables can never support: the work did not run on the checker's workers.
 _NEVER_CHECKED = {"workers": "the tables come from your code, not from the checker's workers"}
@@ -87,7 +87,7 @@ class GateReport(Report):
 def gate(
     rollout_log_probs: Any,
     trainer_log_probs: Any,
-    settings: GateSettings | None = None,
+    settings: TableSettings | None = None,
     *,
     timesteps: Any = None,
     sample_ids: Any = None,
@@ -102,14 +102,14 @@ def gate(
         rollout_log_probs (`np.ndarray` or `torch.Tensor` of shape `(N, T)`, float32): the log-prob of each
             stored SDE step as the rollout computed it (``old_log_probs``), one row per sample.
         trainer_log_probs (`(N, T)` float32): the trainer's recomputation of the same steps before any update.
-        settings ([`GateSettings`], *optional*): how to judge them (profile, clip ranges, micro-batch,
-            threshold overrides, source and notes); default `GateSettings()`.
+        settings ([`TableSettings`], *optional*): how to judge them (profile, clip ranges, micro-batch,
+            threshold overrides, source and notes); default `TableSettings()`.
         timesteps (`(N, T)` float, *optional*): the timestep value of each step (per-timestep views).
         sample_ids (`(N,)` int, *optional*): your id of each row (reports name rows by it); must be unique.
         prompt_groups, window_starts (`(N,)` int, *optional*): with both, the ``windows`` guard checks that
             each prompt group shares one SDE window; otherwise it is *not checked*.
         advantages (`(N,)` float, *optional*): adds LLM verl's advantage-dependent clip fractions.
-        **overrides: `GateSettings` fields by name, applied over `settings` (``gate(r, t, profile="kernel")``,
+        **overrides: `TableSettings` fields by name, applied over `settings` (``gate(r, t, profile="kernel")``,
             as the pytest marker, the recorder and a dump's ``gate`` pass them).
 
     Returns:
@@ -119,10 +119,10 @@ def gate(
 
     Raises:
         GateInputError: an input cannot be used (a non-2-D or non-float table, an optional array of the wrong
-            length, duplicate sample ids, non-finite timesteps or advantages, a bad setting: see `GateSettings`).
-        TypeError: an override that is not a `GateSettings` field.
+            length, duplicate sample ids, non-finite timesteps or advantages, a bad setting: see `TableSettings`).
+        TypeError: an override that is not a `TableSettings` field.
     """
-    settings = GateSettings() if settings is None else settings
+    settings = TableSettings() if settings is None else settings
     if overrides:
         settings = settings.replace(**overrides)
     rollout = _table(rollout_log_probs, "rollout_log_probs")
@@ -316,4 +316,4 @@ def gate_junit_xml(report: GateReport) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-__all__ = ["GateInputError", "GateReport", "GateSettings", "gate", "gate_junit_xml"]
+__all__ = ["GateInputError", "GateReport", "TableSettings", "gate", "gate_junit_xml"]

@@ -3,7 +3,7 @@
 
 `Step1Recorder` builds it at the end of a recording (``report.run["coverage"]``) and stores it in its dump's
 metadata under [`COVERAGE_KEY`], so ``gate DUMP`` judges the dump as the recorder judged the tables in process:
-the same ``complete`` guard (`GateSettings.expected_samples`, or *not checked* when the rollout's sample count
+the same ``complete`` guard (`TableSettings.expected_samples`, or *not checked* when the rollout's sample count
 is unknown) and the same notes. A dict of plain JSON values::
 
     recorded_samples, recorded_steps   the tables' rows and columns
@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .settings import GateSettings
+from .settings import TableSettings
 
 __all__ = ["COVERAGE_KEY", "coverage_notes", "coverage_settings", "parse_coverage", "settings_with_coverage"]
 
@@ -55,7 +55,7 @@ def _count(value: Any) -> bool:
 
 
 def coverage_settings(coverage: Mapping[str, Any]) -> dict[str, Any]:
-    """`GateSettings` fields for a coverage: ``expected_samples`` when known, else ``complete`` not checked."""
+    """`TableSettings` fields for a coverage: ``expected_samples`` when known, else ``complete`` not checked."""
     if coverage.get("expected_samples") is None:
         return {
             "not_checked": {
@@ -87,9 +87,9 @@ def coverage_notes(coverage: Mapping[str, Any]) -> list[str]:
 
 
 def settings_with_coverage(
-    coverage: Mapping[str, Any], settings: GateSettings | None, overrides: Mapping[str, Any]
-) -> GateSettings:
-    """The `GateSettings` judging a recorder's tables (in process, or from its dump): `settings` with the
+    coverage: Mapping[str, Any], settings: TableSettings | None, overrides: Mapping[str, Any]
+) -> TableSettings:
+    """The `TableSettings` judging a recorder's tables (in process, or from its dump): `settings` with the
     coverage's fields (`coverage_settings`), then the caller's `overrides`, and the coverage's notes appended."""
-    judged = (settings or GateSettings()).replace(**{**coverage_settings(coverage), **overrides})
+    judged = (settings or TableSettings()).replace(**{**coverage_settings(coverage), **overrides})
     return judged.replace(notes=(*judged.notes, *coverage_notes(coverage)))

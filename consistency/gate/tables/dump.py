@@ -97,7 +97,7 @@ class LogProbDump:
         return {name: getattr(self, name) for name in _SPEC if getattr(self, name) is not None}
 
     def gate(self, settings: Any = None, **overrides: Any) -> Any:
-        """`rollout_consistency.gate.gate` on this dump's tables, with `settings` (a `GateSettings`) and/or its
+        """`rollout_consistency.gate.gate` on this dump's tables, with `settings` (a `TableSettings`) and/or its
         fields as keywords (profile, clip_ratio, ...); the notes default to the dump's metadata."""
         from .api import gate
 

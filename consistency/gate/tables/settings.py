@@ -1,5 +1,8 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""[`GateSettings`]: how `gate()` judges a pair of tables, as one frozen object checked when it is built.
+"""[`TableSettings`]: how `gate()` judges a pair of tables, as one frozen object checked when it is built.
+
+Named for what it judges, the user's tables, so that "gate" names the function, the command and the package only.
+`GateSettings` is the same class under its earlier name, kept because it is public API (documented in docs/ci.md).
 
 Everything but the tables themselves: the tolerance profile and the dtype it scales with, the PPO clip ranges,
 the trainer's micro-batch, per-metric limit overrides, and where the tables came from. `gate(rollout, trainer,
@@ -24,7 +27,7 @@ from rollout_consistency.gate.judging.tolerances import (
     table_profiles,
 )
 
-__all__ = ["GateInputError", "GateSettings"]
+__all__ = ["GateInputError", "GateSettings", "TableSettings"]
 
 
 class GateInputError(ValueError):
@@ -32,7 +35,7 @@ class GateInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class GateSettings:
+class TableSettings:
     """How `rollout_consistency.gate.gate` judges the tables.
 
     Args:
@@ -108,13 +111,13 @@ class GateSettings:
         high = self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
         return low, high
 
-    def replace(self, **changes: Any) -> GateSettings:
+    def replace(self, **changes: Any) -> TableSettings:
         """A copy with `changes` applied (checked again); an unknown name is a TypeError naming the fields."""
         names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(changes) - set(names))
         if unknown:
             raise TypeError(
-                f"gate() got unknown setting(s) {', '.join(map(repr, unknown))}; the settings are GateSettings' "
+                f"gate() got unknown setting(s) {', '.join(map(repr, unknown))}; the settings are TableSettings' "
                 f"fields: {', '.join(names)}."
             )
         return dataclasses.replace(self, **changes)
@@ -142,3 +145,7 @@ def _expected_samples(value: Any) -> int | tuple[int, ...] | None:
 def _either(names: Sequence[str]) -> str:
     quoted = [repr(name) for name in names]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+#: The earlier name of `TableSettings` (public API, the same class): existing code that imports it keeps working.
+GateSettings = TableSettings
