@@ -6,7 +6,8 @@ Cause ids are stable (tests and dashboards key on them). The ``--inject`` names 
 (``bf16-latents``, ``stepwise-bf16``, ``mask-sum-rope``, ``per-request-window``); what a replay or the tables
 can name in users' code (``guidance-mismatch``, ``noise-level-mismatch``, ``sde-type-mismatch``, ``step-index``,
 ``logprob-reduction``, ``logprob-offset``, ``logprob-convention``, ``model-input``, ``text-conditioning``,
-``misaligned-batch``, ``different-weights``, ``forward-precision``, ``settings-mismatch``); the two causes that
+``misaligned-batch``, ``different-weights``, ``forward-precision``, ``settings-mismatch``, and, from a module's state
+inside the first differing block, ``train-mode``, ``adapter-scale``, ``attention-processor``); the two causes that
 are no bug (`NOT_A_BUG`: ``attention-kernel``, ``batch-composition``), named only where the report records, or
 the replay measured, that the sides' kernels or batches differ; ``different-computation`` (the sides differ and
 the evidence cannot say where); ``expert-switch`` (Wan 2.2: the sides scored a step with different experts);
@@ -123,6 +124,21 @@ FIXES: dict[str, str] = {
     "forward-precision": (
         "run the transformer in one precision on both sides: the same parameter dtype and the same autocast "
         "(or none); `rollout-consistency precision` compares the two sides' settings"
+    ),
+    "train-mode": (
+        "score in eval mode on both sides: call model.eval() (verl-omni: the engine's eval context) before the "
+        "forwards that recompute old log-probs, or give the policy no dropout (lora_dropout=0); a dropout active on "
+        "one side draws a new mask every forward, so its log-probs never equal the other side's"
+    ),
+    "adapter-scale": (
+        "give both sides the same adapter state: the same LoraConfig (lora_alpha / r is the scaling), the same "
+        "active adapters (set_adapter), merged on both or on neither, and the same scale at call time "
+        "(joint_attention_kwargs={'scale': ...}, set_adapters(adapter_weights=...)); sync it with the weights"
+    ),
+    "attention-processor": (
+        "set the same attention processor on both sides (transformer.set_attn_processor(...); compare "
+        "transformer.attn_processors); where the two are the same maths on different kernels, gate with --profile "
+        "kernel"
     ),
     "different-computation": (
         "localise it: plug both sides into the check as plug-ins that expose their `model` "
