@@ -244,7 +244,7 @@ def test_the_doctor_names_the_submodule_and_both_states_in_a_users_loop(case, mo
     assert top["cause"] == found.expected, evidence
     located = [e for e in evidence if e.startswith("first differing submodule: ")]
     assert located and located[0].startswith(f"first differing submodule: {module} (max |Δ| "), evidence
-    assert located[0].endswith("its inputs agree bit for bit")
+    assert located[0].endswith("its input tensors agree bit for bit")
     assert state in evidence
     inside = top["details"]["facts"]["inside"]
     assert inside["reproduced"] is True and inside["first"]["max_abs"] > 0

@@ -174,6 +174,7 @@ def _watch_region(model: Any, stage: str, call: int, row: int) -> Iterator[_Watc
     """Record the region's modules during forward `call` of `model`'s transformer, at `row`; stop after it."""
     import torch
 
+    from .module_state import module_state
     from .replay import BLOCK_SAMPLE, _row_sample, _rows, _watch_point
 
     core, with_blocks = _watch_point(model)
@@ -209,7 +210,7 @@ def _watch_region(model: Any, stage: str, call: int, row: int) -> Iterator[_Watc
                 return
             runs[name] = runs.get(name, 0) + 1
             key = name if runs[name] == 1 else f"{name}#{runs[name]}"
-            watch.records[key] = ModuleRecord(key, _state(module), _tensors((args, kwargs), rows[0], row))
+            watch.records[key] = ModuleRecord(key, module_state(module), _tensors((args, kwargs), rows[0], row))
 
         return hook
 
@@ -257,12 +258,6 @@ def _block_name(core: Any, stage: str) -> str | None:
     names = [name for name, _ in _blocks_named(core)]
     index = int(stage.split(".")[1])
     return names[index] if index < len(names) else None
-
-
-def _state(module: Any) -> dict[str, Any]:
-    from .module_state import module_state
-
-    return module_state(module)
 
 
 def _tensors(value: Any, rows: int, row: int) -> tuple[str, Any, int] | None:

@@ -199,12 +199,12 @@ def _inside_cause(inside: Mapping[str, Any] | None, stage: str) -> tuple[str | N
             f"inside {stage}, no submodule's inputs agree while its outputs differ ({inside.get('modules', 0)} modules "
             f"compared): its inputs already differ"
         ]
-    size = located["max_abs"]
-    sampled = "" if located["sampled"] >= located["values"] else f" over {located['sampled']} sampled values"
-    lines = [
-        f"first differing submodule: {located['module']} (max |Δ| {size:.3g} of its {located['values']} output "
-        f"values{sampled}), its inputs agree bit for bit"
-    ]
+    if not located["sampled"]:
+        size = f"its outputs differ in size, {located['values']} values on the rollout"
+    else:
+        sampled = "" if located["sampled"] >= located["values"] else f", over {located['sampled']} sampled"
+        size = f"max |Δ| {located['max_abs']:.3g} of its {located['values']} output values{sampled}"
+    lines = [f"first differing submodule: {located['module']} ({size}), its input tensors agree bit for bit"]
     differences = inside.get("differences") or []
     if not differences:
         lines.append(
