@@ -605,6 +605,33 @@ class DanceGRPOTrainer(DanceGRPOFlux):
 
 
 # ====================================================================================================
+# A LoRA policy, as the three trainers train one: peft's LoRA on the attention projections.
+LORA_TARGET_MODULES = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+
+
+def add_policy_lora(transformer, *, lora_alpha: int = 64, lora_dropout: float = 0.0, seed: int = 1):
+    """``transformer.add_adapter(LoraConfig(...), adapter_name="default")`` (verl-omni's diffusers engine; flow_grpo's
+    targets), rank 8, its weights those of a policy some updates in: drawn from a generator seeded with `seed`, so
+    both sides hold the same adapter. Returns the transformer (the same object, the adapter injected)."""
+    from peft import LoraConfig
+
+    config = LoraConfig(
+        r=8,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        init_lora_weights="gaussian",
+        target_modules=LORA_TARGET_MODULES,
+    )
+    transformer.add_adapter(config, adapter_name="default")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in transformer.named_parameters():
+            if ".lora_" in name:
+                parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return transformer
+
+
+# ====================================================================================================
 #: The checker settings each loop runs under in the corpus (tiny models, 4 samples in 2 prompt groups).
 SETTINGS: dict[str, dict[str, Any]] = {
     # flow_grpo runs the SDE on every step and trains on all of them: the window is the whole schedule.

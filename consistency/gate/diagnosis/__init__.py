@@ -16,6 +16,8 @@ own code that finds the first stage where they part.
                       function itself is `rollout_consistency.gate.localise`); `localise_check`, the check's
                       replay compared call by call
     replay            both sides' own code run once more on one batch, their models' forwards recorded by hooks
+    inside_block      inside the first differing block: the submodule where the sides part, one forward looked at
+    module_state      a module's state as it runs (training, dropout, LoRA scaling, attention processor, dtype)
     call_match        the two sides' forwards paired by content for the same (sample, step)
     step_fit          the step outside the model (noise level, SDE type, sigma, reduction) fitted to each side
 """

@@ -232,6 +232,39 @@ for _cause in (
         replay_summary="Same inputs, different precision: the two sides' forwards run in different dtypes or autocast.",
     ),
     Cause(
+        "train-mode",
+        summary="A module runs in training mode on one side: its dropout is active there and not on the other.",
+        fix=(
+            "score in eval mode on both sides: call model.eval() (verl-omni: the engine's eval context) before the "
+            "forwards that recompute old log-probs, or give the policy no dropout (lora_dropout=0); a dropout active "
+            "on one side draws a new mask every forward, so its log-probs never equal the other side's"
+        ),
+        kinds=("replay-stage",),
+        replay_summary=True,
+    ),
+    Cause(
+        "adapter-scale",
+        summary="The two sides' adapters differ: LoRA scaling, active adapters or merged state.",
+        fix=(
+            "give both sides the same adapter state: the same LoraConfig (lora_alpha / r is the scaling), the same "
+            "active adapters (set_adapter), merged on both or on neither, and the same scale at call time "
+            "(joint_attention_kwargs={'scale': ...}, set_adapters(adapter_weights=...)); sync it with the weights"
+        ),
+        kinds=("replay-stage",),
+        replay_summary=True,
+    ),
+    Cause(
+        "attention-processor",
+        summary="The two sides run different attention processors.",
+        fix=(
+            "set the same attention processor on both sides (transformer.set_attn_processor(...); compare "
+            "transformer.attn_processors); where the two are the same maths on different kernels, gate with "
+            "--profile kernel"
+        ),
+        kinds=("replay-stage",),
+        replay_summary=True,
+    ),
+    Cause(
         "settings-mismatch",
         summary="The sides run with different settings.",
         fix=(

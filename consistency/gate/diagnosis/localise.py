@@ -117,7 +117,10 @@ class Localisation:
             ``forwards`` (rows per forward, each side), ``passes`` (forwards per sample and step), ``rounded``
             (which side's differing input holds only bf16 values), ``timestep_neighbour`` (a side's timestep is
             exactly another step's), ``misaligned`` (text conditioning of another sample), ``step_fit`` (the
-            step settings that reproduce each side's log-probs), ``replay`` (its faithfulness), ``seconds``.
+            step settings that reproduce each side's log-probs), ``replay`` (its faithfulness), ``seconds``;
+            where the first differing stage is a block or the output, ``first_pair`` (the earliest paired forwards
+            where it differs) and ``inside`` (the submodule where the sides part and its state differences:
+            `rollout_consistency.gate.diagnosis.inside_block`).
     """
 
     stages: tuple[StageDiff, ...]
@@ -470,16 +473,30 @@ def localise_check(
     backends, as the check ran them) with their models watched, and compare call by call.
 
     Returns the [`Localisation`], or a sentence saying why the sides cannot be watched (see
-    `rollout_consistency.gate.diagnosis.replay.replay_batch`). `tables`: the check's ``(rollout, trainer)`` log-probs of
-    the batch (the replay must reproduce them).
+    `rollout_consistency.gate.diagnosis.replay.replay_batch`). `tables`: the check's ``(rollout, trainer)`` log-probs
+    of the batch (the replay must reproduce them). Where the first differing stage is a block (or the output), one
+    forward per side is looked at once more inside it (`inside_block.look_inside`: the submodule where the sides
+    part and the state differences there, ``facts["inside"]``).
     """
     from .replay import replay_batch
 
     try:
         replay = replay_batch(settings, batch_spec, tables)
-        return replay if isinstance(replay, str) else localise_replay(replay)
+        if isinstance(replay, str):
+            return replay
+        found = localise_replay(replay)
     except Exception as error:  # the user's code failed on the replay: the diagnosis must not end the check
         return f"the replay of the sides' code raised {type(error).__name__}: {str(error)[:200]}"
+    pair = found.facts.get("first_pair")
+    if pair is None:
+        return found
+    from .inside_block import look_inside
+
+    try:
+        inside = look_inside(settings, batch_spec, replay, pair)
+    except Exception as error:  # the localisation stands; only the look inside the block is lost
+        inside = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    return found if inside is None else dataclasses.replace(found, facts={**found.facts, "inside": inside})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -493,7 +510,8 @@ def localise_replay(replay: Any) -> Localisation:
     Stages, in order: ``weights``, ``forwards`` (a side runs more forwards per sample and step: CFG on one side
     only), ``pairing`` (trainer forwards on latents the rollout never fed), ``inputs.<name>``, ``blocks.<i>``,
     ``output``. When none differs, ``facts["step_fit"]`` holds the step settings that reproduce each side's
-    log-probs from its own forwards (`rollout_consistency.gate.diagnosis.step_fit`).
+    log-probs from its own forwards (`rollout_consistency.gate.diagnosis.step_fit`); when the first differing stage
+    is a block or the output, ``facts["first_pair"]`` names the forward to look inside (`localise_check` does).
     """
     from .call_match import match_calls, pair_passes
 
@@ -530,6 +548,7 @@ def localise_replay(replay: Any) -> Localisation:
             )
         )
     worst: dict[str, StageDiff] = {}
+    earliest: dict[str, tuple[int, ...]] = {}  # stage -> the earliest paired forwards where it differs
     compared = 0
     for unit in units:
         pairs, _, _ = pair_passes(unit, r_calls, t_calls)
@@ -541,8 +560,21 @@ def localise_replay(replay: Any) -> Localisation:
                 kept = worst.get(diff.stage)
                 if kept is None or (located.differs and (not kept.differs or located.max_abs > kept.max_abs)):
                     worst[diff.stage] = located
+                here = (
+                    t_ref.call + r_ref.call,
+                    t_ref.call,
+                    r_ref.call,
+                    r_ref.row,
+                    t_ref.row,
+                )  # fewest forwards to re-run
+                if diff.differs and (diff.stage not in earliest or here < earliest[diff.stage]):
+                    earliest[diff.stage] = here
     stages += [worst[name] for name in sorted(worst, key=_replay_stage_rank)]
     facts = _facts(replay, matching, units, worst, passes, compared)
+    first = next((stage for stage in stages if stage.differs), None)
+    if first is not None and (first.stage.startswith("blocks.") or first.stage == "output"):
+        _, t_call, r_call, r_row, t_row = earliest[first.stage]
+        facts["first_pair"] = {"stage": first.stage, "rollout": [r_call, r_row], "trainer": [t_call, t_row]}
     if units and not any(stage.differs for stage in stages):
         facts["step_fit"] = _step_fit(replay, matching, units)
     return Localisation(

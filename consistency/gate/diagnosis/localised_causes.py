@@ -100,7 +100,12 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
         cause = _STAGE_CAUSES.get(stage, "model-input")
     else:  # blocks / output with identical inputs: what differs in how the forwards run?
         cause, line = _forward_cause(settings, first)
-        extra.append(line)
+        named, inside = _inside_cause(facts.get("inside"), stage)
+        if named is not None:
+            cause = named
+        else:
+            extra.append(line)
+        extra += inside
     summary = _SUMMARIES.get(cause, f"The two sides part at {stage}.")
     if cause == "model-input":
         summary = f"A model input is computed differently: {stage}."
@@ -149,6 +154,50 @@ def _timestep_cause(facts: Mapping[str, Any]) -> tuple[str, str]:
             f"{sides[0]} rounds the timestep it feeds the transformer"
         )
     return "model-input", "the timesteps differ, and not by one step of the schedule"
+
+
+def _inside_cause(inside: Mapping[str, Any] | None, stage: str) -> tuple[str | None, list[str]]:
+    """The cause the look inside the first differing block names (None: no state difference where the sides part),
+    and what it measured (`rollout_consistency.gate.diagnosis.inside_block`)."""
+    from .module_state import describe
+
+    if not inside:
+        return None, []
+    if "error" in inside:
+        return None, [f"the look inside {stage} raised {inside['error']}: nothing is said of its submodules"]
+    if not inside.get("reproduced"):
+        return None, [
+            f"a second run of both sides did not reproduce the forward looked at ({stage} differs from the replay's): "
+            f"nothing is said of its submodules"
+        ]
+    located = inside.get("first")
+    if located is None:
+        return None, [
+            f"inside {stage}, no submodule's inputs agree while its outputs differ ({inside.get('modules', 0)} modules "
+            f"compared): its inputs already differ"
+        ]
+    if not located["sampled"]:
+        size = f"its outputs differ in size, {located['values']} values on the rollout"
+    else:
+        sampled = "" if located["sampled"] >= located["values"] else f", over {located['sampled']} sampled"
+        size = f"max |Δ| {located['max_abs']:.3g} of its {located['values']} output values{sampled}"
+    lines = [f"first differing submodule: {located['module']} ({size}), its input tensors agree bit for bit"]
+    differences = inside.get("differences") or []
+    if not differences:
+        lines.append(
+            f"no state of {located['module']} or its submodules differs (training, dropout, adapters, "
+            f"attention processor, dtype)"
+        )
+        return None, lines
+    top = differences[0]
+    states = inside["states"][top["module"]]
+    lines.append(describe(top["module"], top["field"], states[0], states[1]))
+    same = [d["module"] for d in inside.get("elsewhere") or () if d["field"] == top["field"]][:3]
+    if same:
+        more = (inside.get("elsewhere_fields") or {}).get(top["field"], len(same)) - len(same)
+        tail = f" and {more} more of the modules looked at" if more > 0 else ""
+        lines.append(f"{top['field']} differs the same way in {', '.join(same)}{tail}")
+    return top["cause"], lines
 
 
 def _forward_cause(settings: Mapping[str, tuple[str, str]], first: Any) -> tuple[str, str]:

@@ -122,6 +122,8 @@ class Replay:
     rollout_model: Any
     trainer_model: Any
     seconds: float = 0.0
+    rollout_output: Any = None  # what the rollout returned (the trainer's input), for a second look at one forward
+    rng: Mapping[str, Any] = field(default_factory=dict)  # each side's RNG states when its run began (`rng_state`)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -145,13 +147,11 @@ def _blocks(core: Any) -> list[Any]:
 def preserved_state(models: Sequence[Any]) -> Iterator[None]:
     """Restore, on the way out, every module's training flag, every parameter's ``requires_grad`` and the
     Python, NumPy, torch CPU and CUDA RNG states (a user's code may call ``.train()`` or draw from them)."""
-    import torch
 
     modules = [m for model in models if model is not None for m in model.modules()]
     training = [(m, m.training) for m in modules]
     grads = [(p, p.requires_grad) for model in models if model is not None for p in model.parameters()]
-    python_rng, numpy_rng, torch_rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    rng = rng_state()
     try:
         yield
     finally:
@@ -159,11 +159,30 @@ def preserved_state(models: Sequence[Any]) -> Iterator[None]:
             module.training = flag
         for parameter, flag in grads:
             parameter.requires_grad_(flag)
-        random.setstate(python_rng)
-        np.random.set_state(numpy_rng)
-        torch.set_rng_state(torch_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        set_rng_state(rng)
+
+
+def rng_state() -> dict[str, Any]:
+    """The Python, NumPy, torch CPU and CUDA RNG states (what a user's code may draw from)."""
+    import torch
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back RNG states taken by [`rng_state`]."""
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _watch_point(model: Any) -> tuple[Any, bool]:
@@ -301,16 +320,38 @@ def replay_batch(settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any
     """
     import torch
 
+    start = time.perf_counter()
+    sides = watched_sides(settings)
+    if isinstance(sides, str):
+        return sides
+    backend, rollout_model, trainer_model = sides
+    context = _context(settings, backend, batch_spec, tables)
+    rng: dict[str, Any] = {}
+    with preserved_state([rollout_model, trainer_model]), torch.no_grad():
+        side_start = time.perf_counter()
+        rng["rollout"] = rng_state()
+        with record_calls(rollout_model) as calls:
+            out = run_rollout(backend, batch_spec)
+        rollout = SideTrace("rollout", calls, _table(out.log_probs), time.perf_counter() - side_start)
+        side_start = time.perf_counter()
+        rng["trainer"] = rng_state()
+        with record_calls(trainer_model) as calls:
+            table = run_trainer(backend, out, settings)
+        trainer = SideTrace("trainer", calls, _table(table), time.perf_counter() - side_start)
+    seconds = time.perf_counter() - start
+    return Replay(rollout, trainer, context, rollout_model, trainer_model, seconds, rollout_output=out, rng=rng)
+
+
+def watched_sides(settings: DiagnosisSettings) -> tuple[Any, Any, Any] | str:
+    """Both sides built afresh, as the check built them (`settings.start_sides`): ``(backend, rollout model, trainer model)``, or a sentence saying
+    why they cannot be watched."""
     from rollout_consistency.gate.sides import plugins
-    from rollout_consistency.gate.sides.backends import rollout_trajectory
-    from rollout_consistency.gate.sides.trainer import trainer_log_probs
 
     if settings.rollout_from_file:
         return "the rollout is a trajectory file: its code is not in this process"
     out_of_process = f"the rollout is a {settings.rollout_backend} engine running in its own process"
     if settings.rollout_backend == "vllm-omni":  # known before starting one (an engine start takes minutes)
         return out_of_process
-    start = time.perf_counter()
     backend = settings.start_sides()
     engine = backend.rollout_engine
     if engine is not None and not engine.in_process:  # another registered engine, known once started
@@ -331,23 +372,27 @@ def replay_batch(settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any
                 f"the {label}'s model holds {len(cores)} transformers ({', '.join(cores)}: experts); the replay "
                 f"watches one transformer per side"
             )
-    context = _context(settings, backend, batch_spec, tables)
-    with preserved_state([rollout_model, trainer_model]), torch.no_grad():
-        side_start = time.perf_counter()
-        with record_calls(rollout_model) as calls:
-            if sides and sides.rollout:
-                out = plugins.plugin_rollout(backend, batch_spec)
-            else:
-                out = rollout_trajectory(backend, batch_spec)
-        rollout = SideTrace("rollout", calls, _table(out.log_probs), time.perf_counter() - side_start)
-        side_start = time.perf_counter()
-        with record_calls(trainer_model) as calls:
-            if isinstance(out, plugins.PluginRollout):
-                table = plugins.plugin_recompute(backend, out.batch, settings.trainer_attention)
-            else:
-                table = trainer_log_probs(backend, out, settings.trainer_attention)
-        trainer = SideTrace("trainer", calls, _table(table), time.perf_counter() - side_start)
-    return Replay(rollout, trainer, context, rollout_model, trainer_model, time.perf_counter() - start)
+    return backend, rollout_model, trainer_model
+
+
+def run_rollout(backend: Any, batch_spec: Any) -> Any:
+    """The rollout side of the check on `batch_spec` (its plug-in, or the built-in backend)."""
+    from rollout_consistency.gate.sides import plugins
+    from rollout_consistency.gate.sides.backends import rollout_trajectory
+
+    if backend.plugins and backend.plugins.rollout:
+        return plugins.plugin_rollout(backend, batch_spec)
+    return rollout_trajectory(backend, batch_spec)
+
+
+def run_trainer(backend: Any, out: Any, settings: DiagnosisSettings) -> Any:
+    """The trainer side of the check on what the rollout returned (its plug-in, or the built-in backend)."""
+    from rollout_consistency.gate.sides import plugins
+    from rollout_consistency.gate.sides.trainer import trainer_log_probs
+
+    if isinstance(out, plugins.PluginRollout):
+        return plugins.plugin_recompute(backend, out.batch, settings.trainer_attention)
+    return trainer_log_probs(backend, out, settings.trainer_attention)
 
 
 def _table(value: Any) -> np.ndarray:
