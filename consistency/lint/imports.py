@@ -22,10 +22,10 @@ importing file: the importing file's directory or one above it (a script's direc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["import_edges", "programs"]
+__all__ = ["import_edges", "is_entry", "programs", "unreached"]
 
 _FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 _IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
@@ -101,20 +101,132 @@ def import_edges(
     texts = {path: _read(path) for path in modules if path in wanted or _is_init(path)}
     reexports = {path: _reexports(texts[path], modules[path]) for path in modules if _is_init(path)}
     edges: dict[str, set[str]] = {}
-    for path, module in modules.items():
+    for path in modules:
         if _is_init(path) or path not in wanted:
             continue
-        package = module if _is_init(path) else module[:-1]
-        roots = {package[:depth] for depth in range(len(package) + 1)} - packages
-        targets: set[str] = set()
-        for imported, names in _imports(texts[path], package):
-            for other in _resolve(imported, by_last, modules, roots):
-                targets.add(other)
-                for name in names if _is_init(other) else ():
-                    targets.update(_definition(name, other, reexports, by_last, modules))
+        targets = {other for other, _ in _targets(path, texts[path], modules, packages, by_last, reexports)}
         targets.discard(path)
         edges[path] = targets
     return edges
+
+
+def _targets(
+    path: str,
+    data: bytes,
+    modules: dict[str, tuple[str, ...]],
+    packages: set[tuple[str, ...]],
+    by_last: dict[str, list[str]],
+    reexports: dict[str, dict[str, tuple[str, ...]]],
+) -> Iterable[tuple[str, tuple[str, ...] | None]]:
+    """(linted file, the import root it was found from; None for a relative import) for each import of `path`
+    that names a linted file."""
+    module = modules[path]
+    package = module if _is_init(path) else module[:-1]
+    roots = {package[:depth] for depth in range(len(package) + 1)} - packages
+    for imported, names, relative in _imports(data, package):
+        for other in _resolve(imported, by_last, modules, roots):
+            root = None if relative else modules[other][: len(modules[other]) - len(imported)]
+            yield other, root
+            for name in names if _is_init(other) else ():
+                yield from ((found, root) for found in _definition(name, other, reexports, by_last, modules))
+
+
+def unreached(
+    files: Sequence[tuple[str, tuple[str, ...]]], among: Iterable[str], entries: Iterable[str], running: Iterable[str]
+) -> set[str]:
+    """The files of `among` that no program among the linted files runs. A *program* is an entry point of
+    `entries` (a file run as a script: `is_entry`) with what it imports, transitively — a package's `__init__`
+    and what it imports included — and a module whose path one of those files spells in a string
+    (`importlib.import_module("pkg.mod")`). A file is answered only where a program is seen running the
+    project's sampling or training — an entry point that reaches one of `running` (the files that compute
+    log-probs) — and only below the directory that program's imports resolve from: a part of a project linted
+    alone (no entry point, or none that runs what it holds) has no unreached file, its callers may be
+    elsewhere."""
+    among, running = set(among), set(running)
+    if not among:
+        return set()
+    modules = {path: _module_of(parts) for path, parts in files}
+    packages = {module for path, module in modules.items() if _is_init(path)}
+    by_last: dict[str, list[str]] = {}
+    for path, module in modules.items():
+        if module:
+            by_last.setdefault(module[-1], []).append(path)
+    inits = {module: path for path, module in modules.items() if _is_init(path)}
+    texts: dict[str, bytes] = {}
+    reexports = {path: _reexports(texts.setdefault(path, _read(path)), modules[path]) for path in inits.values()}
+    edges: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
+
+    def imported_by(path: str) -> list[tuple[str, tuple[str, ...] | None]]:
+        if path not in edges:
+            data = texts.setdefault(path, _read(path))
+            edges[path] = list(_targets(path, data, modules, packages, by_last, reexports))
+            package = modules[path] if _is_init(path) else modules[path][:-1]
+            edges[path] += [(inits[package[:d]], None) for d in range(1, len(package) + 1) if package[:d] in inits]
+        return edges[path]
+
+    reached: set[str] = set()
+    live_roots: set[tuple[str, ...]] = set()  # the import roots of the programs that run sampling or training
+    for entry in (path for path in entries if path in modules):
+        seen, roots = _reach_by([entry], imported_by)
+        reached |= seen
+        if seen & running and roots:  # a script that imports no linted module by its full name says nothing
+            live_roots.add(min(roots, key=len))
+    if not among - reached or not live_roots:
+        return set()
+    # modules a reached file names in a string (`importlib.import_module("pkg.mod")`), and what they import
+    tails = {
+        ".".join(module[len(root) :]): path
+        for path, module in modules.items()
+        for root in live_roots
+        if module[: len(root)] == root and len(module) > len(root) + 1
+    }
+    fresh = set(reached)
+    while fresh:
+        spelled = {tails.get(name) for path in fresh for name in _dotted_strings(texts[path])}
+        seen, _ = _reach_by(sorted(spelled - {None} - reached), imported_by)
+        fresh = seen - reached
+        reached |= fresh
+    return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+
+
+def _reach_by(starts: Iterable[str], imported_by: Callable[[str], list]) -> tuple[set[str], set[tuple[str, ...]]]:
+    """The files `starts` reach by imports, and the import roots those imports resolved from."""
+    seen: set[str] = set()
+    roots: set[tuple[str, ...]] = set()
+    stack = list(starts)
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for other, root in imported_by(path):
+            if root is not None:
+                roots.add(root)
+            stack.append(other)
+    return seen, roots
+
+
+_DOTTED = re.compile(rb"""["']([A-Za-z_]\w*(?:[./][A-Za-z_]\w*)+)(?:\.py)?["']""")
+
+
+def _dotted_strings(data: bytes) -> set[str]:
+    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted."""
+    return {match.decode("ascii", "replace").replace("/", ".") for match in _DOTTED.findall(data)}
+
+
+def is_entry(path: str, data: bytes) -> bool:
+    """Whether a file runs as a script: `if __name__ == "__main__":`, a `__main__.py`, a loop at its top level
+    (a script without the guard). A test module (`test_*.py`, `*_test.py`, `conftest.py`) is not one."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+        return False
+    if name == "__main__.py":
+        return True
+    maybe = b"__main__" in data or b"\nfor " in data or b"\nwhile " in data or data.startswith((b"for ", b"while "))
+    return maybe and _ENTRY.search(data) is not None
+
+
+_ENTRY = re.compile(rb"^(?:if[ \t(]+__name__[ \t]*==|for[ \t]|while[ \t])", re.MULTILINE)
 
 
 def _definition(
@@ -174,9 +286,9 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """(module path, names taken from it) for each module an import of the file may name: for `from a.b import
-    c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
+def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...], bool]]:
+    """(module path, names taken from it, whether the import is relative) for each module an import of the file
+    may name: for `from a.b import c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
     for match in _FROM.finditer(data):
         level = len(match.group(1))
         base = _parts(match.group(2))
@@ -186,14 +298,14 @@ def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str,
             base = (*package[: len(package) - (level - 1)], *base)
         names = tuple(_names(match.group(3)))
         if base:
-            yield base, names
+            yield base, names, bool(level)
         for name in names:
-            yield (*base, name), ()
+            yield (*base, name), (), bool(level)
     for match in _IMPORT.finditer(data):
         for name in match.group(1).decode("ascii", "replace").split(","):
             module = name.split(" as ")[0].strip()
             if module:
-                yield tuple(module.split(".")), ()
+                yield tuple(module.split(".")), (), False
 
 
 def _names(listed: bytes) -> Iterable[str]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .astutil import bound_names, iter_statements, last_name, own_nodes, short, words
+from .imports import is_entry
 from .model import Finding, span
 from .precision import mixed_precision_settings, nearest_settings
 from .readers import call_pattern, resolvable, unread_log_probs
@@ -211,14 +212,21 @@ def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]
     calls = call_pattern({name for _, name in slots}) if slots else None
     settings: list = []
     naming: dict[str, bytes] = {}
+    entries: list[str] = []  # scripts, and files computing log-probs: which samplers a program runs
+    running: list[str] = []
     if want_settings or calls is not None:
         for path, _ in linted:
             data = _read(path)
             if want_settings:
                 settings.extend(mixed_precision_settings(path, data))
-            if calls is not None and calls(data):
-                naming[path] = data
-    unread = unread_log_probs(slots, linted, naming) if slots else set()
+            if calls is not None:
+                if calls(data):
+                    naming[path] = data
+                if is_entry(path, data):
+                    entries.append(path)
+                if b"log_prob" in data or b"logprob" in data:
+                    running.append(path)
+    unread = unread_log_probs(slots, linted, naming, (entries, running)) if slots else set()
     for candidate in candidates:
         if (candidate.finding.path, candidate.function) in unread:
             continue

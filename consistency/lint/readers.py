@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .astutil import iter_statements, last_name, own_nodes, words
-from .imports import import_edges
+from .imports import import_edges, unreached
 from .source import SourceFile, parse_source
 
 __all__ = ["call_pattern", "resolvable", "unread_log_probs"]
@@ -51,18 +51,24 @@ def unread_log_probs(
     slots: Mapping[tuple[str, str], Sequence[int]],
     linted: Sequence[tuple[str, tuple[str, ...]]],
     naming: Mapping[str, bytes],
+    programs: tuple[Sequence[str], Sequence[str]] = ((), ()),
 ) -> set[tuple[str, str]]:
     """The (path, function) keys of `slots` (-> the positions of the function's returned tuples that hold a
     log-prob) that some linted file calls, and whose log-prob positions none of their callers reads, directly
     or through a caller that returns them. A call counts where the calling file is the function's own or
     imports it (`imports.import_edges`): a function of the same name in another program is another function.
     `naming`: path -> text of the files that match `call_pattern` of the functions' names (the caller reads the
-    files once for this and for other questions)."""
+    files once for this and for other questions). `programs`: the linted files that run as scripts, and those
+    that compute log-probs: a function in a file no program runs (`imports.unreached`: a dead copy) returns
+    log-probs no one reads."""
     keys = {key for key in slots if resolvable(key[1])}
     if not keys:
         return set()
-    sites = _call_sites(keys, linted, naming)
-    return {key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])}
+    dead = unreached(linted, {path for path, _ in keys}, *programs)
+    sites = _call_sites(keys - {key for key in keys if key[0] in dead}, linted, naming)
+    return {key for key in keys if key[0] in dead} | {
+        key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])
+    }
 
 
 def resolvable(name: str) -> bool:
