@@ -164,14 +164,22 @@ def unreached(
             edges[path] += [(inits[package[:d]], None) for d in range(1, len(package) + 1) if package[:d] in inits]
         return edges[path]
 
-    reached: set[str] = set()
-    live_roots: set[tuple[str, ...]] = set()  # the import roots of the programs that run sampling or training
-    for entry in (path for path in entries if path in modules):
-        seen, roots = _reach_by([entry], imported_by)
-        reached |= seen
-        if seen & running and roots:  # a script that imports no linted module by its full name says nothing
-            live_roots.add(min(roots, key=len))
-    if not among - reached or not live_roots:
+    entries = [path for path in entries if path in modules]
+    reached, _ = _reach_by(entries, imported_by)  # every program at once
+    if among <= reached:
+        return set()  # every file asked about runs
+    # The programs that run sampling or training, by the directory their entry point's imports resolve from.
+    live_roots: set[tuple[str, ...]] = set()
+    for entry in entries:
+        roots = [root for _, root in imported_by(entry) if root is not None]
+        root = min(roots, key=len) if roots else None  # a script that imports no linted module by its full name
+        if root is None or root in live_roots:  # says nothing
+            continue
+        if any(modules[path][: len(root)] == root for path in among - reached) and _reaches(
+            entry, running, imported_by
+        ):
+            live_roots.add(root)
+    if not live_roots:
         return set()
     # modules a reached file names in a string (`importlib.import_module("pkg.mod")`), and what they import
     tails = {
@@ -180,13 +188,34 @@ def unreached(
         for root in live_roots
         if module[: len(root)] == root and len(module) > len(root) + 1
     }
+    # a string can spell one only if it opens with its first component (`"fastvideo_edited.models...`)
+    openings = {quote + tail.split(".", 1)[0].encode() for tail in tails for quote in (b'"', b"'")}
     fresh = set(reached)
     while fresh:
-        spelled = {tails.get(name) for path in fresh for name in _dotted_strings(texts[path])}
+        spelled = {
+            tails.get(name)
+            for path in fresh
+            if any(opening in texts[path] for opening in openings)
+            for name in _dotted_strings(texts[path])
+        }
         seen, _ = _reach_by(sorted(spelled - {None} - reached), imported_by)
         fresh = seen - reached
         reached |= fresh
     return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+
+
+def _reaches(start: str, targets: set[str], imported_by: Callable[[str], list]) -> bool:
+    """Whether `start` reaches one of `targets` by imports (a depth-first walk that stops at the first)."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        path = stack.pop()
+        if path in targets:
+            return True
+        if path not in seen:
+            seen.add(path)
+            stack.extend(other for other, _ in imported_by(path))
+    return False
 
 
 def _reach_by(starts: Iterable[str], imported_by: Callable[[str], list]) -> tuple[set[str], set[tuple[str, ...]]]:

@@ -64,11 +64,13 @@ def unread_log_probs(
     keys = {key for key in slots if resolvable(key[1])}
     if not keys:
         return set()
-    dead = unreached(linted, {path for path, _ in keys}, *programs)
-    sites = _call_sites(keys - {key for key in keys if key[0] in dead}, linted, naming)
-    return {key for key in keys if key[0] in dead} | {
+    sites = _call_sites(keys, linted, naming)
+    unread = {
         key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])
     }
+    rest = keys - unread  # read, or taken as read: unless no program runs them
+    dead = unreached(linted, {path for path, _ in rest}, *programs) if rest else set()
+    return unread | {key for key in rest if key[0] in dead}
 
 
 def resolvable(name: str) -> bool:
