@@ -17,6 +17,9 @@ importing file: the importing file's directory or one above it (a script's direc
 `src/`), not itself a package. `from verl.workers.actor import dp_actor` links
 `verl/workers/actor/dp_actor.py`; `import datasets` (the library) does not link `sft/configs/datasets/` when
 `sft/configs/` is a package, and `import utils` in `service_a/app.py` does not link `service_b/utils.py`.
+
+`unreached` asks the reverse question for `low-precision-latents`: which files no running program reaches,
+going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext).
 """
 
 from __future__ import annotations

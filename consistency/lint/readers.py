@@ -16,7 +16,9 @@ Callers are found by the function's name in the text of every linted file (the f
 only the few that name and import the function are parsed), so a sampler that no linted file calls is taken as
 read (its caller is elsewhere: a file linted alone), and so is a function whose name is one plain word (`step`,
 `forward`, `__call__`: too common to tell its callers from others'), and a caller that passes the log-probs on
-and that no linted file calls in turn (a trainer not linted, a `functools.partial`; a dead copy too).
+and that no linted file calls in turn (a trainer not linted, a `functools.partial`). A function in a file that
+no running program of its repository reaches (`imports.unreached`: Pref-GRPO's unused copy of the DDPO step) is
+read by no one, whatever its callers.
 """
 
 from __future__ import annotations
