@@ -88,18 +88,26 @@ def _is_init(path: str) -> bool:
     return path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py"
 
 
-def import_edges(
-    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
-) -> dict[str, set[str]]:
-    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
-    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
-    name taken from it leads to the module that defines it."""
+def _modules(
+    files: Sequence[tuple[str, tuple[str, ...]]],
+) -> tuple[dict[str, tuple[str, ...]], set[tuple[str, ...]], dict[str, list[str]]]:
+    """path -> module path, the packages (modules with an `__init__`), last component -> paths."""
     modules = {path: _module_of(parts) for path, parts in files}
     packages = {module for path, module in modules.items() if _is_init(path)}
     by_last: dict[str, list[str]] = {}
     for path, module in modules.items():
         if module:
             by_last.setdefault(module[-1], []).append(path)
+    return modules, packages, by_last
+
+
+def import_edges(
+    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
+) -> dict[str, set[str]]:
+    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
+    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
+    name taken from it leads to the module that defines it."""
+    modules, packages, by_last = _modules(files)
     wanted = set(modules) if importing is None else set(importing)
     texts = {path: _read(path) for path in modules if path in wanted or _is_init(path)}
     reexports = {path: _reexports(texts[path], modules[path]) for path in modules if _is_init(path)}
@@ -148,12 +156,7 @@ def unreached(
     among, running = set(among), set(running)
     if not among:
         return set()
-    modules = {path: _module_of(parts) for path, parts in files}
-    packages = {module for path, module in modules.items() if _is_init(path)}
-    by_last: dict[str, list[str]] = {}
-    for path, module in modules.items():
-        if module:
-            by_last.setdefault(module[-1], []).append(path)
+    modules, packages, by_last = _modules(files)
     inits = {module: path for path, module in modules.items() if _is_init(path)}
     texts: dict[str, bytes] = {}
     reexports = {path: _reexports(texts.setdefault(path, _read(path)), modules[path]) for path in inits.values()}
