@@ -137,6 +137,17 @@ def test_a_tree_with_a_running_program_does_not_answer_for_a_tree_beside_it(tmp_
     ]
 
 
+def test_trees_side_by_side_under_names_no_import_can_spell_are_answered_each_on_its_own(tmp_path):
+    """Trees fetched side by side as `owner+repo` directories (no import can name such a directory, so only a
+    tree's own scripts can reach its files): each tree's dead copy is cleared, each live sampler reported."""
+    shutil.copytree(FIXTURES / "positive" / "dance_grpo_sd_copies", tmp_path / "yaoliliu+DanceGRPO-kontext")
+    shutil.copytree(DEAD_COPY, tmp_path / "CodeGoat24+Pref-GRPO")
+    found = lint_paths([tmp_path])
+    assert [Path(f.path).relative_to(tmp_path).parts[:2] for f in found] == [
+        ("yaoliliu+DanceGRPO-kontext", "fastvideo")
+    ]
+
+
 def test_one_sided_rule_needs_the_other_side_in_the_linted_code():
     """A rollout worker linted alone (no trainer code in sight) cannot be called one-sided."""
     alone = FIXTURES / "positive" / "one_sided_precision_flag" / "vllm_rollout.py"

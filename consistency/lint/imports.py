@@ -170,7 +170,10 @@ def unreached(
             edges[path] += [(inits[package[:d]], None) for d in range(1, len(package) + 1) if package[:d] in inits]
         return edges[path]
 
-    entries = [path for path in entries if path in modules]
+    # An import names a module by identifiers: a file below a directory that is none (`owner+repo`, trees
+    # linted side by side, `rl-trees/`) is reached only from scripts below the same directory.
+    bounds = {_bound(modules[path]) for path in among}
+    entries = [path for path in entries if path in modules and any(modules[path][: len(b)] == b for b in bounds)]
     reached, _ = _reach_by(entries, imported_by)  # every program at once
     if among <= reached:
         return set()  # every file asked about runs
@@ -208,6 +211,13 @@ def unreached(
         fresh = seen - reached
         reached |= fresh
     return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+
+
+def _bound(module: tuple[str, ...]) -> tuple[str, ...]:
+    """The module path up to its deepest component that is not an identifier (no import can name it, so an
+    importer of the module lies below it too); () when every component is one."""
+    last = max((i for i, part in enumerate(module[:-1]) if not part.isidentifier()), default=-1)
+    return module[: last + 1]
 
 
 def _reaches(start: str, targets: set[str], imported_by: Callable[[str], list]) -> bool:
