@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import socket
 import textwrap
 from pathlib import Path
@@ -85,6 +86,66 @@ def test_real_looking_snippets_hit_several_rules():
     for name in ("flow_grpo_like", "dance_grpo_like", "verl_omni_like"):
         rules = {f.rule for f in lint_paths([FIXTURES / "positive" / name])}
         assert len(rules) >= 2, (name, rules)
+
+
+DEAD_COPY = FIXTURES / "negative" / "low_precision_latents" / "pref_grpo_unused_sd"
+
+
+def test_a_sampler_no_running_program_reaches_is_no_finding_only_where_a_program_is_seen(tmp_path):
+    """The dead DDPO copy beside Pref-GRPO's trainers is cleared because a script of its tree runs (and
+    computes log-probs) and none reaches it; linted alone, its directory shows no program, and a sampler whose
+    caller is not in sight is reported."""
+    assert lint_paths([DEAD_COPY]) == []
+    alone = lint_paths([DEAD_COPY / "fastvideo" / "models"])
+    assert [(Path(f.path).name, f.line, f.rule) for f in alone] == [
+        ("ddim_with_logprob.py", 37, "low-precision-latents")
+    ]
+
+
+@pytest.mark.parametrize(
+    "reach",
+    [
+        "from fastvideo.models.stable_diffusion.pipeline_with_logprob import pipeline_with_logprob\n",
+        "import importlib\nPIPELINE = importlib.import_module('fastvideo.models.stable_diffusion.pipeline_with_logprob')\n",
+        "from fastvideo.models.stable_diffusion import pipeline_with_logprob\n",
+    ],
+    ids=["import", "import-by-string", "submodule-from-package"],
+)
+def test_a_sampler_a_running_script_reaches_is_reported(tmp_path, reach):
+    """The same tree once the trainer reaches the copy — an import, a module path spelled in a string, a
+    submodule taken from its package — reports it."""
+    tree = tmp_path / "pref_grpo"
+    for source in DEAD_COPY.rglob("*.py"):
+        (tree / source.relative_to(DEAD_COPY)).parent.mkdir(parents=True, exist_ok=True)
+        (tree / source.relative_to(DEAD_COPY)).write_bytes(source.read_bytes())
+    trainer = tree / "fastvideo" / "train_flux.py"
+    trainer.write_text(reach + trainer.read_text())
+    found = lint_paths([tree])
+    assert [(Path(f.path).name, f.line) for f in found] == [("ddim_with_logprob.py", 37)]
+
+
+def test_a_tree_with_a_running_program_does_not_answer_for_a_tree_beside_it(tmp_path):
+    """Linted side by side (one directory holding both), the whole Pref-GRPO-like tree says nothing about a part
+    of another project beside it: its program's imports resolve from its own directory, so the DDPO package
+    linted without its scripts keeps its findings."""
+    shutil.copytree(DEAD_COPY, tmp_path / "pref_grpo")
+    shutil.copytree(FIXTURES / "positive" / "ddpo_like" / "ddpo", tmp_path / "ddpo_lib" / "ddpo")
+    found = lint_paths([tmp_path])
+    assert sorted((Path(f.path).parent.name, f.line) for f in found) == [
+        ("diffusers_patch", 45),
+        ("diffusers_patch", 56),
+    ]
+
+
+def test_trees_side_by_side_under_names_no_import_can_spell_are_answered_each_on_its_own(tmp_path):
+    """Trees fetched side by side as `owner+repo` directories (no import can name such a directory, so only a
+    tree's own scripts can reach its files): each tree's dead copy is cleared, each live sampler reported."""
+    shutil.copytree(FIXTURES / "positive" / "dance_grpo_sd_copies", tmp_path / "yaoliliu+DanceGRPO-kontext")
+    shutil.copytree(DEAD_COPY, tmp_path / "CodeGoat24+Pref-GRPO")
+    found = lint_paths([tmp_path])
+    assert [Path(f.path).relative_to(tmp_path).parts[:2] for f in found] == [
+        ("yaoliliu+DanceGRPO-kontext", "fastvideo")
+    ]
 
 
 def test_one_sided_rule_needs_the_other_side_in_the_linted_code():

@@ -17,15 +17,18 @@ importing file: the importing file's directory or one above it (a script's direc
 `src/`), not itself a package. `from verl.workers.actor import dp_actor` links
 `verl/workers/actor/dp_actor.py`; `import datasets` (the library) does not link `sft/configs/datasets/` when
 `sft/configs/` is a package, and `import utils` in `service_a/app.py` does not link `service_b/utils.py`.
+
+`unreached` asks the reverse question for `low-precision-latents`: which files no running program reaches,
+going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["import_edges", "programs"]
+__all__ = ["import_edges", "is_entry", "programs", "unreached"]
 
 _FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 _IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
@@ -85,36 +88,190 @@ def _is_init(path: str) -> bool:
     return path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py"
 
 
-def import_edges(
-    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
-) -> dict[str, set[str]]:
-    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
-    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
-    name taken from it leads to the module that defines it."""
+def _modules(
+    files: Sequence[tuple[str, tuple[str, ...]]],
+) -> tuple[dict[str, tuple[str, ...]], set[tuple[str, ...]], dict[str, list[str]]]:
+    """path -> module path, the packages (modules with an `__init__`), last component -> paths."""
     modules = {path: _module_of(parts) for path, parts in files}
     packages = {module for path, module in modules.items() if _is_init(path)}
     by_last: dict[str, list[str]] = {}
     for path, module in modules.items():
         if module:
             by_last.setdefault(module[-1], []).append(path)
+    return modules, packages, by_last
+
+
+def import_edges(
+    files: Sequence[tuple[str, tuple[str, ...]]], importing: Iterable[str] | None = None
+) -> dict[str, set[str]]:
+    """path -> the linted files it imports, for the files of `importing` (default: all), read again here (a
+    file that cannot be read imports nothing). An `__init__.py` imports nothing: it is a package's index; a
+    name taken from it leads to the module that defines it."""
+    modules, packages, by_last = _modules(files)
     wanted = set(modules) if importing is None else set(importing)
     texts = {path: _read(path) for path in modules if path in wanted or _is_init(path)}
     reexports = {path: _reexports(texts[path], modules[path]) for path in modules if _is_init(path)}
     edges: dict[str, set[str]] = {}
-    for path, module in modules.items():
+    for path in modules:
         if _is_init(path) or path not in wanted:
             continue
-        package = module if _is_init(path) else module[:-1]
-        roots = {package[:depth] for depth in range(len(package) + 1)} - packages
-        targets: set[str] = set()
-        for imported, names in _imports(texts[path], package):
-            for other in _resolve(imported, by_last, modules, roots):
-                targets.add(other)
-                for name in names if _is_init(other) else ():
-                    targets.update(_definition(name, other, reexports, by_last, modules))
+        targets = {other for other, _ in _targets(path, texts[path], modules, packages, by_last, reexports)}
         targets.discard(path)
         edges[path] = targets
     return edges
+
+
+def _targets(
+    path: str,
+    data: bytes,
+    modules: dict[str, tuple[str, ...]],
+    packages: set[tuple[str, ...]],
+    by_last: dict[str, list[str]],
+    reexports: dict[str, dict[str, tuple[str, ...]]],
+) -> Iterable[tuple[str, tuple[str, ...] | None]]:
+    """(linted file, the import root it was found from; None for a relative import) for each import of `path`
+    that names a linted file."""
+    module = modules[path]
+    package = module if _is_init(path) else module[:-1]
+    roots = {package[:depth] for depth in range(len(package) + 1)} - packages
+    for imported, names, relative in _imports(data, package):
+        for other in _resolve(imported, by_last, modules, roots):
+            root = None if relative else modules[other][: len(modules[other]) - len(imported)]
+            yield other, root
+            for name in names if _is_init(other) else ():
+                yield from ((found, root) for found in _definition(name, other, reexports, by_last, modules))
+
+
+def unreached(
+    files: Sequence[tuple[str, tuple[str, ...]]], among: Iterable[str], entries: Iterable[str], running: Iterable[str]
+) -> set[str]:
+    """The files of `among` that no program among the linted files runs. A *program* is an entry point of
+    `entries` (a file run as a script: `is_entry`) with what it imports, transitively — a package's `__init__`
+    and what it imports included — and a module whose path one of those files spells in a string
+    (`importlib.import_module("pkg.mod")`). A file is answered only where a program is seen running the
+    project's sampling or training — an entry point that reaches one of `running` (the files that compute
+    log-probs) — and only below the directory that program's imports resolve from: a part of a project linted
+    alone (no entry point, or none that runs what it holds) has no unreached file, its callers may be
+    elsewhere."""
+    among, running = set(among), set(running)
+    if not among:
+        return set()
+    modules, packages, by_last = _modules(files)
+    inits = {module: path for path, module in modules.items() if _is_init(path)}
+    texts: dict[str, bytes] = {}
+    reexports = {path: _reexports(texts.setdefault(path, _read(path)), modules[path]) for path in inits.values()}
+    edges: dict[str, list[tuple[str, tuple[str, ...] | None]]] = {}
+
+    def imported_by(path: str) -> list[tuple[str, tuple[str, ...] | None]]:
+        if path not in edges:
+            data = texts.setdefault(path, _read(path))
+            edges[path] = list(_targets(path, data, modules, packages, by_last, reexports))
+            package = modules[path] if _is_init(path) else modules[path][:-1]
+            edges[path] += [(inits[package[:d]], None) for d in range(1, len(package) + 1) if package[:d] in inits]
+        return edges[path]
+
+    # An import names a module by identifiers: a file below a directory that is none (`owner+repo`, trees
+    # linted side by side, `rl-trees/`) is reached only from scripts below the same directory.
+    bounds = {_bound(modules[path]) for path in among}
+    entries = [path for path in entries if path in modules and any(modules[path][: len(b)] == b for b in bounds)]
+    reached, _ = _reach_by(entries, imported_by)  # every program at once
+    if among <= reached:
+        return set()  # every file asked about runs
+    # The programs that run sampling or training, by the directory their entry point's imports resolve from.
+    live_roots: set[tuple[str, ...]] = set()
+    for entry in entries:
+        roots = [root for _, root in imported_by(entry) if root is not None]
+        root = min(roots, key=len) if roots else None  # a script that imports no linted module by its full name
+        if root is None or root in live_roots:  # says nothing
+            continue
+        if any(modules[path][: len(root)] == root for path in among - reached) and _reaches(
+            entry, running, imported_by
+        ):
+            live_roots.add(root)
+    if not live_roots:
+        return set()
+    # modules a reached file names in a string (`importlib.import_module("pkg.mod")`), and what they import
+    tails = {
+        ".".join(module[len(root) :]): path
+        for path, module in modules.items()
+        for root in live_roots
+        if module[: len(root)] == root and len(module) > len(root) + 1
+    }
+    # a string can spell one only if it opens with its first component (`"fastvideo_edited.models...`)
+    openings = {quote + tail.split(".", 1)[0].encode() for tail in tails for quote in (b'"', b"'")}
+    fresh = set(reached)
+    while fresh:
+        spelled = {
+            tails.get(name)
+            for path in fresh
+            if any(opening in texts[path] for opening in openings)
+            for name in _dotted_strings(texts[path])
+        }
+        seen, _ = _reach_by(sorted(spelled - {None} - reached), imported_by)
+        fresh = seen - reached
+        reached |= fresh
+    return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+
+
+def _bound(module: tuple[str, ...]) -> tuple[str, ...]:
+    """The module path up to its deepest component that is not an identifier (no import can name it, so an
+    importer of the module lies below it too); () when every component is one."""
+    last = max((i for i, part in enumerate(module[:-1]) if not part.isidentifier()), default=-1)
+    return module[: last + 1]
+
+
+def _reaches(start: str, targets: set[str], imported_by: Callable[[str], list]) -> bool:
+    """Whether `start` reaches one of `targets` by imports (a depth-first walk that stops at the first)."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        path = stack.pop()
+        if path in targets:
+            return True
+        if path not in seen:
+            seen.add(path)
+            stack.extend(other for other, _ in imported_by(path))
+    return False
+
+
+def _reach_by(starts: Iterable[str], imported_by: Callable[[str], list]) -> tuple[set[str], set[tuple[str, ...]]]:
+    """The files `starts` reach by imports, and the import roots those imports resolved from."""
+    seen: set[str] = set()
+    roots: set[tuple[str, ...]] = set()
+    stack = list(starts)
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for other, root in imported_by(path):
+            if root is not None:
+                roots.add(root)
+            stack.append(other)
+    return seen, roots
+
+
+_DOTTED = re.compile(rb"""["']([A-Za-z_]\w*(?:[./][A-Za-z_]\w*)+)(?:\.py)?["']""")
+
+
+def _dotted_strings(data: bytes) -> set[str]:
+    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted."""
+    return {match.decode("ascii", "replace").replace("/", ".") for match in _DOTTED.findall(data)}
+
+
+def is_entry(path: str, data: bytes) -> bool:
+    """Whether a file runs as a script: `if __name__ == "__main__":`, a `__main__.py`, a loop at its top level
+    (a script without the guard). A test module (`test_*.py`, `*_test.py`, `conftest.py`) is not one."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+        return False
+    if name == "__main__.py":
+        return True
+    maybe = b"__main__" in data or b"\nfor " in data or b"\nwhile " in data or data.startswith((b"for ", b"while "))
+    return maybe and _ENTRY.search(data) is not None
+
+
+_ENTRY = re.compile(rb"^(?:if[ \t(]+__name__[ \t]*==|for[ \t]|while[ \t])", re.MULTILINE)
 
 
 def _definition(
@@ -174,9 +331,9 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """(module path, names taken from it) for each module an import of the file may name: for `from a.b import
-    c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
+def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...], bool]]:
+    """(module path, names taken from it, whether the import is relative) for each module an import of the file
+    may name: for `from a.b import c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
     for match in _FROM.finditer(data):
         level = len(match.group(1))
         base = _parts(match.group(2))
@@ -186,14 +343,14 @@ def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str,
             base = (*package[: len(package) - (level - 1)], *base)
         names = tuple(_names(match.group(3)))
         if base:
-            yield base, names
+            yield base, names, bool(level)
         for name in names:
-            yield (*base, name), ()
+            yield (*base, name), (), bool(level)
     for match in _IMPORT.finditer(data):
         for name in match.group(1).decode("ascii", "replace").split(","):
             module = name.split(" as ")[0].strip()
             if module:
-                yield tuple(module.split(".")), ()
+                yield tuple(module.split(".")), (), False
 
 
 def _names(listed: bytes) -> Iterable[str]:

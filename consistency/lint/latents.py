@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .astutil import bound_names, iter_statements, last_name, own_nodes, short, words
+from .imports import is_entry
 from .model import Finding, span
 from .precision import mixed_precision_settings, nearest_settings
 from .readers import call_pattern, resolvable, unread_log_probs
@@ -106,6 +107,7 @@ _STEP_FUNCTION_WORDS = frozenset(
     }
 )
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "stack", "cat", "concat", "concatenate"})
 _CAST_TOKENS = (b".to(", b".half(", b".bfloat16(", b".type(", b".type_as(")
 
@@ -154,25 +156,33 @@ class Facts:
 def summarise(file: SourceFile) -> Facts:
     """The file's candidates: every rounded scored sample it keeps (`_Scope`)."""
     # Only scopes whose text names a log-prob can score a sample (a function that returns a scored sample
-    # names one too): most functions of a file that does are skipped unwalked.
-    scored_scopes = [scope for scope in file.functions if _names_log_prob(file.text_of(scope))]
-    # Functions of this file that return a scored sample: a call to one of them scores what it binds.
+    # names one too): most functions of a file that does are skipped unwalked. Each scope is walked once, with
+    # the functions of this file known so far to return a scored sample (a call to one scores what it binds);
+    # when more are found, only the scopes that call one of them are walked again (no other walk can change).
+    texts = {id(scope): file.text_of(scope) for scope in file.functions}
+    scored_scopes = {id(scope) for scope in file.functions if _names_log_prob(texts[id(scope)])}
     returns_scored: set[str] = set()
     results: dict[int, dict[str, ast.AST]] = {}  # scope -> `_results_with_log_prob`, computed once
-    for _ in range(2):  # the second pass sees the summaries of functions defined below their callers
-        found = {name for scope in scored_scopes for name in _Scope(file, scope, returns_scored, results).summary()}
+    walked: dict[int, tuple[ast.AST, _Scope]] = {}
+    pending = [file.tree, *(scope for scope in file.functions if id(scope) in scored_scopes)]
+    for attempt in range(3):  # the second pass sees the summaries of functions defined below their callers
+        for scope in pending:
+            walked[id(scope)] = (scope, _Scope(file, scope, set(returns_scored), results).walk())
+        if attempt == 2:
+            break  # the callers of what the second pass found, walked knowing it; no further summaries
+        found = {
+            scope.name
+            for scope, walk in walked.values()
+            if id(scope) in scored_scopes and walk.returns_a_scored_sample and isinstance(scope, _FUNCTIONS)
+        }
         if found <= returns_scored:
             break
+        calls = re.compile(r"\b(?:" + "|".join(sorted(found - returns_scored)) + r")\s*\(")
         returns_scored |= found
-    calls_scored = re.compile(r"\b(?:" + "|".join(sorted(returns_scored)) + r")\s*\(") if returns_scored else None
-    scopes = [file.tree] + [
-        scope
-        for scope in file.functions
-        if _names_log_prob(text := file.text_of(scope)) or (calls_scored is not None and calls_scored.search(text))
-    ]
+        pending = [file.tree, *(scope for scope in file.functions if calls.search(texts[id(scope)]))]
     candidates = []
-    for scope in scopes:
-        kept = list(_Scope(file, scope, returns_scored, results).run())
+    for scope, walk in walked.values():
+        kept = walk.kept
         if not kept:
             continue
         function = scope.name if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
@@ -211,14 +221,21 @@ def compare(facts: Sequence[Facts], linted: Sequence[tuple[str, tuple[str, ...]]
     calls = call_pattern({name for _, name in slots}) if slots else None
     settings: list = []
     naming: dict[str, bytes] = {}
+    entries: list[str] = []  # scripts, and files computing log-probs: which samplers a program runs
+    running: list[str] = []
     if want_settings or calls is not None:
         for path, _ in linted:
             data = _read(path)
             if want_settings:
                 settings.extend(mixed_precision_settings(path, data))
-            if calls is not None and calls(data):
-                naming[path] = data
-    unread = unread_log_probs(slots, linted, naming) if slots else set()
+            if calls is not None:
+                if calls(data):
+                    naming[path] = data
+                if is_entry(path, data):
+                    entries.append(path)
+                if b"log_prob" in data or b"logprob" in data:
+                    running.append(path)
+    unread = unread_log_probs(slots, linted, naming, (entries, running)) if slots else set()
     for candidate in candidates:
         if (candidate.finding.path, candidate.function) in unread:
             continue
@@ -403,15 +420,11 @@ class _Scope:
             results[id(scope)] = _results_with_log_prob(file, scope)
         self.results_with_log_prob = results[id(scope)]
 
-    def run(self) -> Iterator[tuple[_Cast, str]]:
+    def walk(self) -> _Scope:
+        """Walk the scope: `kept` holds the rounded copies it keeps, `returns_a_scored_sample` whether it returns
+        a scored (unrounded) sample first."""
         self._block(self.scope.body, ())
-        yield from self.kept
-
-    def summary(self) -> Iterator[str]:
-        """The name of this function if it returns a scored (unrounded) sample first."""
-        self._block(self.scope.body, ())
-        if self.returns_a_scored_sample and isinstance(self.scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield self.scope.name
+        return self
 
     def _block(self, body: list[ast.stmt], loops: tuple[ast.stmt, ...]) -> None:
         for stmt in body:

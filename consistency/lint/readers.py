@@ -16,7 +16,9 @@ Callers are found by the function's name in the text of every linted file (the f
 only the few that name and import the function are parsed), so a sampler that no linted file calls is taken as
 read (its caller is elsewhere: a file linted alone), and so is a function whose name is one plain word (`step`,
 `forward`, `__call__`: too common to tell its callers from others'), and a caller that passes the log-probs on
-and that no linted file calls in turn (a trainer not linted, a `functools.partial`; a dead copy too).
+and that no linted file calls in turn (a trainer not linted, a `functools.partial`). A function in a file that
+no running program of its repository reaches (`imports.unreached`: Pref-GRPO's unused copy of the DDPO step) is
+read by no one, whatever its callers.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .astutil import iter_statements, last_name, own_nodes, words
-from .imports import import_edges
+from .imports import import_edges, unreached
 from .source import SourceFile, parse_source
 
 __all__ = ["call_pattern", "resolvable", "unread_log_probs"]
@@ -51,18 +53,26 @@ def unread_log_probs(
     slots: Mapping[tuple[str, str], Sequence[int]],
     linted: Sequence[tuple[str, tuple[str, ...]]],
     naming: Mapping[str, bytes],
+    programs: tuple[Sequence[str], Sequence[str]] = ((), ()),
 ) -> set[tuple[str, str]]:
     """The (path, function) keys of `slots` (-> the positions of the function's returned tuples that hold a
     log-prob) that some linted file calls, and whose log-prob positions none of their callers reads, directly
     or through a caller that returns them. A call counts where the calling file is the function's own or
     imports it (`imports.import_edges`): a function of the same name in another program is another function.
     `naming`: path -> text of the files that match `call_pattern` of the functions' names (the caller reads the
-    files once for this and for other questions)."""
+    files once for this and for other questions). `programs`: the linted files that run as scripts, and those
+    that compute log-probs: a function in a file no program runs (`imports.unreached`: a dead copy) returns
+    log-probs no one reads."""
     keys = {key for key in slots if resolvable(key[1])}
     if not keys:
         return set()
     sites = _call_sites(keys, linted, naming)
-    return {key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])}
+    unread = {
+        key for key in keys if sites.get(key) and not any(_is_read(key, slot, sites, set()) for slot in slots[key])
+    }
+    rest = keys - unread  # read, or taken as read: unless no program runs them
+    dead = unreached(linted, {path for path, _ in rest}, *programs) if rest else set()
+    return unread | {key for key in rest if key[0] in dead}
 
 
 def resolvable(name: str) -> bool:

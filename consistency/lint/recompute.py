@@ -64,19 +64,20 @@ _RERUN_TOKENS = (b"enable_grad", b"set_grad_enabled", b"hook", b"no_grad")
 #: ... or in a nested function run at backward time (`_backward_hooks`)
 _BACKWARD_DEFINITION = re.compile(rb"def [a-z0-9_]*(?:backward|unpack|recompute)")
 _HELPER_DEFINITION = re.compile(rb"def [a-z0-9_]*(?:checkpoint|recompute|remat)")
+#: a Function class named for checkpointing (`class CheckpointFunction(torch.autograd.Function)`)
+_FUNCTION_CLASS = re.compile(rb"class [a-z0-9_]*(?:checkpoint|recompute|remat)")
 
 
 def needs(text: bytes, path: str) -> bool:
     """`preserve_rng_state`, an autograd.Function's backward, or a function named like a checkpoint helper
     (`text` lower-cased)."""
-    return (
-        b"preserve_rng_state" in text
-        or (b"autograd" in text and b"def backward" in text)
-        or (
-            (b"checkpoint" in text or b"recompute" in text or b"remat" in text)
-            and (any(token in text for token in _RERUN_TOKENS) or bool(_BACKWARD_DEFINITION.search(text)))
-            and bool(_HELPER_DEFINITION.search(text))
-        )
+    if b"preserve_rng_state" in text:
+        return True
+    if not (b"checkpoint" in text or b"recompute" in text or b"remat" in text):
+        return False  # a Function is looked at only when named for checkpointing, a helper likewise
+    return (b"autograd" in text and b"def backward" in text and bool(_FUNCTION_CLASS.search(text))) or (
+        (any(token in text for token in _RERUN_TOKENS) or bool(_BACKWARD_DEFINITION.search(text)))
+        and bool(_HELPER_DEFINITION.search(text))
     )
 
 
