@@ -123,7 +123,7 @@ def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Repo
         problems.append(Problem("shapes", "the rollout stored other seeds than the plan gave it (samples reordered?)"))
 
     extra_run = _plugin_and_step2_checks(config, results, problems, notes)
-    guards = _experts_guard(results, problems, notes, extra_run)
+    guards = _experts_guard(config, results, problems, notes, extra_run)
     metrics, tolerance, mismatch = _judge(config, results, problems, notes)
     samples = tuple(
         SampleInfo(s.index, s.prompt_index, s.prompt_group, s.seed, start_, s.window_size)
@@ -181,7 +181,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
     problems = [Problem("windows", m) for m in window_problems(None, result.window_starts, result.prompt_groups)]
     problems += [Problem(guard, message) for guard, message in result.findings]
     run_extra: dict[str, Any] = {}
-    guards = _experts_guard([result], problems, notes, run_extra)
+    guards = _experts_guard(config, [result], problems, notes, run_extra)
     metrics, tolerance, mismatch = _judge(config, [result], problems, notes)
     samples = tuple(
         SampleInfo(i, -1, result.prompt_groups[i], result.seeds[i], result.window_starts[i], trajectory.window_size)
@@ -228,12 +228,29 @@ def _plugin_and_step2_checks(
     return extra
 
 
+def _expert_boundary(config: CheckConfig) -> tuple[float, str, str] | None:
+    """Wan 2.2's boundary rule as the experts guard reads it: ``(boundary timestep, high-noise expert, low-noise
+    expert)``, from the config's boundary_ratio and the family's ``num_train_timesteps``; None without one."""
+    if config.boundary_ratio is None:
+        return None
+    from rollout_consistency.adapters import get_family
+    from rollout_consistency.adapters.wan import EXPERT_NAMES
+
+    scheduler_config = get_family(config.model_family).scheduler_config or {}
+    steps = float(scheduler_config.get("num_train_timesteps", 1000))
+    return config.boundary_ratio * steps, EXPERT_NAMES[0], EXPERT_NAMES[1]
+
+
 def _experts_guard(
-    results: Sequence[BatchResult], problems: list[Problem], notes: list[str], run: dict[str, Any]
+    config: CheckConfig,
+    results: Sequence[BatchResult],
+    problems: list[Problem],
+    notes: list[str],
+    run: dict[str, Any],
 ) -> tuple[str, ...]:
     """The ``experts`` guard (models with experts by timestep): its problems, notes and ``run["experts"]``; the
     guard names to list in the verdict (none when no comparison was made)."""
-    comparison = compare_experts(results)
+    comparison = compare_experts(results, boundary=_expert_boundary(config))
     notes.extend(comparison.notes)
     problems.extend(Problem(EXPERTS_GUARD, m) for m in comparison.problems)
     if not comparison.compared:

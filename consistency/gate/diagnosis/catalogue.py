@@ -152,9 +152,9 @@ FIXES: dict[str, str] = {
     "calibration": "fix the calibration setup (calibration_attention) or use --profile kernel",
     "near-limit": "no action needed yet; watch this figure: a small change in the setup will push it over",
     "expert-switch": (
-        "score every step with the expert the rollout used: load both experts (transformer, transformer_2) on the "
-        "trainer and pick one per step with the rollout's own test, transformer when t >= boundary_ratio * 1000 "
-        "(rollout_consistency.adapters.wan.WanExperts.expert_names), never from a step index"
+        "on the side the evidence names, pick each step's expert with the boundary test, transformer when t >= "
+        "boundary_ratio * 1000 (rollout_consistency.adapters.wan.WanExperts.expert_names), never from a step "
+        "index; a trainer loads both experts (transformer, transformer_2)"
     ),
 }
 

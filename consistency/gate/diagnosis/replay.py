@@ -120,6 +120,7 @@ class Replay:
     rollout_model: Any
     trainer_model: Any
     seconds: float = 0.0
+    batch: Any = None  # what the rollout handed the trainer (a plug-in's batch dict, or the Trajectory)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -345,7 +346,8 @@ def replay_batch(config: Any, batch_spec: Any, tables: tuple[Any, Any] | None = 
             else:
                 table = trainer_log_probs(backend, out, config.trainer_attention)
         trainer = SideTrace("trainer", calls, _table(table), time.perf_counter() - side_start)
-    return Replay(rollout, trainer, context, rollout_model, trainer_model, time.perf_counter() - start)
+    batch = out.batch if isinstance(out, plugins.PluginRollout) else out
+    return Replay(rollout, trainer, context, rollout_model, trainer_model, time.perf_counter() - start, batch)
 
 
 def _table(value: Any) -> np.ndarray:
