@@ -335,13 +335,23 @@ def _fit(batch: _Units, start: StepSettings, order: int, name: str, low: float, 
     else:
         grid = [low + (high - low) * i / count for i in range(count + 1)]
     values = [loss(g) for g in grid]
-    i = min(range(len(grid)), key=values.__getitem__)
-    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    # A log-density is not monotonic in the std (−A/η² − log η meets a value twice), so the squared error can hold
+    # a shallow basin beside the sharp one the true value sits in: refine the grid's best local minima, not only
+    # its lowest point.
+    last = len(grid) - 1
+    minima = [
+        i for i in range(len(grid)) if values[i] <= values[max(i - 1, 0)] and values[i] <= values[min(i + 1, last)]
+    ]
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(rounds):
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if loss(c) <= loss(d):
-            b = d
-        else:
-            a = c
-    return (a + b) / 2
+    best = (math.inf, grid[0])
+    for i in sorted(minima, key=values.__getitem__)[:3]:
+        a, b = grid[max(i - 1, 0)], grid[min(i + 1, last)]
+        for _ in range(rounds):
+            c, d = b - ratio * (b - a), a + ratio * (b - a)
+            if loss(c) <= loss(d):
+                b = d
+            else:
+                a = c
+        value = (a + b) / 2
+        best = min(best, (loss(value), value))
+    return best[1]
