@@ -2,7 +2,13 @@
 
 from doctor_corpus.loops import DanceGRPOSampler, DanceGRPOTrainer, settings
 
-CASE = dict(expected="logprob-convention", side="trainer", settings=settings("dance_grpo"))
+CASE = dict(
+    expected="logprob-convention",
+    side="trainer",
+    settings=settings("dance_grpo"),
+    evidence=["negated (−log p)"],
+    absent=["latent values", "sum against a mean"],
+)
 
 
 class Trainer(DanceGRPOTrainer):

@@ -5,7 +5,13 @@ import torch
 
 from doctor_corpus.loops import DanceGRPOSampler, DanceGRPOTrainer, settings
 
-CASE = dict(expected="misaligned-batch", side="trainer", settings=settings("dance_grpo"))
+CASE = dict(
+    expected="misaligned-batch",
+    side="trainer",
+    settings=settings("dance_grpo"),
+    evidence=["the trainer's pooled text is exactly the rollout's of another sample", "`pooled_prompt_embeds`"],
+    absent=["text mask", "next latents"],
+)
 
 
 class Trainer(DanceGRPOTrainer):

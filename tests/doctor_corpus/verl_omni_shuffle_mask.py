@@ -5,7 +5,16 @@ import torch
 
 from doctor_corpus.loops import DiffusionActor, QwenImageRolloutAdapter, settings
 
-CASE = dict(expected="misaligned-batch", side="trainer", settings=settings("verl_omni"))
+CASE = dict(
+    expected="misaligned-batch",
+    side="trainer",
+    settings=settings("verl_omni"),
+    evidence=[
+        "the trainer's text mask is exactly the rollout's of another sample",
+        "`prompt_embeds_mask` was left out",
+    ],
+    absent=["text conditioning is exactly"],
+)
 
 
 class Actor(DiffusionActor):

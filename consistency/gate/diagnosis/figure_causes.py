@@ -170,8 +170,8 @@ def _from_signature(
         steady = signature["steady"]
         line = (
             f"within each timestep Δlogp moves with the rollout's log-prob itself (|correlation| ≥ "
-            f"{min(abs(c) for c in signature['correlations']):.3f}; trainer/rollout slopes {slopes}): the two "
-            f"sides score the same residual under different transition stds"
+            f"{min(abs(c) for c in signature['correlations']):.3f}; trainer/rollout slopes {slopes}), as scoring the "
+            f"same residual under different transition stds gives"
         )
         reading = (
             "the slope is the same at every timestep: a constant ratio of stds, as a different noise level gives"
@@ -294,8 +294,8 @@ def _recorded(config: Mapping[str, Any], direction: str, evidence: Sequence[str]
     if direction == "lower" and low and not _plugin(config):
         line = (
             f"the report records transformer dtype rollout {config.get('rollout_dtype')}, trainer "
-            f"{config.get('trainer_dtype')}: a round trip through it moves the stored sample off the point the "
-            f"rollout scored"
+            f"{config.get('trainer_dtype')}: a round trip through it would move a stored sample off the point the "
+            f"rollout scored (the figures do not show that one happened)"
         )
         stepwise = bool(config.get("step_execution"))
         step_line = "the report records step_execution on" if stepwise else "the report records step_execution off"

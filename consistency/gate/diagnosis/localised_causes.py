@@ -62,7 +62,8 @@ _SUMMARIES = {
     "logprob-reduction": "One side reduces the log-density by a sum over the latent, the other by the mean.",
     "logprob-offset": "One side's log-probs carry a constant the other's do not.",
     "text-conditioning": "The text conditioning the transformer gets differs (embeddings, padding or mask).",
-    "misaligned-batch": "The trainer pairs latents with another sample's text conditioning: the batch is misaligned.",
+    "misaligned-batch": "The trainer pairs a sample's latents with another sample's rows of one input (text "
+    "conditioning, text mask, pooled text): the batch is misaligned.",
     "forward-precision": "Same inputs, different precision: the two sides' forwards run in different dtypes or "
     "autocast.",
 }
@@ -95,7 +96,10 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
         )
     elif stage == "pairing":
         cause = "model-input"
-        extra.append("the trainer scores latents the rollout never stepped from (another layout, scale or stored copy)")
+        extra.append(
+            "the trainer's forwards feed latents no forward of the rollout fed (another layout, scale or a stored "
+            "copy): they could not be paired"
+        )
     elif stage == "inputs.latents" and "dtype" in settings:
         cause, line = _forward_cause(settings, first)
         extra.append(line.replace("every input agrees; ", "the latents differ by the forward's own cast; "))
