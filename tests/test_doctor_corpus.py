@@ -24,7 +24,7 @@ def outcome(path) -> Outcome:
 
 
 def test_the_corpus_covers_the_bugs_users_write():
-    assert len(CASES) >= 14
+    assert len(CASES) >= 24
     causes = {load_case(path)["expected"] for path in CASES}
     required = {
         "guidance-mismatch",
@@ -56,6 +56,12 @@ def test_the_doctor_names_the_bug_in_a_users_loop(path):
     top = case.localised_report.diagnosis[0]
     assert case.localised and case.figures, "a FAIL without a diagnosis"
     assert Outcome.first(case.localised) == case.expected, (case.localised, top["evidence"])
+    # Evidence is what was measured: a case names what its replay must have matched, and claims that would be false.
+    declared = load_case(path)
+    text = "\n".join(top["evidence"])
+    assert all(line in text for line in declared.get("evidence", ())), (declared["evidence"], top["evidence"])
+    everything = "\n".join(e for d in case.localised_report.diagnosis for e in d["evidence"])
+    assert not [line for line in declared.get("absent", ()) if line in everything], top["evidence"]
     # The evidence comes from the replay of both sides' own code, and the replay is faithful.
     facts = (top.get("details") or {}).get("facts")
     assert facts is not None, top

@@ -218,12 +218,29 @@ def _plugin_and_step2_checks(
     return extra
 
 
+def _expert_boundary(config: CheckConfig) -> tuple[float, str, str] | None:
+    """Wan 2.2's boundary rule as the experts guard reads it: ``(boundary timestep, high-noise expert, low-noise
+    expert)``, from the config's boundary_ratio and the family's ``num_train_timesteps``; None without one."""
+    if config.boundary_ratio is None:
+        return None
+    from rollout_consistency.adapters import get_family
+    from rollout_consistency.adapters.wan import EXPERT_NAMES
+
+    scheduler_config = get_family(config.model_family).scheduler_config or {}
+    steps = float(scheduler_config.get("num_train_timesteps", 1000))
+    return config.boundary_ratio * steps, EXPERT_NAMES[0], EXPERT_NAMES[1]
+
+
 def _experts_guard(
-    results: Sequence[BatchResult], problems: list[Problem], notes: list[str], run: dict[str, Any]
+    config: CheckConfig,
+    results: Sequence[BatchResult],
+    problems: list[Problem],
+    notes: list[str],
+    run: dict[str, Any],
 ) -> tuple[str, ...]:
     """The ``experts`` guard (models with experts by timestep): its problems, notes and ``run["experts"]``; the
     guard names to list in the verdict (none when no comparison was made)."""
-    comparison = compare_experts(results)
+    comparison = compare_experts(results, boundary=_expert_boundary(config))
     notes.extend(comparison.notes)
     problems.extend(Problem(EXPERTS_GUARD, m) for m in comparison.problems)
     if not comparison.compared:
@@ -247,7 +264,7 @@ def _judged_report(
     """Both modes' `Report`: the experts guard and the judged figures over `results`, the verdict, the precision
     note, and `report.run` = `run_info()` (called last, so its total time includes the judging) plus `run_extra`
     (which the experts guard extends)."""
-    guards = _experts_guard(results, problems, notes, run_extra)
+    guards = _experts_guard(config, results, problems, notes, run_extra)
     metrics, tolerance, mismatch = _judge(config.judging, results, problems, notes)
     notes.extend(_precision_note(precision))
     return Report(

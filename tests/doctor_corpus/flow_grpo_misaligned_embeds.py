@@ -4,7 +4,13 @@ import torch
 
 from doctor_corpus.loops import FlowGRPOSampler, FlowGRPOTrainer, settings
 
-CASE = dict(expected="misaligned-batch", side="trainer", settings=settings("flow_grpo"))
+CASE = dict(
+    expected="misaligned-batch",
+    side="trainer",
+    settings=settings("flow_grpo"),
+    evidence=["`prompt_embeds` rows follow the batch's order while its `latents` rows are permuted"],
+    absent=["next latents"],
+)
 
 
 class Trainer(FlowGRPOTrainer):

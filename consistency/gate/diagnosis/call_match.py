@@ -168,3 +168,51 @@ def pair_passes(unit: Unit, rollout_calls: Sequence[Any], trainer_calls: Sequenc
         left.remove(r)
         pairs.append((r, t))
     return pairs, left, extra
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-key pairing: which row of which key of the batch the trainer received a recorded value came from.
+@dataclass(frozen=True)
+class KeyRow:
+    """Where a value sits in the batch the trainer received: ``batch[key][row]``, entry ``entry`` of the row's
+    values cut into pieces of the value's size (a step index for ``(n, steps, ...)`` latents, 0 for a
+    per-sample tensor)."""
+
+    key: str
+    row: int
+    entry: int
+
+
+def batch_keys(batch: Any, n: int) -> dict[str, Any]:
+    """The batch's per-sample tensors (first dimension `n`), by key, as float64 ``(n, -1)``: a dict's items, or
+    an object's attributes (a `Trajectory`), with one level of nested dicts (``conditioning.prompt_embeds``)."""
+    import torch
+
+    def items(value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, dict):
+            return list(value.items())
+        return list(getattr(value, "__dict__", {}).items())
+
+    out: dict[str, Any] = {}
+    for name, value in items(batch):
+        nested = [(f"{name}.{k}", v) for k, v in items(value)] if isinstance(value, dict) else [(str(name), value)]
+        for key, tensor in nested:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() and tensor.shape[0] == n and not tensor.is_complex():
+                out[key] = tensor.detach().to("cpu", torch.float64).reshape(n, -1)
+    return out
+
+
+def locate(value: Any, keys: dict[str, Any]) -> list[KeyRow]:
+    """Every place in `keys` (`batch_keys`) holding exactly `value` (a recorded row, float64): equality, not
+    nearness, so a value found is the one the trainer took from there (a cast copy is found nowhere)."""
+    size = value.numel()
+    found: list[KeyRow] = []
+    if not size:
+        return found
+    for key, rows in keys.items():
+        if rows.shape[1] % size:
+            continue
+        view = rows.reshape(rows.shape[0], rows.shape[1] // size, size)
+        hits = (view == value.reshape(1, 1, size)).all(dim=2).nonzero().tolist()
+        found += [KeyRow(key, row, entry) for row, entry in hits]
+    return found

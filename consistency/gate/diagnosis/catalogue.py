@@ -34,9 +34,9 @@ CONFIDENCE: Mapping[str, float] = {
     "replay-stage": 0.94,  # the first stage where both sides' own forwards part, and what differs there: 15/15
     "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
-    "table-ratio": 0.67,  # trainer = c · rollout: 1/1
+    "table-ratio": 0.75,  # trainer = c · rollout: 2/2
     "table-offset": 0.67,  # one constant everywhere: 1/1
-    "table-step-offset": 0.8,  # one constant per timestep: 3/3
+    "table-step-offset": 0.67,  # one constant per timestep: 3/4
     "table-std": 0.5,  # Δ moves with the log-prob within a timestep: not measured
     "recorded-setting": 0.8,  # a signature and a setting the report records: 3/3
     "recorded-rounding": 0.5,  # rounding-sized, the report records different kernels or batches: not measured

@@ -209,7 +209,10 @@ for _cause in (
             "a key"
         ),
         kinds=("candidates", "replay-stage"),
-        replay_summary="The trainer pairs latents with another sample's text conditioning: the batch is misaligned.",
+        replay_summary=(
+            "The trainer pairs a sample's latents with another sample's rows of one input (text conditioning, text "
+            "mask, pooled text): the batch is misaligned."
+        ),
     ),
     Cause(
         "different-weights",
@@ -320,10 +323,9 @@ for _cause in (
             "transformer_2)."
         ),
         fix=(
-            "score every step with the expert the rollout used: load both experts (transformer, "
-            "transformer_2) on the trainer and pick one per step with the rollout's own test, transformer "
-            "when t >= boundary_ratio * 1000 (rollout_consistency.adapters.wan.WanExperts.expert_names), "
-            "never from a step index"
+            "on the side the evidence names, pick each step's expert with the boundary test, transformer when t >= "
+            "boundary_ratio * 1000 (rollout_consistency.adapters.wan.WanExperts.expert_names), never from a step "
+            "index; a trainer loads both experts (transformer, transformer_2)"
         ),
         kinds=("guard",),
     ),

@@ -245,7 +245,7 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 "expert-switch",
                 "The rollout and the trainer scored some steps with different experts (Wan 2.2's transformer / "
                 "transformer_2): one side switches at another step, or holds one expert throughout.",
-                [f"experts guard: {_evidence_text(failed['experts'].message, 400)}"],
+                [f"experts guard: {_evidence_text(failed['experts'].message, 600)}"],
                 "guard",
                 source="guard",
             )

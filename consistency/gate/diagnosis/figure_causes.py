@@ -26,6 +26,7 @@ from rollout_consistency.gate.judging.causes import Diagnosis
 
 from .catalogue import LOCALISE_HINT, make
 from .cause_registry import CAUSES, summaries
+from .table_signatures import reduction_count
 
 #: Below this max |Δlogp| a difference is float32 rounding of a forward: the same PyTorch code on two kernels
 #: differs by about 1e-6 (docs/checker.md, measured floors), a real bug usually by far more.
@@ -114,13 +115,7 @@ def _from_signature(
     kind = signature.get("kind")
     details = {"tables": dict(signature)}
     if kind == "ratio":
-        ratio = signature["ratio"]
-        line = (
-            f"the trainer's log-probs are {ratio:.6g} × the rollout's at every entry (relative residual "
-            f"{signature['residual']:.1g}): a sum against a mean over {round(max(ratio, 1 / ratio))} latent values"
-        )
-        summary = "One side reduces the log-density by a sum over the latent, the other by the mean."
-        return [make("logprob-reduction", summary, [line, size], "table-ratio", source="tables", details=details)], []
+        return _from_ratio(signature, size, details), []
     if kind == "uniform-offset":
         line = (
             f"every entry differs by the same {signature['offset']:+.3g} (spread {signature['spread']:.2g}): a "
@@ -161,8 +156,8 @@ def _from_signature(
         steady = signature["steady"]
         line = (
             f"within each timestep Δlogp moves with the rollout's log-prob itself (|correlation| ≥ "
-            f"{min(abs(c) for c in signature['correlations']):.3f}; trainer/rollout slopes {slopes}): the two "
-            f"sides score the same residual under different transition stds"
+            f"{min(abs(c) for c in signature['correlations']):.3f}; trainer/rollout slopes {slopes}), as scoring the "
+            f"same residual under different transition stds gives"
         )
         reading = (
             "the slope is the same at every timestep: a constant ratio of stds, as a different noise level gives"
@@ -179,6 +174,44 @@ def _from_signature(
         ]
         return [], [dataclasses.replace(d, details=details) for d in weak]
     return [], []
+
+
+def _from_ratio(signature: Mapping[str, Any], size: str, details: Mapping[str, Any]) -> list[Diagnosis]:
+    """trainer = c · rollout at every entry: a sign (c < 0), a count of latent values (a sum against a mean: c a
+    whole number n >= 2 or 1/n), or neither (another scaling of the log-density). Each sentence says only what
+    the fitted c shows."""
+    ratio, count = signature["ratio"], signature.get("count")
+    measured = (
+        f"the trainer's log-probs are {ratio:.6g} × the rollout's at every entry (relative residual "
+        f"{signature['residual']:.1g})"
+    )
+    convention = "One side's log-prob has another sign or scale than the other's (its formula differs)."
+    reduction = "One side reduces the log-density by a sum over the latent, the other by the mean."
+    if ratio < 0 and abs(abs(ratio) - 1) <= 1e-3:
+        line = (
+            f"trainer = −1 × rollout at every entry (fitted ratio {ratio:.6g}, relative residual "
+            f"{signature['residual']:.1g}): the two sides' log-probs have opposite signs"
+        )
+        return [make("logprob-convention", convention, [line, size], "table-ratio", source="tables", details=details)]
+    magnitude = reduction_count(abs(ratio))
+    if ratio < 0 and magnitude is not None:  # a flipped sign and a count: two differences, both measured
+        line = (
+            f"{measured}: opposite signs, and a factor of {magnitude if abs(ratio) > 1 else f'1/{magnitude}'} in "
+            f"size, as a sum against a mean over {magnitude} latent values gives"
+        )
+        return [
+            make("logprob-convention", convention, [line, size], "table-ratio", source="tables", details=details),
+            make("logprob-reduction", reduction, [line, size], "table-ratio", source="tables", details=details),
+        ]
+    if count is not None:
+        line = f"{measured}: a sum against a mean over {count} latent values"
+        return [make("logprob-reduction", reduction, [line, size], "table-ratio", source="tables", details=details)]
+    sign = "opposite signs and " if ratio < 0 else ""
+    line = (
+        f"{measured}: {sign}a constant factor that is no whole number of latent values (not a sum against a mean): "
+        f"the two sides scale the log-density differently"
+    )
+    return [make("logprob-convention", convention, [line, size], "table-ratio", source="tables", details=details)]
 
 
 def _rounding_level(config: Mapping[str, Any], evidence: list[str], measured_floor: bool) -> list[Diagnosis]:
@@ -247,8 +280,8 @@ def _recorded(config: Mapping[str, Any], direction: str, evidence: Sequence[str]
     if direction == "lower" and low and not _plugin(config):
         line = (
             f"the report records transformer dtype rollout {config.get('rollout_dtype')}, trainer "
-            f"{config.get('trainer_dtype')}: a round trip through it moves the stored sample off the point the "
-            f"rollout scored"
+            f"{config.get('trainer_dtype')}: a round trip through it would move a stored sample off the point the "
+            f"rollout scored (the figures do not show that one happened)"
         )
         stepwise = bool(config.get("step_execution"))
         step_line = "the report records step_execution on" if stepwise else "the report records step_execution off"

@@ -740,11 +740,16 @@ def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
             break
     if "inputs.timestep" in worst and worst["inputs.timestep"].differs:
         facts["timestep_neighbour"] = _timestep_neighbour(replay, units, matching.step_values)
-    for stage in ("inputs.conditioning", "inputs.pooled"):
+    for stage in _PER_SAMPLE_INPUTS:
         if stage in worst and worst[stage].differs:
             facts["misaligned"] = _misaligned(replay, matching, units, stage)
             break
     return facts
+
+
+#: Inputs that belong to one sample (a shuffle that leaves one of them out hands it another sample's), in the
+#: order the stages are compared.
+_PER_SAMPLE_INPUTS = ("inputs.conditioning", "inputs.text_mask", "inputs.pooled")
 
 
 def _timestep_neighbour(replay: Any, units: Sequence[Any], step_values: Sequence[float]) -> dict[str, Any]:
@@ -767,11 +772,14 @@ def _timestep_neighbour(replay: Any, units: Sequence[Any], step_values: Sequence
 
 
 def _misaligned(replay: Any, matching: Any, units: Sequence[Any], stage: str) -> dict[str, Any]:
-    """Paired forwards whose conditioning differs, and how many of them carry another sample's conditioning."""
+    """Paired forwards whose `stage` input differs, how many carry exactly another sample's (the rollout's, at
+    the same step), whose (``fed``: sample → the sample it got), and where the batch holds what the trainer fed
+    (`_key_pairing`)."""
     from .call_match import pair_passes
 
     r_calls, t_calls = replay.rollout.calls, replay.trainer.calls
     differing = other = 0
+    fed: dict[int, int] = {}
     for unit in units:
         for r_ref, t_ref in pair_passes(unit, r_calls, t_calls)[0]:
             mine, theirs = r_calls[r_ref.call].inputs.get(stage), t_calls[t_ref.call].inputs.get(stage)
@@ -781,18 +789,101 @@ def _misaligned(replay: Any, matching: Any, units: Sequence[Any], stage: str) ->
             if bool((mine[r_ref.row] == row).all()):
                 continue
             differing += 1
-            for peer in matching.units.values():
-                if peer.step != unit.step or peer.sample == unit.sample:
+            source = _sample_holding(replay, matching, unit, stage, row)
+            if source is not None:
+                other += 1
+                fed.setdefault(unit.sample, source)
+    out: dict[str, Any] = {"stage": stage, "differing": differing, "other_sample": other}
+    out["fed"] = {str(k): v for k, v in sorted(fed.items())}
+
+    def value_of(ref: Any, _unit: Any) -> Any:
+        value = t_calls[ref.call].inputs.get(stage)
+        return value[ref.row] if hasattr(value, "dim") and value.dim() == 2 else None
+
+    out.update(_key_pairing(replay, units, value_of))
+    return out
+
+
+def _sample_holding(replay: Any, matching: Any, unit: Any, stage: str, row: Any) -> int | None:
+    """Another sample whose rollout forward at the same step fed exactly `row` at `stage` (None: no other)."""
+    r_calls = replay.rollout.calls
+    for peer in matching.units.values():
+        if peer.step != unit.step or peer.sample == unit.sample:
+            continue
+        for ref in peer.rollout:
+            value = r_calls[ref.call].inputs.get(stage)
+            if hasattr(value, "dim") and value.shape[1] == row.shape[0] and bool((value[ref.row] == row).all()):
+                return peer.sample
+    return None
+
+
+def _key_pairing(replay: Any, units: Sequence[Any], value_of: Any) -> dict[str, Any]:
+    """Per-key pairing of the trainer's forwards: in the order they ran (per step), the batch row its latents
+    came from and the batch row `value_of(trainer ref, unit)` (a 1-D value or None) came from
+    (`call_match.locate`: exact copies only).
+
+    Returns ``{"latents_key", "key", "order": {"latents": [...], "other": [...]}, "batch_order", "permuted"}`` —
+    ``batch_order``: the rows of ``key`` the forwards took are the batch's rows in order (0, 1, …), ``permuted``:
+    the latents rows are not; empty where a value was found in no key (a cast copy, a tensor the batch lacks)."""
+    from .call_match import batch_keys, locate
+
+    if replay.batch is None:
+        return {}
+    keys = batch_keys(replay.batch, len(replay.context.samples))
+    t_calls = replay.trainer.calls
+    first_ref = {}
+    for unit in units:
+        for ref in unit.trainer:
+            first_ref.setdefault(unit.step, []).append((ref.call, ref.row, unit))
+    latents_rows: dict[int, list[int]] = {}
+    other_rows: dict[int, list[list[int]]] = {}
+    latents_key = other_key = None
+    for step, refs in first_ref.items():
+        seen = set()
+        for call, row, unit in sorted(refs, key=lambda item: (item[0], item[1])):
+            if unit.sample in seen:
+                continue
+            seen.add(unit.sample)
+            x = t_calls[call].inputs["inputs.latents"][row]
+            places = [p for p in locate(x, keys) if latents_key in (None, p.key)]
+            if not places:
+                return {}
+            latents_key = places[0].key
+            latents_rows.setdefault(step, []).append(places[0].row)
+            rows: list[int] = []
+            for ref in unit.trainer:
+                value = value_of(ref, unit)
+                if value is None:
                     continue
-                for ref in peer.rollout:
-                    value = r_calls[ref.call].inputs.get(stage)
-                    if hasattr(value, "dim") and value.shape[1] == row.shape[0] and bool((value[ref.row] == row).all()):
-                        other += 1
-                        break
-                else:
-                    continue
-                break
-    return {"differing": differing, "other_sample": other}
+                for place in _places(value, keys, places[0]):
+                    if other_key in (None, place.key):
+                        other_key = place.key
+                        rows.append(place.row)
+            other_rows.setdefault(step, []).append(sorted(set(rows)))
+    if latents_key is None or other_key is None:
+        return {}
+    steps = sorted(latents_rows)
+    batch_order = all(all(k in rows for k, rows in enumerate(other_rows[s])) for s in steps)
+    permuted = any(any(k != r for k, r in enumerate(latents_rows[s])) for s in steps)
+    first = steps[0]
+    return {
+        "latents_key": latents_key,
+        "key": other_key,
+        "order": {"latents": latents_rows[first], "other": [rows[:1] for rows in other_rows[first]]},
+        "batch_order": batch_order,
+        "permuted": permuted,
+    }
+
+
+def _places(value: Any, keys: Mapping[str, Any], latents: Any) -> list[Any]:
+    """Where the batch holds `value`, the latents' own key left out when another key holds it too, and a step's
+    entry (the latents' entry) preferred: ``next_latents[s, j]`` over ``latents[s, j + 1]``."""
+    from .call_match import locate
+
+    places = locate(value, keys)
+    others = [p for p in places if p.key != latents.key] or places
+    same_entry = [p for p in others if p.entry == latents.entry]
+    return same_entry or others
 
 
 def _replay_settings(replay: Any, facts: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
@@ -839,6 +930,9 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
             break  # both tables reproduced: the other order cannot do better
     pairs.sort(key=lambda p: max(math.inf if f is None else f.error for f in p.values()))
     fits: dict[str, Any] = {side: None if fit is None else fit.to_dict() for side, fit in pairs[0].items()}
+    rollout_fit, trainer_fit = pairs[0]["rollout"], pairs[0]["trainer"]
+    if rollout_fit is not None and trainer_fit is not None and rollout_fit.reproduced and not trainer_fit.reproduced:
+        fits["next_pairing"] = _next_pairing(replay, matching, units, rollout_fit)
     # The samples the rollout stepped on after its first step, where its model received them in float32: all
     # exactly bf16 values means they were rounded (after the step scored them).
     calls = replay.rollout.calls
@@ -852,6 +946,70 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
     fits["rollout_next_rounded"] = _rounded_to(torch.cat(stepped)) if stepped else None
     fits["disagreement"] = disagreement
     return fits
+
+
+def _next_pairing(replay: Any, matching: Any, units: Sequence[Any], fit: Any) -> dict[str, Any]:
+    """Which sample's next latents the trainer's step scored: for each trainer (sample, step), the sample whose
+    latents the rollout stepped to (its next forward's input) that reproduces the trainer's log-prob under the
+    rollout's fitted settings (`fit`), within `step_fit.REPRODUCED_RTOL`.
+
+    Returns ``{"reproduced": False}`` when some (sample, step) is reproduced by none; else ``reproduced``,
+    ``units``, ``moved`` (how many scored another sample's), ``error`` (the worst relative error), ``scored``
+    (``[sample, step, the sample scored]``) and, where some moved, the per-key pairing (`_key_pairing`)."""
+    from . import step_fit
+
+    context, r_calls, t_calls = replay.context, replay.rollout.calls, replay.trainer.calls
+    table = replay.trainer.log_probs
+    stepped_to: dict[int, dict[int, Any]] = {}  # step → {sample: the latents the rollout stepped to from it}
+    for unit in matching.units.values():
+        if unit.rollout:
+            ref = unit.rollout[0]
+            stepped_to.setdefault(unit.step - 1, {})[unit.sample] = r_calls[ref.call].inputs["inputs.latents"][ref.row]
+    scored: dict[tuple[int, int], int] = {}
+    worst = 0.0
+    for unit in units:
+        position, pool = _window_position(context, unit), stepped_to.get(unit.step)
+        if position is None or not pool or unit.sample >= table.shape[0]:
+            continue
+        calls = [t_calls[ref.call] for ref in unit.trainer]
+        base = step_fit.UnitData(
+            x=calls[0].inputs["inputs.latents"][unit.trainer[0].row],
+            outputs=tuple(call.output[ref.row] for call, ref in zip(calls, unit.trainer, strict=True)),
+            output_shape=calls[0].output_shape,
+            x_next=None,
+            step=unit.step,
+            log_prob=float(table[unit.sample, position]),
+        )
+        orders = (0, 1) if len(calls) > 1 else (0,)
+        errors = {
+            sample: min(
+                step_fit.unit_error(dataclasses.replace(base, x_next=x), fit.settings, context.sigmas, order)
+                for order in orders
+            )
+            for sample, x in pool.items()
+        }
+        best = min(errors, key=errors.__getitem__)
+        if not errors[best] <= step_fit.REPRODUCED_RTOL:
+            return {"reproduced": False}
+        scored[(unit.sample, unit.step)] = best
+        worst = max(worst, errors[best])
+    if not scored:
+        return {}
+    out: dict[str, Any] = {
+        "reproduced": True,
+        "units": len(scored),
+        "moved": sum(sample != other for (sample, _), other in scored.items()),
+        "error": worst,
+        "scored": [[sample, step, other] for (sample, step), other in sorted(scored.items())],
+    }
+    if out["moved"]:
+
+        def value_of(_ref: Any, unit: Any) -> Any:
+            other = scored.get((unit.sample, unit.step))
+            return None if other is None else stepped_to[unit.step][other]
+
+        out.update(_key_pairing(replay, [u for u in units if (u.sample, u.step) in scored], value_of))
+    return out
 
 
 def _unit_data(replay: Any, matching: Any, units: Sequence[Any], side: str) -> list[Any]:

@@ -42,6 +42,7 @@ _SETTING_CAUSES = (
     ("step_offset", "step-index"),
     ("reduction", "logprob-reduction"),
     ("normalizer", "logprob-convention"),
+    ("negated", "logprob-convention"),
     ("offset", "logprob-offset"),
 )
 _SUMMARIES = localised_summaries()
@@ -74,7 +75,10 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
         )
     elif stage == "pairing":
         cause = "model-input"
-        extra.append("the trainer scores latents the rollout never stepped from (another layout, scale or stored copy)")
+        extra.append(
+            "the trainer's forwards feed latents no forward of the rollout fed (another layout, scale or a stored "
+            "copy): they could not be paired"
+        )
     elif stage == "inputs.latents" and "dtype" in settings:
         cause, line = _forward_cause(settings, first)
         extra.append(line.replace("every input agrees; ", "the latents differ by the forward's own cast; "))
@@ -84,16 +88,11 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
     elif stage == "inputs.timestep":
         cause, line = _timestep_cause(facts)
         extra.append(line)
+    elif stage in _INPUT_WORDS and _misaligned(facts, stage):
+        cause = "misaligned-batch"
+        extra += _misaligned_lines(facts["misaligned"], _INPUT_WORDS[stage])
     elif stage in ("inputs.conditioning", "inputs.pooled"):
-        misaligned = facts.get("misaligned") or {}
-        if misaligned.get("other_sample") and 2 * misaligned["other_sample"] >= misaligned.get("differing", 0):
-            cause = "misaligned-batch"
-            extra.append(
-                f"in {misaligned['other_sample']} of {misaligned['differing']} paired forwards whose text differs, "
-                f"the trainer's text conditioning is exactly the rollout's of another sample at the same step"
-            )
-        else:
-            cause = "text-conditioning"
+        cause = "text-conditioning"
     elif stage == "inputs.text_mask" and "one side only" in first.detail and "rows_per_forward" in settings:
         cause = "batch-composition"  # a micro-batch with no padded row passes no mask
     elif stage.startswith("inputs."):
@@ -110,6 +109,56 @@ def _from_replay(loc: Any, config: Mapping[str, Any]) -> Diagnosis:
     if cause == "model-input":
         summary = f"A model input is computed differently: {stage}."
     return make(cause, summary, [*evidence, *extra], "replay-stage", source="localisation", details=details)
+
+
+#: The per-sample inputs a shuffle can leave behind, as the evidence names them.
+_INPUT_WORDS = {
+    "inputs.conditioning": "text conditioning",
+    "inputs.text_mask": "text mask",
+    "inputs.pooled": "pooled text",
+}
+
+
+def _misaligned(facts: Mapping[str, Any], stage: str) -> bool:
+    """Most paired forwards whose `stage` input differs carry exactly another sample's (measured in the replay)."""
+    found = facts.get("misaligned") or {}
+    return (
+        found.get("stage", stage) == stage
+        and bool(found.get("other_sample"))
+        and (2 * found["other_sample"] >= found.get("differing", 0))
+    )
+
+
+def _misaligned_lines(found: Mapping[str, Any], what: str) -> list[str]:
+    """What the replay matched, and only that: how many forwards carry another sample's `what`, whose, and (where
+    the batch holds exact copies) which key's rows went with which latents rows."""
+    fed = ", ".join(f"sample {k} got sample {v}'s" for k, v in list(found.get("fed", {}).items())[:4])
+    lines = [
+        f"in {found['other_sample']} of {found['differing']} paired forwards whose {what} differs, the trainer's "
+        f"{what} is exactly the rollout's of another sample at the same step" + (f" ({fed})" if fed else "")
+    ]
+    return lines + _order_lines(found, f"its `{found.get('key')}` rows")
+
+
+def _order_lines(found: Mapping[str, Any], what: str) -> list[str]:
+    """The per-key pairing (localise._key_pairing), said only where it was matched: the rows of both keys the
+    trainer's forwards took, in the order they ran, and, when one key kept the batch's order while the latents'
+    did not, that."""
+    key, latents_key, order = found.get("key"), found.get("latents_key"), found.get("order")
+    if not (key and latents_key and order):
+        return []
+    pairs = ", ".join(
+        f"`{latents_key}` row {a} with `{key}` row {'/'.join(str(r) for r in b)}"
+        for a, b in zip(order["latents"], order["other"], strict=True)
+        if b
+    )
+    lines = [f"in the order the trainer's forwards ran (the first step), they paired {pairs}"]
+    if found.get("batch_order") and found.get("permuted"):
+        lines.append(
+            f"{what} follow the batch's order while its `{latents_key}` rows are permuted: `{key}` was left out "
+            f"of the permutation the other keys took"
+        )
+    return lines
 
 
 def _faithful(facts: Mapping[str, Any]) -> str:
@@ -235,39 +284,88 @@ def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, 
             "the model could not be re-derived"
         )
     tolerance = max(0.25 * disagreement, 1e-7)  # a fit explaining three quarters of the disagreement
-    fits = (
-        f"the rollout's log-probs are reproduced by {rollout['describe']} (max error {rollout['error']:.2g}); the "
-        f"trainer's by {trainer['describe']} (max error {trainer['error']:.2g}); the tables differ by up to "
-        f"{disagreement:.3g}"
-    )
-    errors = {"rollout": rollout["error"], "trainer": trainer["error"]}
+    # Reproduced: within the fit's relative tolerance at every entry (step_fit.REPRODUCED_RTOL), and a good part
+    # of the disagreement explained; a fit that only comes closer is not said to reproduce anything.
+    reproduced = {
+        side: f["error"] <= tolerance and f.get("reproduced", True)
+        for side, f in (("rollout", rollout), ("trainer", trainer))
+    }
+    fits = "; ".join(_fit_line(side, f, reproduced[side]) for side, f in (("rollout", rollout), ("trainer", trainer)))
+    fits += f"; the tables differ by up to {disagreement:.3g}"
     differences = _differences(rollout["settings"], trainer["settings"])
-    if differences and max(errors.values()) <= tolerance:
+    if differences and all(reproduced.values()):
         cause = differences[0]
         lines = ["every forward of both sides agrees: the difference is in the step outside the model", fits]
         return make(
             cause, _SUMMARIES[cause], [*evidence, *lines], "replay-step", source="localisation", details=details
         )
-    # One side's table is not reproduced from what it fed and produced, while the other's is: that side scored
-    # something other than what it stepped on.
-    bad = max(errors, key=errors.get)
-    good = "trainer" if bad == "rollout" else "rollout"
-    if errors[bad] > max(100 * errors[good], 1e-5):  # far beyond the float32 noise of a faithful reproduction
-        line = (
-            f"every forward agrees and the {good}'s log-probs are reproduced from the recorded samples, but the "
-            f"{bad}'s are not (max error {errors[bad]:.2g} against {errors[good]:.2g}): the {bad} scored a sample "
-            f"other than the one it stepped on"
+    pairing = fit.get("next_pairing") or {}
+    if pairing.get("reproduced") and pairing.get("moved"):
+        return make(
+            "misaligned-batch",
+            "The trainer scores each sample's step against another sample's next latents: the batch is misaligned.",
+            [*evidence, *_next_pairing_lines(pairing), fits],
+            "replay-step",
+            source="localisation",
+            details=details,
         )
-        if bad == "rollout" and (fit.get("rollout_next_rounded") or config.get("rollout_dtype") in _LOW):
+    # One side's table is reproduced from what it fed and what its forwards took next, the other's is not by any
+    # candidate: said as measured, without naming what that side computed instead.
+    bad = max(
+        ("rollout", "trainer"),
+        key=lambda side: (not reproduced[side], {"rollout": rollout, "trainer": trainer}[side]["error"]),
+    )
+    good = "trainer" if bad == "rollout" else "rollout"
+    if reproduced[good] and not reproduced[bad]:
+        line = (
+            f"every forward agrees and the {good}'s log-probs are reproduced from the recorded forwards and the "
+            f"samples they took next, but the {bad}'s are reproduced by no candidate setting"
+        )
+        if bad == "trainer" and pairing.get("reproduced") is False:
+            line += " (nor by pairing its steps with another sample's next latents)"
+        rounded = fit.get("rollout_next_rounded")
+        if bad == "rollout" and (rounded or config.get("rollout_dtype") in _LOW):
             cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
-            rounded = fit.get("rollout_next_rounded")
             if rounded:
-                line += f"; the samples it stepped on are all exactly {rounded} values: rounded after scoring"
+                line += (
+                    f"; the samples its forwards took next are all exactly {rounded} values, as a sample rounded after "
+                    f"its log-prob was computed leaves them"
+                )
+            else:
+                line += f"; the report records rollout dtype {config.get('rollout_dtype')}"
             return make(
                 cause, _SUMMARIES[cause], [*evidence, line, fits], "replay-step", source="localisation", details=details
             )
         return unknown(f"{line}; {fits}")
     return unknown(f"{fits}; no candidate setting explains the difference")
+
+
+def _fit_line(side: str, fit: Mapping[str, Any], reproduced: bool) -> str:
+    if reproduced:
+        return f"the {side}'s log-probs are reproduced by {fit['describe']} (max error {fit['error']:.2g})"
+    return (
+        f"the {side}'s are not reproduced by any candidate setting (closest: {fit['describe']}, max error "
+        f"{fit['error']:.2g})"
+    )
+
+
+def _next_pairing_lines(pairing: Mapping[str, Any]) -> list[str]:
+    """The next-latents pairing as measured: which (sample, step) were reproduced with which sample's next latents,
+    and the per-key pairing where the batch holds exact copies."""
+    steps: dict[tuple[int, int], list[str]] = {}
+    for sample, step, other in pairing["scored"]:
+        if sample != other:
+            steps.setdefault((sample, other), []).append(str(step))
+    shown = ", ".join(f"sample {s} with sample {o}'s at step {'/'.join(j)}" for (s, o), j in list(steps.items())[:4])
+    more = f", … ({len(steps) - 4} more)" if len(steps) > 4 else ""
+    lines = [
+        "every forward of both sides agrees, and the rollout's step settings reproduce the trainer's log-probs "
+        f"(max relative error {pairing['error']:.2g}) only when its step for a sample scores the next latents the "
+        f"rollout stepped to from another sample: {pairing['moved']} of {pairing['units']} (sample, step): "
+        f"{shown}{more}"
+    ]
+    key = pairing.get("key")
+    return lines + _order_lines(pairing, f"the next latents it scored (`{key}` rows)")
 
 
 _LOW = ("bfloat16", "float16")

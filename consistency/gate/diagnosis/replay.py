@@ -124,6 +124,7 @@ class Replay:
     seconds: float = 0.0
     rollout_output: Any = None  # what the rollout returned (the trainer's input), for a second look at one forward
     rng: Mapping[str, Any] = field(default_factory=dict)  # each side's RNG states when its run began (`rng_state`)
+    batch: Any = None  # what the rollout handed the trainer (a plug-in's batch dict, or the Trajectory)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -320,6 +321,8 @@ def replay_batch(settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any
     """
     import torch
 
+    from rollout_consistency.gate.sides import plugins
+
     start = time.perf_counter()
     sides = watched_sides(settings)
     if isinstance(sides, str):
@@ -339,7 +342,10 @@ def replay_batch(settings: DiagnosisSettings, batch_spec: Any, tables: tuple[Any
             table = run_trainer(backend, out, settings)
         trainer = SideTrace("trainer", calls, _table(table), time.perf_counter() - side_start)
     seconds = time.perf_counter() - start
-    return Replay(rollout, trainer, context, rollout_model, trainer_model, seconds, rollout_output=out, rng=rng)
+    batch = out.batch if isinstance(out, plugins.PluginRollout) else out
+    return Replay(
+        rollout, trainer, context, rollout_model, trainer_model, seconds, batch=batch, rollout_output=out, rng=rng
+    )
 
 
 def watched_sides(settings: DiagnosisSettings) -> tuple[Any, Any, Any] | str:

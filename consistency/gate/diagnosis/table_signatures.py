@@ -4,7 +4,8 @@
 With ``Δ = trainer − rollout`` per entry, grouped by timestep (or window position without timesteps):
 
 * **ratio**: ``trainer ≈ c · rollout`` with one constant ``c`` far from 1 (a sum against a mean over the latent
-  gives ``c`` = the number of latent elements, or its inverse);
+  gives ``c`` = the number of latent elements, or its inverse: ``count``; ``c = −1`` is a sign flipped on one side,
+  and a ``c`` that is negative or no whole number is no count);
 * **uniform offset**: every ``Δ`` is the same number up to float32 rounding (a constant added on one side);
 * **per-step offset**: ``Δ`` is one number per timestep, the same for every sample, and differs between timesteps:
   exactly (up to float rounding) for a normaliser ``−log std − ½ log 2π`` on one side only, up to the spread of
@@ -34,6 +35,9 @@ STD_CORRELATION = 0.8
 _GROUP_MIN = 5
 #: A constant added to one side's log-probs leaves only float32 rounding around it (a few ULP of a log-prob).
 _ROUNDING = 1e-6
+#: A sum against a mean over n values gives n up to float32 rounding of the sums (~1e-6 relative); a fitted ratio
+#: further than this from a whole number is another scaling.
+_COUNT_RTOL = 1e-4
 
 
 def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, Any]:
@@ -59,7 +63,7 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
         c = float(rv @ tv) / denominator
         residual = float(np.linalg.norm(tv - c * rv)) / max(float(np.linalg.norm(tv)), 1e-300)
         if abs(c - 1) > 0.5 and abs(c) > 1e-12 and residual < 1e-3:
-            return {**out, "kind": "ratio", "ratio": c, "residual": residual}
+            return {**out, "kind": "ratio", "ratio": c, "residual": residual, "count": reduction_count(c)}
 
     groups = _groups(r, timesteps, finite)
     flat_delta = delta.reshape(-1)
@@ -91,6 +95,17 @@ def read_tables(rollout: Any, trainer: Any, timesteps: Any = None) -> dict[str, 
         steady = (max(slopes) - min(slopes)) <= 0.1 * max(abs(s) for s in slopes)
         return {**out, "kind": "std-scaling", "slopes": slopes, "correlations": correlations, "steady": steady}
     return {**out, "kind": "shift", "correlations": correlations}
+
+
+def reduction_count(ratio: float) -> int | None:
+    """The number of latent values ``n >= 2`` a sum against a mean over them would give as `ratio` (``n`` or
+    ``1/n``), or None: a negative ratio flips a sign (a count is positive) and a ratio that is no whole number
+    (within `_COUNT_RTOL`) is no count."""
+    if not ratio > 0:
+        return None
+    size = max(ratio, 1 / ratio)
+    count = round(size)
+    return count if count >= 2 and abs(size - count) <= max(_COUNT_RTOL * size, 1e-2) else None
 
 
 def _groups(r: np.ndarray, timesteps: Any, finite: np.ndarray) -> list[np.ndarray]:

@@ -39,9 +39,14 @@ class ExpertComparison:
     by_timestep: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
 
 
-def compare_experts(results: Sequence[Any]) -> ExpertComparison:
+def compare_experts(results: Sequence[Any], *, boundary: tuple[float, str, str] | None = None) -> ExpertComparison:
     """Compare the ``experts`` records of a check's batch results (`BatchResult.experts`: ``{"rollout": rows,
-    "trainer": rows}``, rows one tuple of names per sample, in window order) entry by entry."""
+    "trainer": rows}``, rows one tuple of names per sample, in window order) entry by entry.
+
+    Args:
+        boundary: the boundary rule, ``(boundary timestep, high-noise expert, low-noise expert)``: the high-noise
+            expert where ``t >= boundary``. With it, the message names the side whose record breaks the rule;
+            without it, it says that which side breaks it was not measured."""
     rows: list[tuple[int, int, float, str, str]] = []  # (sample, schedule step, timestep, rollout, trainer)
     missing_side = set()
     for result in results:
@@ -86,8 +91,39 @@ def compare_experts(results: Sequence[Any]) -> ExpertComparison:
     ]
     shown = "; ".join(parts[:6]) + (f"; … ({len(parts) - 6} more)" if len(parts) > 6 else "")
     message = (
-        f"{len(differing)} of {len(rows)} stored step(s) were scored by another expert on each side: {shown}. The "
-        f"trainer must switch experts at the rollout's step (the same boundary test, t >= boundary_ratio * 1000 for "
-        f"transformer) and hold both experts"
+        f"{len(differing)} of {len(rows)} stored step(s) were scored by another expert on each side: {shown}. "
+        f"{_who_breaks(differing, boundary)}"
     )
     return ExpertComparison(compared=True, problems=(message,), notes=notes, by_timestep=summary)
+
+
+def _who_breaks(differing: Sequence[tuple[int, int, float, str, str]], boundary: tuple[float, str, str] | None) -> str:
+    """The side(s) whose expert at the differing steps is not the one the boundary rule gives (only what the
+    records and the rule show)."""
+    if boundary is None:
+        return (
+            "No boundary_ratio was given, so which side breaks the boundary rule was not measured: both must pick "
+            "each step's expert with the same test (t >= boundary_ratio * 1000 for transformer)"
+        )
+    at, high, low = boundary
+
+    def rule(t: float) -> str:
+        return high if t >= at else low
+
+    breaking = [
+        side
+        for side, column in (("rollout", 3), ("trainer", 4))
+        if any(row[column] != rule(row[2]) for row in differing)
+    ]
+    first = min(differing, key=lambda row: (row[1], row[0]))
+    said = f"The boundary rule (t >= {at:.6g}: {high}, below: {low}) gives {rule(first[2])} at step {first[1]}"
+    if not breaking:  # names outside the rule's two (a plug-in's own names): neither record is the rule's
+        return f"Neither record names the rule's experts ({high}, {low}): which side breaks the rule was not measured"
+    if len(breaking) == 2:
+        return f"{said}: both sides break it at some of these steps; both must pick each step's expert by that test"
+    side = breaking[0]
+    other = "trainer" if side == "rollout" else "rollout"
+    return (
+        f"{said}: the {side} breaks it (the {other} follows it); the {side} must pick each step's expert by that "
+        f"test, never from a step index"
+    )
