@@ -110,3 +110,19 @@ def test_declared_confidences_are_what_the_corpus_measures():
     for kind, (estimate, count) in measured.items():
         if count >= 4:
             assert abs(CONFIDENCE[kind] - estimate) <= 0.15, (kind, CONFIDENCE[kind], estimate, count)
+
+
+CONTROLS = sorted((CASES[0].parent / "controls").glob("*_clean.py"))
+
+
+@pytest.mark.parametrize("path", CONTROLS, ids=[p.stem for p in CONTROLS])
+def test_a_loop_without_a_bug_passes(path):
+    """No false alarm on the corpus's loops as written, one per loop style (DanceGRPO's stores whole-number
+    timesteps, int(sigma * 1000), which the windows guard once took for another schedule)."""
+    from doctor_corpus.run import config_of
+
+    from rollout_consistency import run_step1_check
+
+    assert len(CONTROLS) == 3
+    report = run_step1_check(config_of(path, load_case(path)))
+    assert report.status == "PASS", report.verdict.reasons

@@ -284,3 +284,18 @@ def test_tables_with_no_window_step_fail_as_empty_and_incomplete():
     metrics = compute_metrics(z, z)
     assert metrics.empty_samples == (0, 1, 2)
     assert {"nonempty", "complete"} <= failed(decide(metrics, exact_tolerance()))
+
+
+def test_whole_number_timesteps_match_the_step_they_truncate_and_no_other():
+    """DanceGRPO stores int(sigma * 1000): the plan's step it truncated matches, a neighbouring step or a
+    fractional timestep off by the same amount does not."""
+    from rollout_consistency.gate.judging.verdict import plan_window_problems
+
+    plan = np.array([[1000.0, 826.0643, 617.4471, 381.9660]])
+    table = np.zeros((1, 4))
+    assert plan_window_problems("rollout", table, 4, [0], timesteps=np.trunc(plan), expected=plan) == []
+    assert plan_window_problems("rollout", table, 4, [0], timesteps=np.round(plan), expected=plan) == []
+    shifted = np.trunc(plan[:, [0, 0, 1, 2]])  # each step scored at the previous step's timestep
+    assert "timesteps differ" in plan_window_problems("rollout", table, 4, [0], timesteps=shifted, expected=plan)[0]
+    fractional = plan - 0.5
+    assert "4 of 4" in plan_window_problems("trainer", table, 4, [0], timesteps=fractional, expected=plan)[0]
