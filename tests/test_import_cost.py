@@ -199,8 +199,6 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
     ("rollout_consistency.gate.config", "rollout_consistency.paths"): _PARALLEL,
     ("rollout_consistency.gate.config", "rollout_consistency.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.atomic_write"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.output_paths"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _PARALLEL,

@@ -3,8 +3,8 @@
 own code that finds the first stage where they part.
 
     doctor            `diagnose(report)` -> ranked `Diagnosis` (`rollout_consistency.gate.judging.causes`): from
-                      the guards, a localisation where both sides' code is here, and the figures; the `doctor`
-                      command's parser and run
+                      the guards, a localisation where both sides' code is here, and the figures (the `doctor`
+                      command: `rollout_consistency.commands.doctor`)
     catalogue         the cause ids, one fix per id (`FIXES`), what a confidence means (`CONFIDENCE`), the causes
                       that are no bug (`NOT_A_BUG`)
     figure_causes     causes from the report's figures and recorded settings (and the tables' signature)
