@@ -314,6 +314,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "object_spec",
         "cli_guard",
         "sampling_rules",
+        "gate.lazy_face",  # the gate's faces import it before anything else of the gate
         "fence",
         "supervisor",
         "paths",

@@ -20,9 +20,7 @@ imports the fixtures module alone).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import Any
+from rollout_consistency.gate.lazy_face import lazy_face
 
 # The module (under this package) that serves each name, imported on first use.
 _SERVED_BY: dict[str, tuple[str, ...]] = {
@@ -48,18 +46,5 @@ _SERVED_BY: dict[str, tuple[str, ...]] = {
     "settings": ("ON_ALARM", "MonitorError", "MonitorSettings"),
     "watch_series": ("WatchedSeries", "WatchTable", "watch_table"),
 }
-_LAZY = {name: module for module, names in _SERVED_BY.items() for name in names}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
-        return importlib.import_module(f"{__name__}.{name}")  # a module of this package, as when all were loaded
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__ = sorted(name for names in _SERVED_BY.values() for name in names)
+__getattr__, __dir__ = lazy_face(__name__, _SERVED_BY)
