@@ -26,8 +26,9 @@ A check whose settings name user code (a plug-in, a backend registered by user c
 supervised in a fresh interpreter (`rollout_consistency.supervised_call`): its ``os._exit(0)`` or hang fails the
 test instead of ending or hanging the session.
 
-The plugin costs nothing when unused: importing it imports only pytest; torch, diffusers and the checker
-are imported on the first check.
+The plugin costs nothing when unused: importing it imports pytest and the two fixtures modules (the gate's
+package faces are lazy: no numpy, none of the checker); numpy, torch, diffusers and the checker are imported on
+the first check.
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ BAD_REPORTS = {
     "a JSON list": ("[1, 2]", "holds a JSON list"),
     "missing fields": (None, "lacks metrics, samples"),
     "another version": (None, "schema_version 99"),
+    "another schema": (None, "has schema 'someone-elses-report', not a step-1 report"),
     "a malformed diagnosis entry": (None, "malformed step-1 report"),
     "not JSON": ("{not json", "is not JSON"),
 }
@@ -192,6 +193,8 @@ def test_bad_input_to_the_doctor_is_a_one_line_usage_error(name, tmp_path, capsy
             del data["metrics"], data["samples"]
         elif name == "another version":
             data["schema_version"] = 99
+        elif name == "another schema":
+            data["schema"] = "someone-elses-report"
         else:
             data["diagnosis"] = [{"summary": "no cause"}]
         text = json.dumps(data)

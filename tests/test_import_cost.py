@@ -30,12 +30,33 @@ def _loaded_by(module: str) -> dict:
 
 
 # Measured when the root became lazy (before: the fence 55 modules of ours and numpy, the lint 72 and numpy;
-# after: 2 and 18, no numpy). The bound leaves room for a helper module or two, not for the gate.
-@pytest.mark.parametrize(("module", "most"), [(f"{TOP}.fence", 4), (f"{TOP}.lint", 24), (TOP, 1)])
+# after: 2 and 18, no numpy), and when the gate's faces (gate, gate.tables, gate.monitor) became lazy (before: the
+# gate 59 and numpy, the pytest plugin 62 and numpy; after: 3 and 8, no numpy). The bound leaves room for a helper
+# module or two, not for the gate.
+@pytest.mark.parametrize(
+    ("module", "most"),
+    [
+        (f"{TOP}.fence", 4),
+        (f"{TOP}.lint", 24),
+        (TOP, 1),
+        (f"{TOP}.gate", 3),
+        (f"{TOP}.pytest_plugin", 9),  # pytest loads it in every session where we are installed
+    ],
+)
 def test_light_modules_load_little_of_ours_and_no_numpy(module: str, most: int) -> None:
     loaded = _loaded_by(module)
     assert len(loaded["ours"]) <= most, f"import {module} loaded {len(loaded['ours'])} modules: {loaded['ours']}"
     assert not loaded["numpy"] and not loaded["torch"], f"import {module} loaded numpy or torch"
+
+
+def test_the_command_line_starts_without_the_checker() -> None:
+    """`rollout-consistency --help` loads the commands, their settings and the lint, never the sides, the
+    check or torch (measured: 91 modules of ours before the gate's faces were lazy, 79 after; numpy still comes,
+    with the settings' judging)."""
+    loaded = _loaded_by(f"{TOP}.cli")
+    assert len(loaded["ours"]) <= 84, f"import {TOP}.cli loaded {len(loaded['ours'])} modules"
+    assert not loaded["torch"]
+    assert not [m for m in loaded["ours"] if m.startswith((f"{TOP}.gate.sides", f"{TOP}.gate.check"))]
 
 
 def test_every_public_name_of_the_root_still_imports() -> None:
@@ -48,6 +69,32 @@ def test_every_public_name_of_the_root_still_imports() -> None:
     assert CheckConfig().model_family and callable(run_step1_check) and GateReport and NanCapture
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         getattr(rollout_consistency, "nothing_here")  # noqa: B009 (a name the docs-resolve test must not read)
+
+
+_FACE_CHECK = """
+import importlib, sys
+face = importlib.import_module(sys.argv[1])
+module = getattr(face, sys.argv[2])  # its modules read as attributes, as when the face loaded them all
+assert module is importlib.import_module(f"{face.__name__}.{sys.argv[2]}")
+for name in face.__all__:
+    exec(f"from {face.__name__} import {name}")
+    assert getattr(face, name) is not None and name in dir(face), name
+try:
+    face.nothing_here
+except AttributeError:
+    pass
+else:
+    raise SystemExit("an unknown name was served")
+"""
+
+
+@pytest.mark.parametrize(
+    ("package", "module"), [(f"{TOP}.gate", "sides"), (f"{TOP}.gate.tables", "dump"), (f"{TOP}.gate.monitor", "judge")]
+)
+def test_every_public_name_of_a_lazy_face_imports(package: str, module: str) -> None:
+    """In a fresh interpreter (nothing loaded before): `from package import X` for every X of its `__all__`."""
+    result = subprocess.run([sys.executable, "-c", _FACE_CHECK, package, module], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -199,8 +246,6 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
     ("rollout_consistency.gate.config", "rollout_consistency.paths"): _PARALLEL,
     ("rollout_consistency.gate.config", "rollout_consistency.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.atomic_write"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.output_paths"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _PARALLEL,
@@ -211,5 +256,9 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.gate.sides.plugins", "rollout_consistency.object_spec"): _PARALLEL,
     ("rollout_consistency.gate.sides.rollout_seal", "rollout_consistency.gate.sides.shared"): _PARALLEL,
     ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.fence"): _PARALLEL,
+    # Circles through the gate's eager face until it became lazy: free to move up after the merge as well.
+    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.gate.judging.tolerances"): _PARALLEL,
+    ("rollout_consistency.gate.diagnosis.localise", "rollout_consistency.gate.sides.shared"): _PARALLEL,
+    ("rollout_consistency.gate.sides.backends", "rollout_consistency.gate.judging.verdict"): _PARALLEL,
+    ("rollout_consistency.gate.sides.shared", "rollout_consistency.gate.judging.tolerances"): _PARALLEL,
 }

@@ -316,6 +316,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sampling_rules",
         "registry",
         "builtin_families",
+        "gate.lazy_face",  # the gate's faces import it before anything else of the gate
         "fence",
         "supervisor",
         "paths",
@@ -329,7 +330,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gate.diagnosis",),  # the doctor and the localisation
     ("gate.tables",),  # users' own tables: gate(), dumps, the recorder
     ("gate.monitor",),  # the run monitor: every training step's figures, verdict and alarms
-    ("gate", "plugin_template"),  # run_step1_check, the false-alarm sweep, the gate's face; the plug-in template
+    # run_step1_check, step 2 (weight_sync_check), what both judge by, the false-alarm sweep, the gate's face; the
+    # plug-in template
+    ("gate", "plugin_template"),
     ("commands",),  # one module per sub-command
     ("cli", "pytest_plugin", "supervised_call", "__main__", ""),
 )

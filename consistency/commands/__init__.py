@@ -7,8 +7,8 @@ Every command module exposes the same two functions::
     run(args) -> int                                     0 PASS / done, 1 FAIL; bad input raises UsageError (exit 2)
 
 `check` (the step-1 check), `gate` (a log-prob dump), `checkpointing` (old name `recompute`), `precision`,
-`lint` and `doctor` (their commands live in their packages; these modules turn their input errors into
-`UsageError`). Shared by them: `usage` (`UsageError`, output paths, JSON files), `report_outputs` (the report
+`doctor` (a report read back), and `lint` (its command lives in the lint package, which imports nothing of the
+checker; this module turns its input errors into `UsageError`). Shared by them: `usage` (`UsageError`, output paths, JSON files), `report_outputs` (the report
 flags and writing of `check` and `gate`), `factories` (a user's ``SPEC`` and its ``--arg`` keywords).
 
 A new command is one module here plus one entry in `rollout_consistency.cli.COMMANDS`.

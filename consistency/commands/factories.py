@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollout_consistency.fence import DEFAULT_TIMEOUT_S, fenced
+from rollout_consistency.gate.config import BOUNDS
 from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
 
 from .usage import UsageError
@@ -61,8 +62,6 @@ def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
 
 def timeout(args: argparse.Namespace) -> float:
     """The parsed ``--user-code-timeout-s``, inside its bound (`rollout_consistency.gate.config.BOUNDS`)."""
-    from rollout_consistency.gate.config import BOUNDS
-
     low, high = BOUNDS["user_code_timeout_s"]
     if not low <= args.user_code_timeout_s <= high:
         raise UsageError(f"--user-code-timeout-s {args.user_code_timeout_s} must lie in [{low:g}, {high:g}].")

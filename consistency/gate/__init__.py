@@ -16,114 +16,65 @@ The package, in layers (each imports only from those above it; tests/test_layout
     tables      your own tables: `gate()`, log-prob dumps, `Step1Recorder`, the `step1_gate` fixture
     monitor     the run monitor: every training step's figures, verdict and alarms (`RunMonitor`, `StepStats`,
                 `StepJudge`), the `run_monitor` fixture
-    check       `run_step1_check`, end to end
+    check       `run_step1_check`, end to end; `weight_sync_check`, step 2; `batch_judging`, what both judge the
+                batches by
 
 Every name below is importable from here; the subpackages' own faces hold the rest. Importing this package
-imports neither torch nor diffusers; the sides import them when they run.
+imports nothing else (no module of ours, no numpy): each name is loaded on first use, so a module deep in the gate
+(the pytest plugin's fixtures, the run monitor's log reader) pays only for what it imports. Torch and diffusers
+wait until a side runs.
 """
 
 from __future__ import annotations
 
-from .backend_registry import BackendEntry, backend_names, register_backend
-from .check import USAGE_ERRORS, injection_settings, run_step1_check
-from .config import CheckConfig, ConfigError, load_config
-from .diagnosis import Localisation, SideSpec, diagnose
-from .diagnosis.localise import localise
-from .judging import (
-    LOGGED_NAMES,
-    METRIC_NAMES,
-    PROFILES,
-    CheckResult,
-    ConsistencyMetrics,
-    Diagnosis,
-    LoggerError,
-    MetricValues,
-    MismatchStats,
-    Problem,
-    Report,
-    SampleInfo,
-    Tolerance,
-    Verdict,
-    compute_metrics,
-    compute_mismatch,
-    decide,
-    resolve_tolerance,
-    tracker_rows,
-    tracker_scalars,
-)
-from .monitor import MonitorSettings, RunMonitor, StepJudge, StepStats
-from .sides import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, SideHandle, TrainerPlugin
-from .tables import (
-    DumpFormatError,
-    GateInputError,
-    GateReport,
-    GateSettings,
-    LogProbDump,
-    RecorderError,
-    Step1GateFailed,
-    Step1Recorder,
-    TableSettings,
-    digest_ids,
-    gate,
-    read_dump,
-    write_dump,
-)
+from rollout_consistency.gate.lazy_face import lazy_face
 
-__all__ = [
-    "LOGGED_NAMES",
-    "METRIC_NAMES",
-    "PROFILES",
-    "USAGE_ERRORS",
-    "BackendEntry",
-    "CheckConfig",
-    "CheckResult",
-    "ConfigError",
-    "ConsistencyMetrics",
-    "Diagnosis",
-    "DumpFormatError",
-    "GateInputError",
-    "GateReport",
-    "GateSettings",
-    "Localisation",
-    "LogProbDump",
-    "LoggerError",
-    "MetricValues",
-    "MismatchStats",
-    "MonitorSettings",
-    "PluginError",
-    "PluginRollout",
-    "Problem",
-    "RecorderError",
-    "Report",
-    "RolloutPlugin",
-    "RolloutRequest",
-    "RunMonitor",
-    "SampleInfo",
-    "SideHandle",
-    "SideSpec",
-    "Step1GateFailed",
-    "Step1Recorder",
-    "StepJudge",
-    "StepStats",
-    "TableSettings",
-    "Tolerance",
-    "TrainerPlugin",
-    "Verdict",
-    "backend_names",
-    "compute_metrics",
-    "compute_mismatch",
-    "decide",
-    "diagnose",
-    "digest_ids",
-    "gate",
-    "injection_settings",
-    "load_config",
-    "localise",
-    "read_dump",
-    "register_backend",
-    "resolve_tolerance",
-    "run_step1_check",
-    "tracker_rows",
-    "tracker_scalars",
-    "write_dump",
-]
+# The module (under this package) that serves each name, imported on first use.
+_SERVED_BY: dict[str, tuple[str, ...]] = {
+    "backend_registry": ("BackendEntry", "backend_names", "register_backend"),
+    "check": ("USAGE_ERRORS", "injection_settings", "run_step1_check"),
+    "config": ("CheckConfig", "ConfigError", "load_config"),
+    "diagnosis": ("Localisation", "SideSpec", "diagnose"),
+    "diagnosis.localise": ("localise",),
+    "judging": (
+        "LOGGED_NAMES",
+        "METRIC_NAMES",
+        "PROFILES",
+        "CheckResult",
+        "ConsistencyMetrics",
+        "Diagnosis",
+        "LoggerError",
+        "MetricValues",
+        "MismatchStats",
+        "Problem",
+        "Report",
+        "SampleInfo",
+        "Tolerance",
+        "Verdict",
+        "compute_metrics",
+        "compute_mismatch",
+        "decide",
+        "resolve_tolerance",
+        "tracker_rows",
+        "tracker_scalars",
+    ),
+    "monitor": ("MonitorSettings", "RunMonitor", "StepJudge", "StepStats"),
+    "sides": ("PluginError", "PluginRollout", "RolloutPlugin", "RolloutRequest", "SideHandle", "TrainerPlugin"),
+    "tables": (
+        "DumpFormatError",
+        "GateInputError",
+        "GateReport",
+        "GateSettings",
+        "LogProbDump",
+        "RecorderError",
+        "Step1GateFailed",
+        "Step1Recorder",
+        "TableSettings",
+        "digest_ids",
+        "gate",
+        "read_dump",
+        "write_dump",
+    ),
+}
+__all__ = sorted(name for names in _SERVED_BY.values() for name in names)
+__getattr__, __dir__ = lazy_face(__name__, _SERVED_BY)

@@ -13,6 +13,10 @@ Two modes:
 * **trajectory** (``config.trajectory``): a saved `rollout_consistency.adapters.Trajectory` file — any trainer's dump of its
   step-1 rollout — is re-scored by the trainer backend.
 
+With ``config.weight_sync`` set, a sampling check also runs step 2 (one update, the user's weight sync, the check
+again: `rollout_consistency.gate.weight_sync_check`); its findings join this report's. Both steps judge the
+batches by `rollout_consistency.gate.batch_judging`.
+
 Fails closed: a shape mismatch, NaN/Inf, a missing step, an empty batch, a dead worker, split windows
 within a prompt group — each is a FAIL with its reason. Bad settings raise [`ConfigError`] (or the errors in
 `USAGE_ERRORS`) before anything runs.
@@ -30,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .batch_judging import stack, stacked_tables, unmeasured_tolerance
 from .config import INJECTION_SETTINGS, CheckConfig, ConfigError
 from .diagnosis.doctor import attach_diagnosis, diagnose_check
 from .diagnosis.settings import DiagnosisSettings
@@ -45,8 +50,11 @@ from .judging.verdict import Problem, decide, window_problems
 from .sides.backends import build_backend, run_batch
 from .sides.distributed import DistributedError, run_sharded
 from .sides.plan import make_plan
+from .sides.plugins import compare_fingerprints, is_plugin_spec
 from .sides.shared import BackendError, BatchResult
 from .sides.trainer import score_trajectory
+from .sides.trajectory_checks import check_family_options
+from .weight_sync_check import run_weight_sync_check
 
 #: Errors that mean "the check could not be run as asked" (CLI exit code 2), never a PASS.
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, BackendError, DistributedError, FileNotFoundError)
@@ -150,8 +158,6 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         trajectory = Trajectory.load(config.trajectory)
     except TrajectoryFormatError as error:
         raise ConfigError(f"--trajectory {config.trajectory}: {error}") from error
-    from .sides.trajectory_checks import check_family_options
-
     check_family_options(trajectory.model_family, trajectory.family_options, config.trajectory)
     if trajectory.model_family != config.model_family:
         notes.append(f"model_family {trajectory.model_family!r} taken from the trajectory file")
@@ -196,8 +202,6 @@ def _plugin_and_step2_checks(
     config: CheckConfig, results: Sequence[BatchResult], problems: list[Problem], notes: list[str]
 ) -> dict[str, Any]:
     """Plug-in notes, the two sides' weight fingerprints, and the step-2 weight-sync check when asked for."""
-    from .sides.plugins import compare_fingerprints, is_plugin_spec
-
     notes.extend(
         f"{side} plug-in {spec}"
         for side, spec in (("rollout_backend", config.rollout_backend), ("trainer_backend", config.trainer_backend))
@@ -209,8 +213,6 @@ def _plugin_and_step2_checks(
     notes.extend(weight_notes)
     extra: dict[str, Any] = {"weights": weights}
     if config.weight_sync is not None:
-        from .sides.weight_sync import run_weight_sync_check
-
         step2 = run_weight_sync_check(config)
         problems.extend(Problem("weight_sync", m) for m in step2.problems)
         notes.extend(step2.notes)
@@ -290,9 +292,7 @@ def _judge(
         problems.append(Problem("nonempty", "no rollout batch came back"))
         return None, _fallback_tolerance(judging, profile), None
     try:
-        rollout = _stack([r.rollout_log_probs for r in results], "rollout log-probs")
-        trainer = _stack([r.trainer_log_probs for r in results], "trainer log-probs")
-        timesteps = _stack([r.timesteps for r in results], "timesteps")
+        rollout, trainer, timesteps = stacked_tables(results)
         metrics = compute_metrics(rollout, trainer, timesteps=timesteps, **settings)
         mismatch = compute_mismatch(
             rollout,
@@ -313,9 +313,9 @@ def _judge(
             problems.append(Problem("calibration", "the calibration floor was not measured for every batch"))
         else:
             try:
-                tables = {"kernel": _stack(floor_tables, "floor log-probs")}
+                tables = {"kernel": stack(floor_tables, "floor log-probs")}
                 for source in results[0].floor_tables:
-                    tables[source] = _stack([r.floor_tables[source] for r in results], f"{source} floor log-probs")
+                    tables[source] = stack([r.floor_tables[source] for r in results], f"{source} floor log-probs")
                 floor, floor_parts = tolerance_model.calibration_floor(trainer, tables, **settings)
             except (MetricsInputError, KeyError) as error:
                 problems.append(Problem("calibration", f"the calibration floor cannot be compared: {error}"))
@@ -347,14 +347,7 @@ def _fallback_tolerance(judging: JudgingSettings, profile: Profile) -> Tolerance
     """Limits to show when the profile could not be resolved (the verdict fails on the recorded problem)."""
     if profile.needs_floor:
         return Tolerance(profile.name, exact_tolerance().limits, basis="calibration failed: the exact limits are shown")
-    return resolve_tolerance(profile.name, judging.thresholds, compute_dtype=judging.compute_dtype)
-
-
-def _stack(tables: Sequence[np.ndarray], what: str) -> np.ndarray:
-    widths = {t.shape[1] for t in tables}
-    if len(widths) > 1:
-        raise MetricsInputError(f"{what} of different window sizes across batches: {sorted(widths)}")
-    return np.concatenate(tables, axis=0)
+    return unmeasured_tolerance(judging, profile.name)
 
 
 def _first_precision(results: Sequence[BatchResult]) -> Any:

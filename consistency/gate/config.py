@@ -265,7 +265,7 @@ class CheckConfig:
         user code — a plug-in's or a registered backend's import and factory, its calls, a weight-sync function
         (`rollout_consistency.fence`).
         progress: show a progress bar.
-        weight_sync: also run the step-2 check (`rollout_consistency.gate.sides.weight_sync`): one optimizer update on
+        weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync_check`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
         then the check again; ``None`` = step 1 only. weight_sync_lr: the update's Adam learning rate.
 

@@ -3,8 +3,8 @@
 own code that finds the first stage where they part.
 
     doctor            `diagnose(report)` -> ranked `Diagnosis` (`rollout_consistency.gate.judging.causes`): from
-                      the guards, a localisation where both sides' code is here, and the figures; the `doctor`
-                      command's parser and run
+                      the guards, a localisation where both sides' code is here, and the figures (the `doctor`
+                      command: `rollout_consistency.commands.doctor`)
     cause_registry    the causes: one `Cause` record per id (summary, fix, evidence kinds, no bug or not) in
                       `CAUSES`, the docs' table of causes
     catalogue         what a confidence means (`CONFIDENCE`); from the records, one fix per id (`FIXES`) and the

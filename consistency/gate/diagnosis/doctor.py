@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
+from rollout_consistency.gate.judging.causes import Diagnosis
 from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
 
 from .catalogue import LOCALISE_HINT, make
@@ -36,11 +36,11 @@ from .settings import DiagnosisSettings
 
 __all__ = [
     "NEAR_LIMIT_FRACTION",
-    "DoctorInputError",
     "attach_diagnosis",
     "diagnose",
     "diagnose_check",
     "needs_diagnosis",
+    "rediagnose",
 ]
 
 #: A PASS whose worst figure reaches this fraction of its limit gets a diagnosis too.
@@ -345,103 +345,8 @@ def _near_limit(report: Any) -> Diagnosis | None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# `rollout-consistency doctor REPORT.json` (its command module: rollout_consistency.commands.doctor)
-def add_parser(subparsers: Any) -> Any:
-    """The ``doctor`` sub-command's parser (its ``run`` default is set by the caller)."""
-    parser = subparsers.add_parser(
-        "doctor",
-        help="name the likely causes of a step-1 report's FAIL (a report written earlier with --json)",
-        description=(
-            "Read a step-1 report (rollout-consistency check --json) and print its ranked likely causes, each "
-            "with evidence and fix. The figures' signatures are re-read; a localisation or a tables' signature "
-            "stored in the report is kept. Exit 0 with a diagnosis, 2 on bad input."
-        ),
-    )
-    parser.add_argument("report", metavar="REPORT.json", help="a step-1 report written by check --json")
-    parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON (a list of causes)")
-    return parser
-
-
-class DoctorInputError(ValueError):
-    """The doctor's input is not a readable step-1 report."""
-
-
-#: Top-level keys every step-1 report holds (rollout_consistency.gate.judging.report's schema).
-_REPORT_KEYS = ("schema", "schema_version", "verdict", "tolerance", "metrics", "samples", "config", "notes", "run")
-
-
-def read_report(path: str) -> tuple[Any, list[Diagnosis]]:
-    """The step-1 report at `path` and the diagnosis stored in it; `DoctorInputError` naming what is wrong
-    and the fix for anything else (a JSON list, another schema or version, missing keys, malformed entries)."""
-    import json
-
-    from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION, Report
-
-    write_one = "write one with `rollout-consistency check --json` (or `gate ... --json`)"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError as error:
-        raise DoctorInputError(f"{path}: no such file; {write_one}") from error
-    except IsADirectoryError as error:
-        raise DoctorInputError(f"cannot read {path}: it is a directory; pass the report file itself") from error
-    except OSError as error:
-        raise DoctorInputError(f"cannot read {path}: {error.strerror or error}") from error
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DoctorInputError(f"{path} is not JSON ({error}); {write_one}") from error
-    if not isinstance(data, dict):
-        raise DoctorInputError(
-            f"{path} holds a JSON {type(data).__name__}, not a step-1 report (a JSON object with schema "
-            f"{SCHEMA_NAME!r}); {write_one}"
-        )
-    if data.get("schema") != SCHEMA_NAME:
-        raise DoctorInputError(
-            f"{path} has schema {data.get('schema')!r}, not a step-1 report ({SCHEMA_NAME!r}); {write_one}"
-        )
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise DoctorInputError(
-            f"{path} is a step-1 report of schema_version {data.get('schema_version')!r}; this version reads "
-            f"{SCHEMA_VERSION}: run the check again with this version to write one it can read"
-        )
-    missing = [key for key in _REPORT_KEYS if key not in data]
-    if missing:
-        raise DoctorInputError(
-            f"{path} lacks {', '.join(missing)}: not a whole step-1 report (truncated or edited?); {write_one}"
-        )
-    try:
-        report = Report.from_dict(data)
-        stored = [Diagnosis.from_dict(d) for d in report.diagnosis]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        what = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
-        raise DoctorInputError(f"{path} is a malformed step-1 report ({what[:200]}); {write_one}") from error
-    return report, stored
-
-
-def run(args: Any) -> int:
-    """Print the diagnosis of ``args.report``; 0 when done (DoctorInputError for bad input)."""
-    import json
-    from pathlib import Path
-
-    from rollout_consistency.atomic_write import write_all
-    from rollout_consistency.output_paths import OutputPathError, check_output_paths
-
-    try:
-        targets = check_output_paths({"--json": args.json}, {"REPORT.json": args.report})
-    except OutputPathError as error:
-        raise DoctorInputError(str(error)) from error
-    report, stored = read_report(args.report)
-    # What cannot be re-derived from the report (a replay, the tables' signature) is kept as it was stored.
+def rediagnose(report: Any, stored: Sequence[Diagnosis]) -> tuple[Diagnosis, ...]:
+    """The diagnosis of a report read back (`rollout-consistency doctor`, rollout_consistency.commands.doctor):
+    derived again from the report, with what cannot be (a replay, the tables' signature) kept as `stored`."""
     kept = [d for d in stored if d.source in ("localisation", "tables")]
-    diagnoses = _rank([*kept, *diagnose(report)]) if needs_diagnosis(report) else ()
-    print(f"rollout-consistency doctor: {args.report}: {report.status}")
-    if diagnoses:
-        print("\n".join(format_diagnosis(diagnoses, limit=len(diagnoses))))
-    else:
-        print("  nothing to diagnose: a PASS well within its limits")
-    if args.json:
-        text = json.dumps([d.to_dict() for d in diagnoses], indent=2, allow_nan=False) + "\n"
-        try:
-            write_all([(targets["--json"], lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))])
-        except OSError as error:
-            raise DoctorInputError(f"cannot write {args.json}: {error.strerror or error}") from error
-    return 0
+    return _rank([*kept, *diagnose(report)]) if needs_diagnosis(report) else ()

@@ -13,70 +13,38 @@ distributed  `reduce_step_stats`: one step's statistics across torch.distributed
 run_logs   `open_run` / `read_run`: a run's logged series from TensorBoard, wandb offline or MLflow file-store files
 watch_series  `watch_table`: the watched series of a run, one row per step with what is wrong with the log there
 run_watch  `RunWatch`: every logged step judged (``rollout-consistency watch RUN``) -> `WatchResult`
+
+Importing this package imports none of its modules: each name loads its module on first use (the pytest plugin
+imports the fixtures module alone).
 """
 
 from __future__ import annotations
 
-from .distributed import DistributedMonitorError, reduce_step_stats
-from .exact_sum import ExactSum
-from .figures import (
-    COUNT_NAMES,
-    FIGURE_NAMES,
-    VERL_NAMES,
-    VERL_TIMESTEP_PREFIX,
-    StepFigures,
-    StepStats,
-    StepStatsError,
-    TimestepStats,
-    figures_from_scalars,
-    label_timestep,
-    timestep_label,
-)
-from .judge import ALARM_KINDS, Alarm, DriftFloor, JudgeSummary, StepJudge, StepVerdict
-from .run_logs import RunLog, RunLogError, RunReader, open_run, read_run
-from .run_monitor import AlarmRecord, MonitorAlarm, MonitorWarning, RunMonitor
-from .run_watch import RunWatch, WatchedStep, WatchError, WatchResult
-from .settings import ON_ALARM, MonitorError, MonitorSettings
-from .watch_series import WatchedSeries, WatchTable, watch_table
+from rollout_consistency.gate.lazy_face import lazy_face
 
-__all__ = [
-    "ALARM_KINDS",
-    "COUNT_NAMES",
-    "FIGURE_NAMES",
-    "ON_ALARM",
-    "VERL_NAMES",
-    "VERL_TIMESTEP_PREFIX",
-    "Alarm",
-    "AlarmRecord",
-    "DistributedMonitorError",
-    "DriftFloor",
-    "ExactSum",
-    "JudgeSummary",
-    "MonitorAlarm",
-    "MonitorError",
-    "MonitorSettings",
-    "MonitorWarning",
-    "RunLog",
-    "RunLogError",
-    "RunMonitor",
-    "RunReader",
-    "RunWatch",
-    "StepFigures",
-    "StepJudge",
-    "StepStats",
-    "StepStatsError",
-    "StepVerdict",
-    "TimestepStats",
-    "WatchError",
-    "WatchResult",
-    "WatchTable",
-    "WatchedSeries",
-    "WatchedStep",
-    "figures_from_scalars",
-    "label_timestep",
-    "open_run",
-    "read_run",
-    "reduce_step_stats",
-    "timestep_label",
-    "watch_table",
-]
+# The module (under this package) that serves each name, imported on first use.
+_SERVED_BY: dict[str, tuple[str, ...]] = {
+    "distributed": ("DistributedMonitorError", "reduce_step_stats"),
+    "exact_sum": ("ExactSum",),
+    "figures": (
+        "COUNT_NAMES",
+        "FIGURE_NAMES",
+        "VERL_NAMES",
+        "VERL_TIMESTEP_PREFIX",
+        "StepFigures",
+        "StepStats",
+        "StepStatsError",
+        "TimestepStats",
+        "figures_from_scalars",
+        "label_timestep",
+        "timestep_label",
+    ),
+    "judge": ("ALARM_KINDS", "Alarm", "DriftFloor", "JudgeSummary", "StepJudge", "StepVerdict"),
+    "run_logs": ("RunLog", "RunLogError", "RunReader", "open_run", "read_run"),
+    "run_monitor": ("AlarmRecord", "MonitorAlarm", "MonitorWarning", "RunMonitor"),
+    "run_watch": ("RunWatch", "WatchedStep", "WatchError", "WatchResult"),
+    "settings": ("ON_ALARM", "MonitorError", "MonitorSettings"),
+    "watch_series": ("WatchedSeries", "WatchTable", "watch_table"),
+}
+__all__ = sorted(name for names in _SERVED_BY.values() for name in names)
+__getattr__, __dir__ = lazy_face(__name__, _SERVED_BY)

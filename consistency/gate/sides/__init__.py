@@ -1,6 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """Running the sides: which samples the check draws, both halves (built in, or a user's own plug-in), the
-trainer's recomputation, the work over Ray actors, and the step-2 weight-sync check.
+trainer's recomputation, the work over Ray actors, and step 2's update and weight sync.
 
     plan               which prompt, group, seed and SDE window each sample gets, and the rollout batches
     shared             a worker's state (`Backend`), one batch's result (`BatchResult`), `BackendError`, the
@@ -15,7 +15,8 @@ trainer's recomputation, the work over Ray actors, and the step-2 weight-sync ch
                        factories, `rollout_consistency.gate.backend_registry`, or plug-ins) and one batch (`run_batch`)
     distributed        batches over Ray actors, or in this process (`run_sharded`); `ray_connect` fails fast
                        on a cluster nobody answers at
-    weight_sync        step 2: one optimizer update, the user's weight sync, the check again
+    weight_sync        step 2's sides: one optimizer update on the trainer, the user's weight sync (the step-2
+                       check itself: `rollout_consistency.gate.weight_sync_check`)
     trajectory_checks  a saved trajectory's model family and options against the settings
 
 Torch and diffusers are imported when a side runs, not here.
@@ -30,7 +31,7 @@ from .plugins import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, 
 from .ray_connect import DistributedError
 from .shared import Backend, BackendError, BatchResult
 from .trainer import score_trajectory
-from .weight_sync import SideHandle, Step2Result, run_weight_sync_check
+from .weight_sync import SideHandle
 
 __all__ = [
     "Backend",
@@ -44,12 +45,10 @@ __all__ = [
     "RolloutRequest",
     "SampleSpec",
     "SideHandle",
-    "Step2Result",
     "TrainerPlugin",
     "build_backend",
     "make_plan",
     "run_batch",
     "run_sharded",
-    "run_weight_sync_check",
     "score_trajectory",
 ]

@@ -1,60 +1,43 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
-"""Step 2: after one optimizer update and the user's weight sync, the rollout must sample the new policy.
+"""Step 2's sides (the check itself: `rollout_consistency.gate.weight_sync_check`): the two sides as a weight sync
+receives them (`SideHandle`), the built-in syncs and the user's, one optimizer update on the trainer, the sync
+called inside the fence, and what the check reads off the models (shared storage, peft LoRA layers).
 
-Step 1 (before any update) cannot see a broken weight sync: both sides still hold the initial weights. With
-``weight_sync`` set, the check also runs, in this process:
-
-1. the step-1 plan's rollouts (``global_step``) and the trainer's log-probs of them;
-2. **one optimizer update on the trainer**: Adam (``weight_sync_lr``) on Flow-GRPO's clipped policy loss
-   ``mean(max(-A·ratio, -A·clip(ratio, 1±clip_ratio)))`` over every window step, micro-batch by micro-batch
-   (gradients accumulated, one ``step()``), with GRPO advantages from rewards drawn by a generator seeded with
-   (``seed``, ``global_step``) and normalised per prompt group. A trainer plug-in runs its own real loss
-   instead (its ``train_step``, `rollout_consistency.gate.sides.plugins`);
-3. the guard that the update changed the trainer's log-probs (else step 2 tests nothing: a FAIL);
-4. **the weight sync** ``sync(trainer, rollout)``: each side is a [`SideHandle`] (``.model``, ``.plugin``).
-   Built in: ``"load_state_dict"`` (``rollout.model.load_state_dict(trainer.model.state_dict())``) and
-   ``"peft"`` (the trainer's LoRA tensors into the rollout's peft model,
-   ``set_peft_model_state_dict(rollout, get_peft_model_state_dict(trainer))``); or a
-   ``"package.module:function"`` of your own. It may return a mapping; ``{"bound_modules": 0}`` says a LoRA
-   reached no module;
-5. the check again on the plan of ``global_step + 1``, with the same profile.
-
-Both sides holding one module (or parameters sharing storage) is a ``weight_sync`` FAIL before any update: the
-update would reach the rollout with no sync, so a sync that copies nothing would pass (step 2 cannot test it).
-A rollout that still samples the old weights, or whose LoRA is bound to no module, FAILs with a
-``weight_sync`` reason that says so (the rollout's weight fingerprint unchanged by the sync, the peft layers
-it has active, the step-2 figures).
+The update is Adam (``weight_sync_lr``) on Flow-GRPO's clipped policy loss
+``mean(max(-A·ratio, -A·clip(ratio, 1±clip_ratio)))`` over every window step, micro-batch by micro-batch
+(gradients accumulated, one ``step()``), with GRPO advantages from rewards drawn by a generator seeded with
+(``seed``, ``global_step``) and normalised per prompt group; a trainer plug-in runs its own real loss instead (its
+``train_step``, `rollout_consistency.gate.sides.plugins`). The built-in syncs: ``"load_state_dict"``
+(``rollout.model.load_state_dict(trainer.model.state_dict())``) and ``"peft"`` (the trainer's LoRA tensors into
+the rollout's peft model, ``set_peft_model_state_dict(rollout, get_peft_model_state_dict(trainer))``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rollout_consistency.fence import fenced
 from rollout_consistency.gate.config import CheckConfig, ConfigError
+
+from .backends import build_backend
+from .plugins import fingerprints
 
 __all__ = [
     "SideHandle",
-    "Step2Result",
+    "TrainerUpdate",
+    "call_sync",
     "grpo_advantages",
     "lora_binding",
-    "run_weight_sync_check",
+    "open_sides",
+    "resolve_sync",
     "shared_parameters",
     "torch_train_step",
+    "update_trainer",
 ]
-
-
-@dataclass(frozen=True)
-class Step2Result:
-    """What step 2 adds to the report: failures (``weight_sync`` reasons), notes, and ``report.run["step2"]``."""
-
-    problems: tuple[str, ...]
-    notes: tuple[str, ...]
-    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -197,37 +180,30 @@ def torch_train_step(
 
 
 # ----------------------------------------------------------------------------------------------------
-def run_weight_sync_check(config: CheckConfig) -> Step2Result:
-    """Step 2 for `config` (``config.weight_sync`` set): see the module docstring."""
-    from .backends import build_backend, run_batch
-    from .plan import make_plan
-    from .plugins import fingerprints
-
-    name = config.weight_sync
-    if name is None:
-        raise ConfigError("run_weight_sync_check needs config.weight_sync.")
-    sync = resolve_sync(name, config.user_code_timeout_s)
-    notes: list[str] = []
-    if config.workers > 1 or config.ray_address is not None:
-        notes.append("step 2 (weight sync) ran in this process: one trainer updates, one rollout is synced")
+def open_sides(config: CheckConfig) -> tuple[Any, SideHandle, SideHandle]:
+    """Step 2's backend, built in this process (one trainer updates, one rollout is synced), and its trainer and
+    rollout sides."""
     backend = build_backend(config.replace(workers=1, ray_address=None))
     sides = backend.plugins
     rollout = SideHandle(backend.rollout_model, sides.rollout if sides is not None else None)
     trainer = SideHandle(backend.trainer_model, sides.trainer if sides is not None else None)
-    shared = shared_parameters(rollout.model, trainer.model)
-    if shared:  # the update reaches the rollout without any sync: a no-op sync would pass
-        return Step2Result(
-            (
-                f"step 2 cannot test the weight sync {name!r}: the rollout and the trainer hold one module ({shared} "
-                f"parameter tensors in common), so the trainer's update reaches the rollout with no sync at all and "
-                f"a sync that copies nothing would pass; give the rollout its own copy of the weights (as a rollout "
-                f"engine holds), or run without --weight-sync",
-            ),
-            tuple(notes),
-            {"sync": name, "shared_parameters": shared},
-        )
+    return backend, trainer, rollout
 
-    plan = make_plan(config)
+
+@dataclass(frozen=True)
+class TrainerUpdate:
+    """One optimizer update on the trainer: its ``(n, W)`` float32 log-probs of the plan's first batch before and
+    after the update, and both sides' weight fingerprints before it (`rollout_consistency.gate.sides.plugins`)."""
+
+    before: np.ndarray
+    after: np.ndarray
+    weights_before: Mapping[str, Any]
+
+
+def update_trainer(backend: Any, trainer: SideHandle, rollout: SideHandle, plan: Sequence[Any]) -> TrainerUpdate:
+    """The plan's rollouts, the trainer's log-probs of them, and one optimizer update of the trainer on them (GRPO
+    advantages seeded by the backend's ``seed`` and ``global_step``)."""
+    config = backend.config
     step1 = [_sample(backend, batch) for batch in plan]
     micro = config.resolved_micro_batch_size
     before = _score(backend, step1[0][0])
@@ -237,97 +213,16 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     offsets = np.cumsum([0] + [len(b.samples) for b in plan])
     advantages = [adv[offsets[i] : offsets[i + 1]] for i in range(len(plan))]
     _train_step(backend, trainer, step1, advantages, micro)
-    after = _score(backend, step1[0][0])
-    moved = float(np.max(np.abs(after.astype(np.float64) - before))) if before.size else 0.0
-    info: dict[str, Any] = {"sync": name, "update_max_abs_dlogp": moved, "learning_rate": config.weight_sync_lr}
-    if not (moved > 0 and math.isfinite(moved)):
-        return Step2Result(
-            (
-                f"the optimizer update changed the trainer's log-probs by {moved:.3g}: step 2 cannot test the weight "
-                f"sync (no trainable parameter reaches the loss, or weight_sync_lr is too small)",
-            ),
-            tuple(notes),
-            info,
-        )
-
-    from rollout_consistency.fence import UserCodeError, fenced
-
-    try:
-        with fenced(f"weight_sync {name!r}", "sync(trainer, rollout)", timeout_s=config.user_code_timeout_s):
-            sync_out = sync(trainer, rollout)
-    except UserCodeError:
-        raise  # it ended the process or hung: a usage error, not a finding about the sync
-    except Exception as error:  # the user's sync failing is this check's finding, not a crash
-        return Step2Result((f"the weight sync {name!r} raised {type(error).__name__}: {error}",), tuple(notes), info)
-    weights_after = fingerprints(rollout.model, trainer.model)
-    info.update(weights_before=weights_before, weights_after=weights_after)
-    diagnosis = _diagnose(weights_before, weights_after, rollout, sync_out, info)
-
-    from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
-    from rollout_consistency.gate.judging.tolerances import get_profile, resolve_tolerance
-    from rollout_consistency.gate.judging.verdict import decide
-
-    plan2 = make_plan(config.replace(global_step=config.global_step + 1))
-    results = [run_batch(backend, batch) for batch in plan2]
-    profile = get_profile(config.resolved_profile).unmeasured  # no floor is measured for step 2
-    tolerance = resolve_tolerance(profile, config.thresholds, compute_dtype=config.compute_dtype)
-    try:
-        metrics = compute_metrics(
-            np.concatenate([r.rollout_log_probs for r in results]),
-            np.concatenate([r.trainer_log_probs for r in results]),
-            timesteps=np.concatenate([r.timesteps for r in results]),
-            clip_ratio=config.clip_ratio,
-            clip_ratio_low=config.clip_ratio_low,
-            clip_ratio_high=config.clip_ratio_high,
-            micro_batch_size=micro,
-        )
-    except MetricsInputError as error:
-        metrics, diagnosis = None, [*diagnosis, f"step-2 tables cannot be compared: {error}"]
-    verdict = decide(metrics, tolerance)
-    if metrics is not None:
-        info.update(
-            status=verdict.status,
-            profile=profile,
-            max_abs_dlogp=metrics.overall.max_abs_dlogp,
-            ratio_mean=metrics.overall.ratio_mean,
-            ppo_kl=metrics.overall.ppo_kl,
-        )
-    if verdict.passed and not diagnosis:
-        notes.append(
-            f"step 2 (weight sync {name!r}): PASS after one optimizer update that moved the trainer's log-probs by "
-            f"up to {moved:.3g}"
-        )
-        return Step2Result((), tuple(notes), info)
-    message = (
-        f"weight sync {name!r} is broken: after one optimizer update (which moved the trainer's log-probs by up to "
-        f"{moved:.3g}) and the sync, the rollout does not sample the trainer's new weights"
-    )
-    if diagnosis:
-        message += " — " + "; ".join(diagnosis)
-    if not verdict.passed:
-        message += f". Step 2 at {profile}: " + "; ".join(verdict.reasons[:2])
-    return Step2Result((message,), tuple(notes), info)
+    return TrainerUpdate(before, _score(backend, step1[0][0]), weights_before)
 
 
-def _diagnose(
-    before: Mapping[str, Any], after: Mapping[str, Any], rollout: SideHandle, sync_out: Any, info: dict[str, Any]
-) -> list[str]:
-    found = []
-    r0, r1 = before.get("rollout"), after.get("rollout")
-    if r0 is not None and r1 is not None and r0["sha256"] == r1["sha256"]:
-        found.append(
-            f"the sync left the rollout's weights unchanged (sha256 {r1['sha256'][:12]}): it samples the old policy"
-        )
-    binding = lora_binding(rollout.model)
-    if binding is not None:
-        info["rollout_lora"] = binding
-        if binding["active"] == 0:
-            found.append(f"the rollout's LoRA is bound to no module ({binding['layers']} peft layers, none active)")
-    if isinstance(sync_out, Mapping):
-        info["sync_result"] = {str(k): v for k, v in sync_out.items() if isinstance(v, (int, float, str))}
-        if sync_out.get("bound_modules") == 0 and not any("bound to no module" in f for f in found):
-            found.append("the sync bound the LoRA to no module of the rollout (0 modules took its tensors)")
-    return found
+def call_sync(
+    sync: Callable[[SideHandle, SideHandle], Any], name: str, trainer: SideHandle, rollout: SideHandle, timeout_s: float
+) -> Any:
+    """``sync(trainer, rollout)`` inside the fence (`UserCodeError` when it ends the process or hangs); what it
+    returns, or what it raises."""
+    with fenced(f"weight_sync {name!r}", "sync(trainer, rollout)", timeout_s=timeout_s):
+        return sync(trainer, rollout)
 
 
 def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
@@ -390,8 +285,6 @@ def _train_step(
                 f"weight_sync needs one optimizer update, but trainer_backend {config.trainer_backend!r} has no "
                 f"train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)."
             )
-        from rollout_consistency.fence import fenced
-
         with fenced(
             f"trainer_backend {config.trainer_backend!r}", "train_step(...)", timeout_s=config.user_code_timeout_s
         ):

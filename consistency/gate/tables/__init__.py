@@ -10,27 +10,21 @@ verdict and doctor (docs/ci.md).
     coverage         what the recorder recorded against what the rollout produced (in its report and its dump)
     pytest_fixtures  the ``step1_gate`` fixture and marker (loaded by the pytest plugin; it imports pytest, so
                      this package does not import it)
+
+Importing this package imports none of its modules: each name loads its module on first use (the pytest plugin
+imports the fixtures module alone).
 """
 
 from __future__ import annotations
 
-from .api import GateInputError, GateReport, gate
-from .dump import DumpFormatError, LogProbDump, read_dump, write_dump
-from .recorder import RecorderError, Step1GateFailed, Step1Recorder, digest_ids
-from .settings import GateSettings, TableSettings
+from rollout_consistency.gate.lazy_face import lazy_face
 
-__all__ = [
-    "DumpFormatError",
-    "GateInputError",
-    "GateReport",
-    "GateSettings",
-    "LogProbDump",
-    "RecorderError",
-    "Step1GateFailed",
-    "Step1Recorder",
-    "TableSettings",
-    "digest_ids",
-    "gate",
-    "read_dump",
-    "write_dump",
-]
+# The module (under this package) that serves each name, imported on first use.
+_SERVED_BY: dict[str, tuple[str, ...]] = {
+    "api": ("GateInputError", "GateReport", "gate"),
+    "dump": ("DumpFormatError", "LogProbDump", "read_dump", "write_dump"),
+    "recorder": ("RecorderError", "Step1GateFailed", "Step1Recorder", "digest_ids"),
+    "settings": ("GateSettings", "TableSettings"),
+}
+__all__ = sorted(name for names in _SERVED_BY.values() for name in names)
+__getattr__, __dir__ = lazy_face(__name__, _SERVED_BY)

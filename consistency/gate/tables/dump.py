@@ -47,6 +47,7 @@ from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
 from rollout_consistency.memory_budget import check_fits
 from rollout_consistency.paths import open_regular
 
+from . import api
 from .coverage import COVERAGE_KEY, parse_coverage, settings_with_coverage
 
 DUMP_FORMAT = "rollout-consistency/logprob-dump"
@@ -99,8 +100,6 @@ class LogProbDump:
     def gate(self, settings: Any = None, **overrides: Any) -> Any:
         """`rollout_consistency.gate.gate` on this dump's tables, with `settings` (a `TableSettings`) and/or its
         fields as keywords (profile, clip_ratio, ...); the notes default to the dump's metadata."""
-        from .api import gate
-
         own = ("format", "format_version", COVERAGE_KEY, CHECKSUM_KEY)
         extra = {k: v for k, v in self.metadata.items() if k not in own}
         notes = [f"dump metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()))}"] if extra else []
@@ -108,8 +107,8 @@ class LogProbDump:
             overrides["notes"] = notes
         if COVERAGE_KEY in self.metadata:  # written by the recorder: the same coverage, the same verdict
             coverage = parse_coverage(self.metadata[COVERAGE_KEY])
-            return gate(**self.arrays(), settings=settings_with_coverage(coverage, settings, overrides))
-        return gate(**self.arrays(), settings=settings, **overrides)
+            return api.gate(**self.arrays(), settings=settings_with_coverage(coverage, settings, overrides))
+        return api.gate(**self.arrays(), settings=settings, **overrides)
 
 
 def write_dump(

@@ -57,8 +57,11 @@ from typing import Any
 import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
+from rollout_consistency.gate.judging.loggers import check_target
 
+from .api import gate
 from .coverage import COVERAGE_KEY, settings_with_coverage
+from .dump import write_dump
 
 
 class RecorderError(ValueError):
@@ -245,13 +248,9 @@ class Step1Recorder:
         self.tables = _tables(cells, per_sample, self._num_steps)
         coverage = self._coverage()
         if self._dump is not None and _rank() == 0:
-            from .dump import write_dump
-
             metadata = {"producer": "rollout_consistency.gate.Step1Recorder", COVERAGE_KEY: json.dumps(coverage)}
             write_dump(self._dump, **self.tables, metadata=metadata)
         if self._gate:
-            from .api import gate
-
             overrides = dict(self._gate_settings)
             base = overrides.pop("settings", None)
             overrides.setdefault("source", "Step1Recorder")
@@ -308,8 +307,6 @@ class Step1Recorder:
 
 # ----------------------------------------------------------------------------------------------------
 def _log_targets(log_to: Any) -> list[Any]:
-    from rollout_consistency.gate.judging.loggers import check_target
-
     targets = [] if log_to is None else list(log_to) if isinstance(log_to, (list, tuple)) else [log_to]
     for target in targets:
         check_target(target)
