@@ -21,7 +21,7 @@ The main entry points (stable; see docs/adapters.md and docs/design.md):
         stock-behaviour reproductions (`rollout_consistency.adapters.pitfalls`; tests and `--inject` only)
 
 Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access the other built-in
-families' modules (`sd3`, `flux`, `wan`: `rollout_consistency.builtin_families` names them), `stepwise` (step-wise
+families' modules (`sd3`, `flux`, `wan`: `rollout_consistency.base.builtin_families` names them), `stepwise` (step-wise
 continuous batching), `packing`, `rope`, `tiny` (the tiny offline models) and
 `vllm_omni` (the vLLM-omni backend, a subpackage). Importing this package never imports vllm.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 
 from . import qwen_image
 from .families import ModelFamily, family_names, get_family, register_family
@@ -61,7 +61,7 @@ __all__ = [
     "stack_trajectories",
 ]
 
-# The built-in families' modules (their records, `rollout_consistency.builtin_families`) and the other heavy ones.
+# The built-in families' modules (their records, `rollout_consistency.base.builtin_families`) and the other heavy ones.
 _FAMILY_MODULES = tuple(
     f.module.rpartition(".")[2] for f in BUILTIN_FAMILIES.values() if f.module.startswith(f"{__name__}.")
 )

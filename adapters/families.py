@@ -15,7 +15,7 @@ the trainer (`rollout_consistency.adapters.trainer`), the step-wise engine and t
 fields of a `ModelFamily`, never a family's name.
 
 Adding a family is one module that builds a `ModelFamily` and calls [`register_family`] (see
-docs/design.md). The built-in families (`rollout_consistency.builtin_families`: one record each, naming its
+docs/design.md). The built-in families (`rollout_consistency.base.builtin_families`: one record each, naming its
 module) are imported on first use by name, so `import rollout_consistency.adapters` stays light and a family
 with a missing optional dependency does not break the others.
 """
@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.schedulers import SchedulerSetup
 
 from .settings import PipelineSettings

@@ -15,7 +15,7 @@ helpers (`rollout_consistency.adapters.stepwise`) take `sampling=SamplingSetting
 
 Each object checks its settings when it is built, and nothing downstream checks them again: a function that
 takes a `SamplingSettings` has usable ones. The sampling rules themselves are
-`rollout_consistency.sampling_rules.sampling_problem`, which the checker's settings call too.
+`rollout_consistency.base.sampling_rules.sampling_problem`, which the checker's settings call too.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from rollout_consistency.sampling_rules import sampling_problem
+from rollout_consistency.base.sampling_rules import sampling_problem
 from rollout_consistency.schedulers import SDEWindow
 
 __all__ = ["BatchRequests", "PipelineSettings", "SamplingSettings"]

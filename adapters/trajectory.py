@@ -37,8 +37,8 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from rollout_consistency.memory_budget import check_fits
-from rollout_consistency.paths import InputPathError, open_regular
+from rollout_consistency.safeguards.memory_budget import check_fits
+from rollout_consistency.safeguards.paths import InputPathError, open_regular
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow
 
 from .settings import BatchRequests, SamplingSettings

@@ -19,7 +19,7 @@ The step-1 check in five names (docs/checker.md)::
     assert report.passed, report.reasons
 
 Importing `rollout_consistency` imports nothing else of ours, nor numpy, torch or diffusers: every name is
-loaded on first use (`rollout_consistency.fence`, the lint and the command line pay only for what they import).
+loaded on first use (`rollout_consistency.safeguards.fence`, the lint and the command line pay only for what they import).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _SUBPACKAGES or (not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}")):
-        # a module of ours (`from rollout_consistency import supervisor` asks here first): that module alone
+        # a module of ours (`from rollout_consistency import lint` asks here first): that module alone
         return importlib.import_module(f"{__name__}.{name}")
     if name in _MOVED_TO_TRAINING:
         return getattr(importlib.import_module(f"{__name__}.training"), name)

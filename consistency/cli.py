@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency import __version__
-from rollout_consistency.cli_guard import EXIT_USAGE, guarded
 from rollout_consistency.commands import (
     check,
     checkpointing,
@@ -29,7 +28,8 @@ from rollout_consistency.commands import (
     watch,
 )
 from rollout_consistency.commands.usage import UsageError
-from rollout_consistency.supervisor import exit_now, run_supervised
+from rollout_consistency.safeguards.cli_guard import EXIT_USAGE, guarded
+from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
 __all__ = ["COMMANDS", "UsageError", "main"]
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 pass, 1 fail, 2 could not run, 130 interrupted).
 
     Without `argv` — the process entry: the console script, ``python -m rollout_consistency`` — the command runs
-    in a supervised child process (`rollout_consistency.supervisor`), so no user code can turn the run into exit
+    in a supervised child process (`rollout_consistency.safeguards.supervisor`), so no user code can turn the run into exit
     0 without a verdict, and the process exits with the code (this call does not return). Called so from a
     process that runs other threads or has imported torch, which cannot be forked safely, it runs
     ``python -m rollout_consistency`` with ``sys.argv[1:]`` in a fresh interpreter instead (supervised there). With

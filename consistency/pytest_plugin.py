@@ -23,7 +23,7 @@ settings override it. ``--step1-report-dir DIR`` (or ini ``step1_report_dir``) w
 report and JUnit XML there, named after the test, for CI artifacts.
 
 A check whose settings name user code (a plug-in, a backend registered by user code, a weight-sync spec) runs
-supervised in a fresh interpreter (`rollout_consistency.supervised_call`): its ``os._exit(0)`` or hang fails the
+supervised in a fresh interpreter (`rollout_consistency.safeguards.supervised_call`): its ``os._exit(0)`` or hang fails the
 test instead of ending or hanging the session.
 
 The plugin costs nothing when unused: importing it imports pytest and the two fixtures modules (the gate's
@@ -124,7 +124,7 @@ def _run_check(config: Any) -> Any:
     interpreter when the settings name user code (a plug-in, a backend your code registered, a weight-sync spec),
     whose ``os._exit(0)`` would otherwise end the pytest session with exit 0, and whose hang would hang it."""
     from rollout_consistency.gate.check import run_step1_check
-    from rollout_consistency.supervised_call import SupervisedCallError, call_supervised
+    from rollout_consistency.safeguards.supervised_call import SupervisedCallError, call_supervised
 
     entries = _user_backends(config)
     if entries is None:

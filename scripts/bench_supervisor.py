@@ -3,7 +3,7 @@
 """What the command line's supervisor costs: start-up with it (the console entry) against without it.
 
 The console entry (`rollout-consistency ...`, `python -m rollout_consistency ...`) runs each command in a forked
-child and waits for the exit code it hands over (`rollout_consistency.supervisor`). Measured here, side by side:
+child and waits for the exit code it hands over (`rollout_consistency.safeguards.supervisor`). Measured here, side by side:
 
 * ``fork``: `run_supervised` around a command that does nothing, against calling it directly, in one process
   (the supervisor's own cost: fork, pipe, wait);
@@ -34,7 +34,7 @@ import numpy as np
 
 
 def _fork_overhead(repeats: int) -> tuple[float, float]:
-    from rollout_consistency.supervisor import run_supervised
+    from rollout_consistency.safeguards.supervisor import run_supervised
 
     def nothing(_argv: list[str]) -> int:
         return 0
@@ -109,7 +109,7 @@ def main() -> int:
 
 def _call_overhead(pairs: int) -> None:
     from rollout_consistency import load_config, run_step1_check
-    from rollout_consistency.supervised_call import call_supervised
+    from rollout_consistency.safeguards.supervised_call import call_supervised
 
     config = load_config(num_prompts=1, num_images_per_prompt=2, rollout_batch_size=2, progress=False)
     run_step1_check(config)  # the session's imports, paid once

@@ -21,7 +21,7 @@ Inside a Python launcher, call the same API directly::
 import sys
 
 from rollout_consistency.cli import PROG, main
-from rollout_consistency.supervisor import exit_now, run_supervised
+from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
 if __name__ == "__main__":
     # Supervised like the console script: user code (plug-ins) cannot end the run with exit 0 and no verdict.

@@ -172,7 +172,7 @@ def test_a_plugin_file_missing_beside_the_config_file_names_the_path_tried_and_i
 
 
 def test_a_plugin_file_missing_on_the_command_line_names_the_working_directory(tmp_path, monkeypatch):
-    from rollout_consistency.object_spec import SpecError, load_object
+    from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
     monkeypatch.chdir(tmp_path)
     tried = re.escape(str(tmp_path / "sides.py"))

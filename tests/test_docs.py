@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.gate.backend_registry import scoped_backends
 from rollout_consistency.gate.diagnosis import CAUSES
 from rollout_consistency.gate.judging import METRICS, PROFILES, STATISTICS

@@ -30,11 +30,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollout_consistency.atomic_write import TEMP_PREFIX, write_all
 from rollout_consistency.cli import main
 from rollout_consistency.gate import BackendEntry, register_backend
 from rollout_consistency.gate.backend_registry import unregister_backend
 from rollout_consistency.gate.config import BOUNDS
+from rollout_consistency.safeguards.atomic_write import TEMP_PREFIX, write_all
 from rollout_consistency.training.capture_file import CaptureFormatError
 from rollout_consistency.training.nan_capture import NanCapture, NonFiniteGradientError, load_capture, replay
 
@@ -987,7 +987,7 @@ def test_interrupt_inside_an_exec_still_exits_130(tmp_path):
     # CPython marks a KeyboardInterrupt that leaves an exec() of a string (dataclasses build their methods that
     # way) as unhandled even when it is caught, and under `python -m` then kills itself with SIGINT at exit
     (tmp_path / "interrupted_in_exec.py").write_text(
-        "from rollout_consistency.cli_guard import guarded\n"
+        "from rollout_consistency.safeguards.cli_guard import guarded\n"
         "def run(argv):\n"
         "    exec('raise KeyboardInterrupt')\n"
         "raise SystemExit(guarded(run, [], 'prog'))\n"
@@ -1052,8 +1052,8 @@ def test_user_code_that_ends_a_ray_worker_is_a_usage_error(work, capsys, ray_ses
 
 _SUPERVISOR_CASES = r"""
 import io, json, os, signal, sys
-from rollout_consistency.fence import fenced
-from rollout_consistency.supervisor import run_supervised
+from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.supervisor import run_supervised
 
 def in_user_code(end):
     def command(argv):
@@ -1187,7 +1187,7 @@ def _unprivileged(argv: list[str]) -> list[str]:
 
 def test_out_of_memory_names_a_fix_that_fits_the_command(capsys):
     # The issue: `gate` and `doctor` ran out of memory with the check's fix ("lower the image size").
-    from rollout_consistency.cli_guard import guarded
+    from rollout_consistency.safeguards.cli_guard import guarded
 
     def out_of_memory(argv: list[str]) -> int:
         raise MemoryError
@@ -1221,7 +1221,7 @@ def test_an_unreadable_input_says_permission(work, command):
 
 
 def test_load_capture_refuses_a_fifo_without_blocking(tmp_path):
-    from rollout_consistency.paths import InputPathError
+    from rollout_consistency.safeguards.paths import InputPathError
 
     os.mkfifo(tmp_path / "capture.pt")
     with pytest.raises(InputPathError, match="is a FIFO"):
@@ -1279,7 +1279,7 @@ def test_a_path_that_becomes_a_device_is_not_renamed_over(null_device, tmp_path)
     assert _is_null_device(target)
     _no_temp_files(tmp_path)
     # And the other way: resolved as the null device, a regular file by the time the report is written.
-    from rollout_consistency.output_paths import resolve_output
+    from rollout_consistency.safeguards.output_paths import resolve_output
 
     resolved = resolve_output(null_device)
     os.unlink(null_device)
@@ -1359,7 +1359,7 @@ def _pair(tmp_path: Path, tag: str) -> list[tuple[Path, Callable[[str], None]]]:
 
 
 def test_renames_wait_for_the_reports_lock(tmp_path):
-    from rollout_consistency.atomic_write import reports_lock
+    from rollout_consistency.safeguards.atomic_write import reports_lock
 
     done = threading.Event()
     writer = threading.Thread(target=lambda: (write_all(_pair(tmp_path, "A")), done.set()))
@@ -1374,7 +1374,7 @@ def test_renames_wait_for_the_reports_lock(tmp_path):
 
 def test_concurrent_runs_leave_their_reports_as_a_pair(tmp_path):
     # Two writers of the same JSON and JUnit: whoever holds the lock sees both files from the same writer.
-    from rollout_consistency.atomic_write import reports_lock
+    from rollout_consistency.safeguards.atomic_write import reports_lock
 
     stop = threading.Event()
 
@@ -1401,7 +1401,7 @@ def test_concurrent_runs_leave_their_reports_as_a_pair(tmp_path):
 
 
 def test_a_lock_held_too_long_is_an_error_not_a_hang(tmp_path, monkeypatch):
-    from rollout_consistency import atomic_write
+    from rollout_consistency.safeguards import atomic_write
 
     monkeypatch.setattr(atomic_write, "LOCK_WAIT_S", 0.2)
     with atomic_write.reports_lock([tmp_path / "r.json"]), pytest.raises(OSError, match="held the reports' lock"):
@@ -1412,7 +1412,7 @@ def test_a_lock_held_too_long_is_an_error_not_a_hang(tmp_path, monkeypatch):
 FULL_DISK_SCRIPT = """
 import sys
 import numpy as np
-from rollout_consistency.cli_guard import guarded
+from rollout_consistency.safeguards.cli_guard import guarded
 from rollout_consistency.gate.tables.dump import read_dump, write_dump
 
 small, big = np.full((4, 2), -1.0, np.float32), np.full((64, 512), -1.0, np.float32)
@@ -1471,8 +1471,8 @@ def test_write_dump_over_a_file_size_limit_is_one_line(tmp_path):
 
 SUPERVISOR_PIPE_SCRIPT = """
 import os, sys
-from rollout_consistency.output_paths import OutputPathError, resolve_output
-from rollout_consistency.supervisor import exit_now, run_supervised
+from rollout_consistency.safeguards.output_paths import OutputPathError, resolve_output
+from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
 def command(argv):
     refused = []
@@ -1718,9 +1718,9 @@ def test_nan_capture_check_without_gradients_is_refused(tmp_path):
 
 _SUPERVISED_CASE = r"""
 import atexit, io, json, os, signal, sys, threading, time
-from rollout_consistency.atomic_write import write_all
-from rollout_consistency.fence import fenced
-from rollout_consistency.supervisor import run_supervised
+from rollout_consistency.safeguards.atomic_write import write_all
+from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.supervisor import run_supervised
 
 def in_user_code(body, timeout_s=1.0):
     def command(argv):
@@ -1784,7 +1784,7 @@ print(json.dumps([code, said, time.monotonic() - start, sorted(os.listdir("."))]
 
 
 def test_supervisor_enforces_bounds_handover_and_temp_files_from_outside(tmp_path):
-    from rollout_consistency.supervisor import HANDOVER_GRACE_S, KILL_GRACE_S
+    from rollout_consistency.safeguards.supervisor import HANDOVER_GRACE_S, KILL_GRACE_S
 
     names = ["sigalrm blocked", "sigalrm replaced", "alarm cancelled", "nested calls", "a grandchild holds the output"]
     names += ["atexit holds"]
@@ -1870,7 +1870,7 @@ def test_the_console_command_stops_a_factory_stuck_outside_python(work):
 def test_a_hangup_is_an_interrupt(tmp_path):
     # A closed terminal sends SIGHUP: clean up and exit 130 as for Ctrl-C or SIGTERM (before: killed on the spot)
     code = (
-        "import os, signal\nfrom rollout_consistency.cli_guard import guarded\n"
+        "import os, signal\nfrom rollout_consistency.safeguards.cli_guard import guarded\n"
         "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
         "def run(argv):\n    os.kill(os.getpid(), signal.SIGHUP)\n    signal.pause()\n"
         "raise SystemExit(guarded(run, [], 'prog'))\n"
@@ -1905,7 +1905,7 @@ def test_a_trainer_hundreds_of_nats_off_fails_with_the_doctor_not_exit_2(work, c
 
 
 def test_an_input_one_byte_over_its_bound_is_refused_and_one_at_it_is_read(tmp_path):
-    from rollout_consistency.paths import InputPathError, check_input_file
+    from rollout_consistency.safeguards.paths import InputPathError, check_input_file
 
     path = tmp_path / "d.safetensors"
     path.write_bytes(b"x" * 101)

@@ -13,7 +13,7 @@ import pytest
 from rollout_consistency import adapters
 from rollout_consistency.adapters import family_names, get_family, tiny
 from rollout_consistency.adapters.vllm_omni import protocol
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES, BuiltinFamily, builtin_option_keys
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES, BuiltinFamily, builtin_option_keys
 from rollout_consistency.gate.config import MODEL_FAMILIES, CheckConfig, ConfigError
 from rollout_consistency.gate.sides.trajectory_checks import FAMILY_OPTION_KEYS, check_family_options
 

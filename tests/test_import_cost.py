@@ -1,4 +1,4 @@
-"""What an import costs: the root package is lazy (importing `rollout_consistency.fence` or the lint loads a few
+"""What an import costs: the root package is lazy (importing `rollout_consistency.safeguards.fence` or the lint loads a few
 modules of ours and no numpy), every public name of the root still imports, and an import inside a function of a
 module of ours is there for a reason (it defers torch, diffusers, numpy or an optional extra, or it is listed
 below with its own)."""
@@ -36,7 +36,7 @@ def _loaded_by(module: str) -> dict:
 @pytest.mark.parametrize(
     ("module", "most"),
     [
-        (f"{TOP}.fence", 4),
+        (f"{TOP}.safeguards.fence", 4),
         (f"{TOP}.lint", 24),
         (TOP, 1),
         (f"{TOP}.gate", 3),
@@ -205,22 +205,22 @@ def test_every_listed_inner_import_still_exists() -> None:
 def test_the_inner_import_rule_catches_a_light_import() -> None:
     """Planted: a module whose function imports a light module of ours is refused; one that defers numpy is not."""
     modules = _modules()
-    light = f"{TOP}.paths"
+    light = f"{TOP}.safeguards.paths"
     heavy = f"{TOP}.gate.judging.metrics"  # imports numpy
     planted = {**modules}
-    path = ROOT / "consistency" / "fence.py"
+    path = ROOT / "consistency" / "safeguards" / "fence.py"
     assert _third_party({heavy}, _scan(modules)[0]) >= {"numpy"}
     source = path.read_text() + f"\n\ndef _planted():\n    import {light}\n    import {heavy}\n"
     tmp = Path(__file__).parent / "__pycache__" / "planted_fence.py"
     tmp.parent.mkdir(exist_ok=True)
     tmp.write_text(source)
     try:
-        planted[f"{TOP}.fence"] = (tmp, TOP)
+        planted[f"{TOP}.safeguards.fence"] = (tmp, TOP)
         found = unexplained_inner_imports(planted)
     finally:
         tmp.unlink()
-    assert [f for f in found if f.startswith(f"{TOP}.fence:")] == [
-        f"{TOP}.fence:{source.count(chr(10)) - 1} -> {light}"
+    assert [f for f in found if f.startswith(f"{TOP}.safeguards.fence:")] == [
+        f"{TOP}.safeguards.fence:{source.count(chr(10)) - 1} -> {light}"
     ]
 
 
@@ -232,7 +232,7 @@ _PARALLEL = "to move to the top after this round's merge (the file is edited in 
 INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.config"): _PLUGIN,
     ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.check"): _PLUGIN,
-    ("rollout_consistency.pytest_plugin", "rollout_consistency.supervised_call"): _PLUGIN,
+    ("rollout_consistency.pytest_plugin", "rollout_consistency.safeguards.supervised_call"): _PLUGIN,
     ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.backend_registry"): _PLUGIN,
     ("rollout_consistency.gate.tables.pytest_fixtures", "rollout_consistency.gate.tables.api"): _PLUGIN,
     ("rollout_consistency.gate.tables.pytest_fixtures", "rollout_consistency.gate.tables.dump"): _PLUGIN,
@@ -244,18 +244,18 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.commands.check", "rollout_consistency.gate.check"): _PARALLEL,
     ("rollout_consistency.commands.check", "rollout_consistency.gate.sides.trajectory_checks"): _PARALLEL,
     ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
-    ("rollout_consistency.gate.config", "rollout_consistency.paths"): _PARALLEL,
-    ("rollout_consistency.gate.config", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.config", "rollout_consistency.safeguards.paths"): _PARALLEL,
+    ("rollout_consistency.gate.config", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _PARALLEL,
-    ("rollout_consistency.gate.sides.backends", "rollout_consistency.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.backends", "rollout_consistency.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.sides.distributed", "rollout_consistency.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.backends", "rollout_consistency.safeguards.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.backends", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.distributed", "rollout_consistency.safeguards.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.safeguards.fence"): _PARALLEL,
+    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
     ("rollout_consistency.gate.sides.rollout_seal", "rollout_consistency.gate.sides.shared"): _PARALLEL,
-    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.object_spec"): _PARALLEL,
+    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
     # Circles through the gate's eager face until it became lazy: free to move up after the merge as well.
     ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.gate.judging.tolerances"): _PARALLEL,
     ("rollout_consistency.gate.diagnosis.localise", "rollout_consistency.gate.sides.shared"): _PARALLEL,

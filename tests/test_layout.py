@@ -305,23 +305,10 @@ def test_the_rules_catch_what_they_are_for() -> None:
 #: is the root package). A module imports only from its own layer or a lower one; within a layer, only without
 #: a circle. docs/design.md ("The packages") says what each layer holds.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # Import nothing of ours but each other (builtin_families reads the registry; the last four: the fence around user
-    # code, its supervisor, input paths, memory left; object_spec, cli_guard and output_paths use them).
-    (
-        "schedulers",
-        "atomic_write",
-        "output_paths",
-        "object_spec",
-        "cli_guard",
-        "sampling_rules",
-        "registry",
-        "builtin_families",
-        "gate.lazy_face",  # the gate's faces import it before anything else of the gate
-        "fence",
-        "supervisor",
-        "paths",
-        "memory_budget",
-    ),
+    # Import nothing of ours but each other: the scheduler math, the facts every layer reads (`base`: the registry,
+    # the built-in families, the sampling rules), what protects the user's process and files (`safeguards`: the
+    # fence around user code, its supervisor, input and output paths, memory left, ...) and the gate's lazy faces.
+    ("schedulers", "base", "safeguards", "gate.lazy_face"),
     ("adapters",),
     ("training", "lint"),
     ("gate.judging",),  # figures, limits, verdict, report: never the settings, the sides or the doctor
@@ -334,7 +321,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # plug-in template
     ("gate", "plugin_template"),
     ("commands",),  # one module per sub-command
-    ("cli", "pytest_plugin", "supervised_call", "__main__", ""),
+    ("cli", "pytest_plugin", "safeguards.supervised_call", "__main__", ""),
 )
 
 

@@ -262,9 +262,9 @@ def test_lint_package_imports_only_itself_and_the_standard_library():
                 and node.level == 0
                 and node.module
                 not in (
-                    "rollout_consistency.atomic_write",
-                    "rollout_consistency.output_paths",
-                    "rollout_consistency.registry",
+                    "rollout_consistency.safeguards.atomic_write",
+                    "rollout_consistency.safeguards.output_paths",
+                    "rollout_consistency.base.registry",
                 )
             ):
                 assert node.module.split(".")[0] not in (

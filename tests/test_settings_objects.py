@@ -1,5 +1,5 @@
 """Settings travel as frozen objects, each checked once, where it is built: the sampling rules
-(rollout_consistency.sampling_rules) behind `SamplingSettings` and `CheckConfig`, `BatchRequests`, the
+(rollout_consistency.base.sampling_rules) behind `SamplingSettings` and `CheckConfig`, `BatchRequests`, the
 step-wise `EngineSettings`, and the family options of a family's `rollout`."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from rollout_consistency import CheckConfig, ConfigError
 from rollout_consistency.adapters import BatchRequests, SamplingSettings, qwen_image
 from rollout_consistency.adapters.stepwise import EngineSettings, StepwiseRequest, init_window_record, window_trajectory
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
-from rollout_consistency.sampling_rules import SDE_TYPES
+from rollout_consistency.base.sampling_rules import SDE_TYPES
 from rollout_consistency.schedulers import SDE_TYPES as SCHEDULER_SDE_TYPES
 from rollout_consistency.schedulers import SDEWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where the sampling rules may be written out: their one home, and the scheduler's own `step` (where
 #: noise_level 0 is the deterministic Euler step: a different rule for a different call).
-RULE_HOMES = ("consistency/sampling_rules.py", "schedulers/")
+RULE_HOMES = ("consistency/base/sampling_rules.py", "schedulers/")
 
 
 def _names(node: ast.AST) -> set[str]:

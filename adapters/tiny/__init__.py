@@ -34,7 +34,7 @@ from torch import nn
 
 from rollout_consistency.adapters.families import PromptEncoder
 from rollout_consistency.adapters.settings import PipelineSettings
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 
 from .qwen_image import (
     TinyPromptEncoder,
@@ -129,7 +129,7 @@ def _wan_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEn
     return encode
 
 
-# The built-in families' tiny models, each named by its family's record (`rollout_consistency.builtin_families`).
+# The built-in families' tiny models, each named by its family's record (`rollout_consistency.base.builtin_families`).
 TINY_QWEN_IMAGE = TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder)
 TINY_SD3 = TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder))
 TINY_FLUX = TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder))

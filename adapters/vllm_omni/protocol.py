@@ -26,7 +26,7 @@ from rollout_consistency.adapters import stepwise
 from rollout_consistency.adapters.qwen_image import latent_grid
 from rollout_consistency.adapters.rollout import resolve_windows
 from rollout_consistency.adapters.settings import BatchRequests, SamplingSettings
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.schedulers import SchedulerSetup, SDEWindow, SDEWindowSchedule
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 PAYLOAD_KEY = "rollout_consistency"
 PAYLOAD_VERSION = 1
 #: The pipeline class vLLM-omni loads for each family (`custom_pipeline_args={"pipeline_class": ...}`): a qualified
-#: name, re-imported inside vLLM-omni's worker (the built-in families' records, `rollout_consistency.builtin_families`).
+#: name, re-imported inside vLLM-omni's worker (the built-in families' records, `rollout_consistency.base.builtin_families`).
 PIPELINE_CLASSES = {f.name: f.vllm_omni_pipeline for f in BUILTIN_FAMILIES.values() if f.vllm_omni_pipeline}
 #: The default `custom_pipeline_args["pipeline_class"]` (Qwen-Image's).
 PIPELINE_CLASS = PIPELINE_CLASSES["qwen-image"]

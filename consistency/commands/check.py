@@ -11,7 +11,7 @@ from typing import Any
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency.gate.backend_registry import backend_names, get_backend
 from rollout_consistency.gate.config import SETTINGS, CheckConfig, Setting, load_config, parse_thresholds
-from rollout_consistency.object_spec import spec_source
+from rollout_consistency.safeguards.object_spec import spec_source
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs

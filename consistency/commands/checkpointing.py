@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
-from rollout_consistency.fence import fenced
-from rollout_consistency.object_spec import spec_source
+from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.object_spec import spec_source
 
 from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
 from .usage import UsageError, check_outputs, write_json

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.atomic_write import write_all
 from rollout_consistency.gate.diagnosis.doctor import rediagnose
 from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
 from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION, Report
+from rollout_consistency.safeguards.atomic_write import write_all
 
 from .usage import UsageError, check_outputs, check_report_file
 

@@ -1,6 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """A user's factory on the command line: ``SPEC`` (``package.module:factory`` or ``path/to/file.py:factory``,
-loaded by `rollout_consistency.object_spec`) and its ``--arg name=value`` keywords, for the commands that run
+loaded by `rollout_consistency.safeguards.object_spec`) and its ``--arg name=value`` keywords, for the commands that run
 the user's own model (`checkpointing`, `precision`)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_consistency.fence import DEFAULT_TIMEOUT_S, fenced
 from rollout_consistency.gate.config import BOUNDS
-from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
+from rollout_consistency.safeguards.fence import DEFAULT_TIMEOUT_S, fenced
+from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
 
 from .usage import UsageError
 
@@ -20,7 +20,7 @@ __all__ = ["add_timeout_argument", "call_factory", "load_spec", "parse_factory_a
 
 
 def load_spec(spec: str, owner: str, timeout_s: float | None) -> Any:
-    """The object `spec` names, its import fenced (`rollout_consistency.fence`) as `owner`'s."""
+    """The object `spec` names, its import fenced (`rollout_consistency.safeguards.fence`) as `owner`'s."""
 
     try:
         return load_object(spec, owner=owner, timeout_s=timeout_s)
@@ -49,7 +49,7 @@ def call_factory(
 
 
 def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
-    """``--user-code-timeout-s``: the bound on each call into the user's code (`rollout_consistency.fence`)."""
+    """``--user-code-timeout-s``: the bound on each call into the user's code (`rollout_consistency.safeguards.fence`)."""
 
     parser.add_argument(
         "--user-code-timeout-s",

@@ -15,8 +15,8 @@ from rollout_consistency.gate.config import ConfigError, parse_thresholds
 from rollout_consistency.gate.judging.tolerances import table_profiles
 from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
 from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
-from rollout_consistency.memory_budget import MemoryBudgetError
-from rollout_consistency.paths import InputPathError
+from rollout_consistency.safeguards.memory_budget import MemoryBudgetError
+from rollout_consistency.safeguards.paths import InputPathError
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs

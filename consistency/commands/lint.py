@@ -9,7 +9,7 @@ from typing import Any
 
 from rollout_consistency.lint import LintUsageError
 from rollout_consistency.lint import cli as lint_cli
-from rollout_consistency.paths import InputPathError, refuse_special
+from rollout_consistency.safeguards.paths import InputPathError, refuse_special
 
 from .usage import UsageError
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.cli_guard import EXIT_PASS
 from rollout_consistency.gate.config import MODEL_FAMILIES
+from rollout_consistency.safeguards.cli_guard import EXIT_PASS
 
 from .usage import UsageError
 

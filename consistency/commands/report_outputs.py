@@ -9,9 +9,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_consistency.atomic_write import write_all
-from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
-from rollout_consistency.output_paths import OutputTarget
+from rollout_consistency.safeguards.atomic_write import write_all
+from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
+from rollout_consistency.safeguards.output_paths import OutputTarget
 
 from .usage import UsageError
 

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.atomic_write import write_all
-from rollout_consistency.memory_budget import MemoryBudgetError, check_fits
-from rollout_consistency.output_paths import OutputPathError, OutputTarget, check_output_paths
-from rollout_consistency.paths import InputPathError, check_input_file
+from rollout_consistency.safeguards.atomic_write import write_all
+from rollout_consistency.safeguards.memory_budget import MemoryBudgetError, check_fits
+from rollout_consistency.safeguards.output_paths import OutputPathError, OutputTarget, check_output_paths
+from rollout_consistency.safeguards.paths import InputPathError, check_input_file
 
 __all__ = ["MAX_REPORT_BYTES", "UsageError", "check_outputs", "check_report_file", "read_json", "write_json"]
 
@@ -30,7 +30,7 @@ def check_outputs(
     directories_read: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, OutputTarget]:
     """Every requested output (flag -> path) resolved and checked before any work
-    (`rollout_consistency.output_paths.check_output_paths`): flag -> target of each one given. `UsageError` when
+    (`rollout_consistency.safeguards.output_paths.check_output_paths`): flag -> target of each one given. `UsageError` when
     one is an input, a file read inside an input directory (`directories_read`), another output, a directory or a
     device other than /dev/null; a relative path is fixed now, whatever the run does to the working directory."""
     try:

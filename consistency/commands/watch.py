@@ -17,13 +17,13 @@ import sys
 import time
 from typing import Any
 
-from rollout_consistency.cli_guard import EXIT_FAIL, EXIT_PASS
 from rollout_consistency.gate.config import ConfigError, parse_thresholds
 from rollout_consistency.gate.monitor.run_logs import RunLogError, open_run
 from rollout_consistency.gate.monitor.run_watch import RunWatch, WatchError
 from rollout_consistency.gate.monitor.settings import MonitorError, MonitorSettings
 from rollout_consistency.gate.monitor.watch_series import watch_table
 from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
+from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
 
 from .gate import add_profile_flags, add_threshold_flag
 from .report_outputs import write_reports

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_consistency.object_spec import is_object_spec
+from rollout_consistency.safeguards.object_spec import is_object_spec
 
 __all__ = [
     "SIDES",

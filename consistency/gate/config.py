@@ -32,10 +32,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES
-from rollout_consistency.fence import DEFAULT_TIMEOUT_S
-from rollout_consistency.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
-from rollout_consistency.sampling_rules import sampling_problem
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
+from rollout_consistency.base.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
+from rollout_consistency.base.sampling_rules import sampling_problem
+from rollout_consistency.safeguards.fence import DEFAULT_TIMEOUT_S
 
 from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
@@ -52,7 +52,7 @@ from .judging.tolerances import (
 )
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
 
-#: The built-in model families (`rollout_consistency.builtin_families`, read without importing the adapters).
+#: The built-in model families (`rollout_consistency.base.builtin_families`, read without importing the adapters).
 MODEL_FAMILIES: tuple[str, ...] = BUILTIN_FAMILIES.names()
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 WINDOW_KINDS: tuple[str, ...] = (
@@ -263,7 +263,7 @@ class CheckConfig:
         file instead of sampling. workers / ray_address: Ray distribution; ray_timeout_s: seconds to reach
         the cluster at ray_address before failing (exit 2). user_code_timeout_s: bound on each call into
         user code — a plug-in's or a registered backend's import and factory, its calls, a weight-sync function
-        (`rollout_consistency.fence`).
+        (`rollout_consistency.safeguards.fence`).
         progress: show a progress bar.
         weight_sync: also run the step-2 check (`rollout_consistency.gate.weight_sync_check`): one optimizer update on
         the trainer, this sync to the rollout (``"load_state_dict"``, ``"peft"`` or ``"package.module:function"``),
@@ -328,7 +328,7 @@ class CheckConfig:
         False, "bool", "pad every prompt to max_sequence_length instead of the batch's longest"
     )
     mask_text_padding: bool = _setting(True, "bool", "pass the text mask to attention (Qwen-Image)")
-    # noise_level > 0 and the SDE types are the sampling rules' (rollout_consistency.sampling_rules)
+    # noise_level > 0 and the SDE types are the sampling rules' (rollout_consistency.base.sampling_rules)
     noise_level: float = _setting(0.7, "float", "SDE noise level", bounds=(0.0, 100.0))
     sde_type: str = _setting("sde", "str", "SDE step", choices=SDE_TYPES, choices_checked=False)
     sde_window_size: int | str = _setting(
@@ -566,7 +566,7 @@ SETTINGS: Mapping[str, Setting] = settings_of(CheckConfig)
 BOUNDS: Mapping[str, tuple[float, float]] = {name: s.bounds for name, s in SETTINGS.items() if s.bounds is not None}
 #: The integer settings (``micro_batch_size`` included: it may be None).
 INT_FIELDS: tuple[str, ...] = tuple(name for name, s in SETTINGS.items() if s.kind == "int")
-#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.object_spec`).
+#: Settings that may name the user's code as ``path/to/file.py:function`` (`rollout_consistency.safeguards.object_spec`).
 SPEC_FIELDS: tuple[str, ...] = tuple(name for name, s in SETTINGS.items() if s.spec)
 
 
@@ -577,7 +577,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
             unknown key.
     """
-    from rollout_consistency.paths import InputPathError, check_input_file
+    from rollout_consistency.safeguards.paths import InputPathError, check_input_file
 
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -676,7 +676,7 @@ def _resolve_spec_files(data: dict[str, Any], path: str) -> dict[str, Any]:
     """A relative ``file.py:function`` in a config file names a file beside the config file, wherever the command
     runs from (a CI job's working directory is rarely the config's folder): rewritten to the absolute path, and
     a file that is not there is an error naming the path tried and the folder it was relative to."""
-    from rollout_consistency.object_spec import spec_file
+    from rollout_consistency.safeguards.object_spec import spec_file
 
     folder = os.path.dirname(os.path.abspath(path))
     for key in SPEC_FIELDS:

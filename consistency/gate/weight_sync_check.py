@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.fence import UserCodeError
+from rollout_consistency.safeguards.fence import UserCodeError
 
 from .batch_judging import stacked_tables, unmeasured_tolerance
 from .config import CheckConfig, ConfigError

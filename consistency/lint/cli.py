@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.atomic_write import write_all
-from rollout_consistency.output_paths import OutputPathError, check_output_paths
+from rollout_consistency.safeguards.atomic_write import write_all
+from rollout_consistency.safeguards.output_paths import OutputPathError, check_output_paths
 
 from .engine import FILES_PER_JOB, LintUsageError, lint_paths
 from .output import FORMATS, render

@@ -5,7 +5,7 @@ the engine, `--select`/`--ignore`, suppression comments, SARIF and `--list-rules
 
 from __future__ import annotations
 
-from rollout_consistency.registry import Registry
+from rollout_consistency.base.registry import Registry
 
 from . import amp, flags, latents, recompute, rope, seeds
 from .model import Rule

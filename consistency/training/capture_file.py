@@ -15,8 +15,8 @@ import json
 import os
 from typing import Any, BinaryIO
 
-from rollout_consistency.memory_budget import check_fits
-from rollout_consistency.paths import open_regular
+from rollout_consistency.safeguards.memory_budget import check_fits
+from rollout_consistency.safeguards.paths import open_regular
 
 __all__ = ["MAX_HEADER_BYTES", "CaptureFormatError", "read_checked", "write_checked"]
 
@@ -44,8 +44,8 @@ def read_checked(path: str | os.PathLike[str], format_name: str, version: int) -
 
     Raises:
         FileNotFoundError: no such file.
-        rollout_consistency.paths.InputPathError: a FIFO, a device, a socket, or a permission error.
-        rollout_consistency.memory_budget.MemoryBudgetError: the payload cannot fit the memory left.
+        rollout_consistency.safeguards.paths.InputPathError: a FIFO, a device, a socket, or a permission error.
+        rollout_consistency.safeguards.memory_budget.MemoryBudgetError: the payload cannot fit the memory left.
         CaptureFormatError: empty, truncated, trailing bytes, checksum mismatch, another format or version.
     """
 

@@ -28,7 +28,7 @@ def case_files() -> list[Path]:
 
 
 def load_case(path: Path) -> dict[str, Any]:
-    from rollout_consistency.object_spec import load_object
+    from rollout_consistency.safeguards.object_spec import load_object
 
     return dict(load_object(f"{path}:CASE"))
 

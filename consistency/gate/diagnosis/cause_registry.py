@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollout_consistency.registry import Registry, markdown_table
+from rollout_consistency.base.registry import Registry, markdown_table
 
 __all__ = ["CAUSES", "Cause", "causes_table", "fixes", "localised_summaries", "summaries"]
 

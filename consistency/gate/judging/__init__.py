@@ -18,7 +18,7 @@ one `JudgingSettings`, built from the config at the check's top; numpy only.
 
 from __future__ import annotations
 
-from rollout_consistency.registry import Registry
+from rollout_consistency.base.registry import Registry
 
 from .causes import Diagnosis
 from .loggers import LOGGED_NAMES, LoggerError, tracker_rows, tracker_scalars

@@ -59,7 +59,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from rollout_consistency.registry import Registry, markdown_table
+from rollout_consistency.base.registry import Registry, markdown_table
 
 from .views import POOLS, Entries, Indicator, Layout, Pooled, as_table
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.registry import Registry, markdown_table
+from rollout_consistency.base.registry import Registry, markdown_table
 
 from .views import key_table, row_sums
 

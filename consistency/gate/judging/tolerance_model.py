@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.object_spec import is_object_spec
+from rollout_consistency.safeguards.object_spec import is_object_spec
 
 from .metrics import METRICS, ConsistencyMetrics, MetricsInputError, MetricValues, compute_metrics
 from .settings import JudgingSettings

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_consistency.registry import Registry, closest_name
+from rollout_consistency.base.registry import Registry, closest_name
 
 from .metrics import METRICS, Metric, MetricValues
 

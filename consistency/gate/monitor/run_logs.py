@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_consistency.paths import special_kind
+from rollout_consistency.safeguards.paths import special_kind
 
 __all__ = ["FORMATS", "RunLog", "RunLogError", "RunReader", "open_run", "read_run"]
 

@@ -168,15 +168,15 @@ def start_backend(config: CheckConfig, side: str) -> Any:
     """
     import importlib
 
-    from rollout_consistency.fence import fenced
-    from rollout_consistency.object_spec import SpecError, load_object
+    from rollout_consistency.safeguards.fence import fenced
+    from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
     name = getattr(config, f"{side}_backend")
     if is_plugin_spec(name):
         return None
     entry = get_backend(side, name)
     module, _, function = entry.factory.rpartition(":")
-    # A backend registered from the user's own code is user code: fenced like a plug-in's (rollout_consistency.fence).
+    # A backend registered from the user's own code is user code: fenced like a plug-in's (rollout_consistency.safeguards.fence).
     owner, timeout_s = f"{side}_backend {name!r}", config.user_code_timeout_s
     try:
         if module.endswith(".py"):  # a file: loaded as a module of its own

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rollout_consistency.supervisor import announce_temp
+from rollout_consistency.safeguards.supervisor import announce_temp
 
 from .ray_connect import DistributedError, check_reachable
 
@@ -305,7 +305,7 @@ def _run_on_ray(work, shards, setup, workers, ray_address, on_result) -> Sharded
 def _setup_failure(error: BaseException) -> Exception:
     """The error to raise for a worker whose setup failed: Ray hands back only the actor's traceback as text, whose
     last line is the exception; user code that ended or overran its call stays that usage error."""
-    from rollout_consistency.fence import UserCodeExit, UserCodeTimeout
+    from rollout_consistency.safeguards.fence import UserCodeExit, UserCodeTimeout
 
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     last = lines[-1] if lines else type(error).__name__

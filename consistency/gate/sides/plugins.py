@@ -2,13 +2,13 @@
 """Plug-in backends: the user's own sampling and log-prob code inside the checker's plan.
 
 ``rollout_backend`` and ``trainer_backend`` take, besides the built-in names, an object spec
-``"package.module:factory"`` (or ``"path/to/file.py:factory"``; `rollout_consistency.object_spec`). The
+``"package.module:factory"`` (or ``"path/to/file.py:factory"``; `rollout_consistency.safeguards.object_spec`). The
 factory is called once per worker (in this process, or on each Ray actor) as ``factory(config=CheckConfig)``
 (``config`` only if its signature takes it) and returns the side. Each side may be a function, an object with
 the side's method (``rollout`` / ``recompute_log_probs``, preferred over ``__call__``: an ``nn.Module``'s
 ``__call__`` is its forward) or a callable object (`ACCEPTED_SHAPES`);
 ``rollout-consistency plugin-template`` writes a working pair. Every call into the plug-in is fenced
-(`rollout_consistency.fence`): ``sys.exit`` is a usage error naming the call, and each call is bounded by
+(`rollout_consistency.safeguards.fence`): ``sys.exit`` is a usage error naming the call, and each call is bounded by
 ``user_code_timeout_s``.
 
 **Rollout plug-in** — ``rollout(request: RolloutRequest) -> Trajectory | PluginRollout``, called once per
@@ -184,8 +184,8 @@ class PluginSides:
     timeout_s: float | None = None
 
     def call_rollout(self, request: RolloutRequest) -> Any:
-        """The rollout plug-in on one request, fenced (`rollout_consistency.fence`)."""
-        from rollout_consistency.fence import fenced
+        """The rollout plug-in on one request, fenced (`rollout_consistency.safeguards.fence`)."""
+        from rollout_consistency.safeguards.fence import fenced
 
         call, takes = _resolve_call(self.rollout, "rollout")
         what = f"{takes}(request) on rollout batch {request.batch}"
@@ -194,8 +194,8 @@ class PluginSides:
 
     def call_trainer(self, batch: Any, micro_batch_size: int) -> Any:
         """The trainer plug-in on one batch, fenced; ``micro_batch_size`` only when its signature takes it."""
-        from rollout_consistency.fence import fenced
-        from rollout_consistency.object_spec import call_with_supported_kwargs
+        from rollout_consistency.safeguards.fence import fenced
+        from rollout_consistency.safeguards.object_spec import call_with_supported_kwargs
 
         call, takes = _resolve_call(self.trainer, "trainer")
         what = f"{takes}(batch, micro_batch_size={micro_batch_size})"
@@ -212,7 +212,7 @@ class PluginSides:
 def _naming_errors(owner: str, what: str) -> Iterator[None]:
     """An exception of the user's call as a usage error (exit 2) naming the plug-in and the call: the user's
     bug, not ours (`--debug` still shows its traceback). Out-of-memory keeps its own message."""
-    from rollout_consistency.fence import UserCodeError
+    from rollout_consistency.safeguards.fence import UserCodeError
 
     try:
         yield
@@ -237,18 +237,18 @@ def _resolve_call(plugin: Any, side: str) -> tuple[Any, str]:
 def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
     """Import the factory named by `spec` and build the `side` (``"rollout"``/``"trainer"``) plug-in.
 
-    The import, the factory call and every later call into the plug-in are fenced (`rollout_consistency.fence`):
+    The import, the factory call and every later call into the plug-in are fenced (`rollout_consistency.safeguards.fence`):
     a ``sys.exit`` in them is a usage error, and each is bounded by ``config.user_code_timeout_s``. The file
     of a ``file.py:factory`` spec is imported once per process with its folder importable
-    (`rollout_consistency.object_spec`), so a rollout and a trainer in one file share its module state.
+    (`rollout_consistency.safeguards.object_spec`), so a rollout and a trainer in one file share its module state.
 
     Raises:
         PluginError: the spec cannot be resolved, the factory fails to accept ``config``, or it returns
             something that is none of the `ACCEPTED_SHAPES` (the message shows a 5-line example).
-        rollout_consistency.fence.UserCodeError: the import or the factory raised SystemExit or overran.
+        rollout_consistency.safeguards.fence.UserCodeError: the import or the factory raised SystemExit or overran.
     """
-    from rollout_consistency.fence import fenced
-    from rollout_consistency.object_spec import SpecError, call_with_supported_kwargs, load_object
+    from rollout_consistency.safeguards.fence import fenced
+    from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
 
     owner = f"{side}_backend {spec!r}"
     timeout = config.user_code_timeout_s
@@ -407,7 +407,7 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
 
 def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
     """The trainer plug-in's optional ``experts(batch)`` (one name per stored step), checked against `shape`."""
-    from rollout_consistency.fence import fenced
+    from rollout_consistency.safeguards.fence import fenced
 
     sides = backend.plugins
     report = getattr(sides.trainer, "experts", None)

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_consistency.builtin_families import BUILTIN_FAMILIES, builtin_option_keys
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES, builtin_option_keys
 from rollout_consistency.gate.config import ConfigError
 
 __all__ = ["FAMILY_OPTION_KEYS", "check_explicit_family", "check_family_options", "unknown_family_options"]
 
-#: The `family_options` keys each built-in family reads (`rollout_consistency.builtin_families`, its records).
+#: The `family_options` keys each built-in family reads (`rollout_consistency.base.builtin_families`, its records).
 FAMILY_OPTION_KEYS: Mapping[str, frozenset[str]] = {
     entry.name: entry.option_keys for entry in BUILTIN_FAMILIES.values()
 }

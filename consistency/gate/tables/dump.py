@@ -21,9 +21,9 @@ Metadata key ``tables_sha256``: the SHA-256 of the tensors (each one's name, dty
 order), written by `write_dump` and checked by `read_dump` when present: a dump changed after it was written is
 refused. Other metadata keys (strings) are kept and shown in the report's notes. Reading validates the header —
 format, version, tensor names, dtypes and shapes, the data's extent against the file's size — and checks that
-gating that many cells fits the memory left (`rollout_consistency.memory_budget`) before any data is loaded,
+gating that many cells fits the memory left (`rollout_consistency.safeguards.memory_budget`) before any data is loaded,
 then the values (timesteps and advantages finite, window starts >= 0, ids unique); every error is one line
-naming the fix. A FIFO, a device or a socket is refused unread (`rollout_consistency.paths`). NaN/inf
+naming the fix. A FIFO, a device or a socket is refused unread (`rollout_consistency.safeguards.paths`). NaN/inf
 *log-probs* are allowed: they are a finding, and the gate FAILs them (``finite``). A dump the in-loop recorder
 wrote carries its coverage (`rollout_consistency.gate.tables.coverage`). Adding an optional tensor keeps
 version 1; renaming or removing one, or changing a dtype, bumps it.
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.atomic_write import write_all
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
-from rollout_consistency.memory_budget import check_fits
-from rollout_consistency.paths import open_regular
+from rollout_consistency.safeguards.atomic_write import write_all
+from rollout_consistency.safeguards.memory_budget import check_fits
+from rollout_consistency.safeguards.paths import open_regular
 
 from . import api
 from .coverage import COVERAGE_KEY, parse_coverage, settings_with_coverage
@@ -120,7 +120,7 @@ def write_dump(
     **columns: Any,
 ) -> Path:
     """Write a dump (format version 1), atomically: a reader never sees half a file
-    (`rollout_consistency.atomic_write.write_all`).
+    (`rollout_consistency.safeguards.atomic_write.write_all`).
 
     Args:
         path: the ``.safetensors`` file to write (its directory is created; ``/dev/null`` discards it; a device
@@ -142,7 +142,7 @@ def write_dump(
             later): nothing is written.
         OSError: the disk is full, a file-size limit, no permission: one line naming the path, with its errno
             (the command line exits 2 with it); nothing is written and no temporary file is left.
-        rollout_consistency.output_paths.OutputPathError: `path` is a directory or a device other than
+        rollout_consistency.safeguards.output_paths.OutputPathError: `path` is a directory or a device other than
             ``/dev/null``.
     """
     unknown = sorted(set(columns) - set(_SPEC))

@@ -3,7 +3,7 @@
 
 Inside a pytest session a plug-in's ``os._exit(0)`` would end the session with exit 0 — a green CI job with
 nothing checked — and a call stuck in C code would hang it. [`call_supervised`] runs ``function(*args)`` in a
-fresh interpreter under the command line's supervisor (`rollout_consistency.supervisor`: the bounds enforced from
+fresh interpreter under the command line's supervisor (`rollout_consistency.safeguards.supervisor`: the bounds enforced from
 outside, the verdict handed over, temporary files removed) and returns its result; an error, an early end or a
 hang of user code comes back as a [`SupervisedCallError`] with its one line.
 
@@ -24,12 +24,12 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from rollout_consistency.cli_guard import EXIT_USAGE, guarded
-from rollout_consistency.supervisor import exit_now, run_supervised
+from rollout_consistency.safeguards.cli_guard import EXIT_USAGE, guarded
+from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
 __all__ = ["SupervisedCallError", "call_supervised", "serve_call"]
 
-_ENTRY = "from rollout_consistency.supervised_call import serve_call; serve_call()"
+_ENTRY = "from rollout_consistency.safeguards.supervised_call import serve_call; serve_call()"
 
 
 class SupervisedCallError(RuntimeError):

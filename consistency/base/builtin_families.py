@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollout_consistency.registry import Registry
+from rollout_consistency.base.registry import Registry
 
 __all__ = ["BUILTIN_FAMILIES", "BuiltinFamily", "builtin_option_keys"]
 

@@ -2,7 +2,7 @@
 """All-or-nothing report files: every output is written in full first, then all are put in place together.
 
 [`write_all`] takes ``(target, write)`` pairs, where ``write(temp_path)`` writes one report (JSON, JUnit XML, a
-PNG) to the path it is given. A target is an `rollout_consistency.output_paths.OutputTarget` (a command resolves
+PNG) to the path it is given. A target is an `rollout_consistency.safeguards.output_paths.OutputTarget` (a command resolves
 its outputs when it starts, `check_output_paths`) or a path, resolved here:
 
 * a file goes to a fresh temporary file in its target's directory (same file system, so the rename is
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from rollout_consistency.output_paths import OutputTarget, resolve_output
-from rollout_consistency.supervisor import announce_temp
+from rollout_consistency.safeguards.output_paths import OutputTarget, resolve_output
+from rollout_consistency.safeguards.supervisor import announce_temp
 
 __all__ = ["LOCK_WAIT_S", "TEMP_PREFIX", "reports_lock", "write_all"]
 
@@ -61,7 +61,7 @@ def write_all(writes: Iterable[tuple[Target, Callable[[str], None]]]) -> list[Ou
     Raises:
         OSError: a write, a copy to a stream or a rename failed (no file was renamed into place, no temporary
             file is left), or whatever ``write`` raised. KeyboardInterrupt leaves nothing behind either.
-        rollout_consistency.output_paths.OutputPathError: a path that cannot be a report (a directory, a device
+        rollout_consistency.safeguards.output_paths.OutputPathError: a path that cannot be a report (a directory, a device
             other than ``/dev/null``, a socket), before anything is written.
     """
     pending: list[tuple[OutputTarget, str]] = []

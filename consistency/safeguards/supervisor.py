@@ -2,7 +2,7 @@
 """The command line's supervisor: an exit code of 0 only for a verdict that was produced and written.
 
 User code runs inside the command (plug-ins, factories, a weight sync, a checkpointing SPEC). The fence
-(`rollout_consistency.fence`) turns its ``sys.exit`` into a usage error, but nothing inside a process can stop
+(`rollout_consistency.safeguards.fence`) turns its ``sys.exit`` into a usage error, but nothing inside a process can stop
 ``os._exit(0)``, a kill, or a call stuck in C code. So the process the user started only supervises:
 [`run_supervised`] forks, the child runs the command, and when the command has returned — its verdict decided
 and its reports written — the child hands the exit code to the parent over a pipe. The parent exits with that
@@ -24,7 +24,7 @@ how it ended and which call into user code was running (the fence leaves a bread
 * Output streams straight from the child (it inherits stdout and stderr); the parent writes only its own lines.
 * Ctrl-C, SIGTERM and SIGHUP: the parent forwards them to the child, which interrupts as before (exit 130,
   temporary files and Ray processes removed); a terminal's Ctrl-C reaches both, and the child treats a second
-  signal within a second as the same one (`rollout_consistency.cli_guard`).
+  signal within a second as the same one (`rollout_consistency.safeguards.cli_guard`).
 * **Forking only where it is safe.** A process that runs other threads cannot be forked safely: a lock another
   thread held at the fork stays held in the child, and torch's OpenMP pool hangs the child's first parallel
   operation (the child deadlocked when `main()` was called from such a process). There [`run_supervised`] starts
@@ -33,7 +33,7 @@ how it ended and which call into user code was running (the fence leaves a bread
   docs/performance.md ("Command-line supervisor").
 * Without ``os.fork`` (Windows) the command runs in this process, fenced but unsupervised.
 
-`rollout_consistency.supervised_call` runs one function call the same way, in a fresh interpreter (the pytest
+`rollout_consistency.safeguards.supervised_call` runs one function call the same way, in a fresh interpreter (the pytest
 plugin's checks of user code).
 """
 

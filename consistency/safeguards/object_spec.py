@@ -9,7 +9,7 @@ A file is imported **once per process**, with **its own folder importable** (put
 ``python path/to/file.py`` does): two specs naming one file — a rollout and a trainer plug-in — get the same
 module, so module-level state is shared, and the file may ``import`` its neighbours. It is imported under its
 own name (``my_loop.py`` as ``my_loop``, so a neighbour's ``import my_loop`` gets the same module) unless that
-name is taken by another module. The import is fenced (`rollout_consistency.fence`): a ``sys.exit`` at the
+name is taken by another module. The import is fenced (`rollout_consistency.safeguards.fence`): a ``sys.exit`` at the
 module's top level is a usage error, not the end of the run.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollout_consistency.fence import fenced
-from rollout_consistency.paths import special_kind
+from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.paths import special_kind
 
 __all__ = ["SpecError", "call_with_supported_kwargs", "is_object_spec", "load_object", "spec_file", "spec_source"]
 
@@ -59,11 +59,11 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
     Args:
         spec: the spec.
         owner: who names it, for the fence's messages (default ``"spec '<spec>'"``).
-        timeout_s: bound on the import (`rollout_consistency.fence`; ``None``: unbounded).
+        timeout_s: bound on the import (`rollout_consistency.safeguards.fence`; ``None``: unbounded).
 
     Raises:
         SpecError: malformed spec, module or file not importable (or a FIFO, a device), attribute missing.
-        rollout_consistency.fence.UserCodeError: the module's import raised SystemExit or overran `timeout_s`.
+        rollout_consistency.safeguards.fence.UserCodeError: the module's import raised SystemExit or overran `timeout_s`.
     """
 
     module_part, sep, attr_part = spec.rpartition(":")
@@ -96,7 +96,7 @@ def load_object(spec: str, *, owner: str | None = None, timeout_s: float | None 
 def spec_source(spec: str | None) -> str | None:
     """The source file a spec's module lives in, found without importing or running anything (None when the
     spec is not one, or its module is not found the way `load_object` would find it). Commands refuse to write a
-    report over it (`rollout_consistency.output_paths`)."""
+    report over it (`rollout_consistency.safeguards.output_paths`)."""
     module_part = (spec or "").rpartition(":")[0]
     if not module_part:
         return None

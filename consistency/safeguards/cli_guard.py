@@ -14,8 +14,8 @@
 
 A closed stdout or stderr (``rollout-consistency check --json r.json 2>&1 | head``) is not an error: further
 output is discarded and the exit code stays the verdict's. User code that ends or overruns a fenced call
-(`rollout_consistency.fence`), an input path that is a FIFO, a device or a socket (`rollout_consistency.paths`)
-and an input too large for the memory left (`rollout_consistency.memory_budget`) are usage errors (2); an
+(`rollout_consistency.safeguards.fence`), an input path that is a FIFO, a device or a socket (`rollout_consistency.safeguards.paths`)
+and an input too large for the memory left (`rollout_consistency.safeguards.memory_budget`) are usage errors (2); an
 out-of-memory error names a fix that fits the command.
 """
 
@@ -31,9 +31,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
-from rollout_consistency.fence import UserCodeError
-from rollout_consistency.memory_budget import MemoryBudgetError
-from rollout_consistency.paths import InputPathError
+from rollout_consistency.safeguards.fence import UserCodeError
+from rollout_consistency.safeguards.memory_budget import MemoryBudgetError
+from rollout_consistency.safeguards.paths import InputPathError
 
 __all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_PASS", "EXIT_USAGE", "guarded", "split_debug"]
 

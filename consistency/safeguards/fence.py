@@ -15,7 +15,7 @@ its arguments at module level does), and exit 0 is what CI reads as PASS. Every 
   naming the setting that bounds it. The timer is ``SIGALRM`` (``setitimer``), so it applies on the main
   thread of a process whose ``SIGALRM`` is free (the command line's, a Ray actor's); elsewhere — another
   thread, or a test runner that holds ``SIGALRM`` itself (pytest-timeout) — the call runs unbounded in
-  process. Under a supervisor (`rollout_consistency.supervisor`: the command line, the pytest plugin's checks
+  process. Under a supervisor (`rollout_consistency.safeguards.supervisor`: the command line, the pytest plugin's checks
   of user code) the bound is also enforced from outside: each call's breadcrumb carries it, and a call that
   ignores the timer — stuck in C code (a deadlocked collective), ``SIGALRM`` blocked or replaced — is killed
   with its process 2 s later (`supervisor.KILL_GRACE_S`) and reported the same way (exit 2 naming the call and the setting).
@@ -31,7 +31,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from rollout_consistency import supervisor
+from rollout_consistency.safeguards import supervisor
 
 __all__ = ["DEFAULT_TIMEOUT_S", "UserCodeError", "UserCodeExit", "UserCodeTimeout", "fenced"]
 

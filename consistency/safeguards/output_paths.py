@@ -4,7 +4,7 @@ not the command's to write.
 
 Every command that writes a file (``--json``, ``--junit``, ``--plot``, ``--output``) calls
 [`check_output_paths`] before any work and hands the [`OutputTarget`] it returns to
-`rollout_consistency.atomic_write.write_all`. A target is one of four kinds:
+`rollout_consistency.safeguards.atomic_write.write_all`. A target is one of four kinds:
 
 * ``"file"``: a regular file or a new one. Its path is made absolute and its symlinks resolved *now*, so a
   plug-in that changes the working directory cannot move the report, and a symlink's target is written (the
@@ -33,7 +33,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rollout_consistency.supervisor import is_channel
+from rollout_consistency.safeguards.supervisor import is_channel
 
 __all__ = ["OutputPathError", "OutputTarget", "check_output_paths", "resolve_output"]
 
