@@ -242,6 +242,10 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
         "rollout_consistency.gate.sides.backends",
     ): "the template's load_pipeline is the part a user replaces with their own: its imports travel with it",
     ("rollout_consistency.commands.check", "rollout_consistency.gate.check"): _PARALLEL,
+    (
+        "rollout_consistency.gate.diagnosis.settings",
+        "rollout_consistency.gate.sides.backends",
+    ): "the doctor's settings are built where the command line starts; the sides load only when a replay builds them",
     ("rollout_consistency.commands.check", "rollout_consistency.gate.sides.trajectory_checks"): _PARALLEL,
     ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
     ("rollout_consistency.gate.config", "rollout_consistency.safeguards.paths"): _PARALLEL,

@@ -12,5 +12,28 @@
     object_spec      loading a ``module:attribute`` or ``file.py:attribute`` spec
 
 Each module imports nothing of ours but this folder's modules (``supervised_call`` sits with the entry points'
-layer: it runs the supervisor), so every layer may use them. Importing this package loads none of them.
+layer: it runs the supervisor), so every layer may use them. Importing this package loads none of them: each is imported on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "atomic_write",
+    "cli_guard",
+    "fence",
+    "memory_budget",
+    "object_spec",
+    "output_paths",
+    "paths",
+    "supervised_call",
+    "supervisor",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -178,7 +178,7 @@ for _cause in (
             "use one log-prob convention on both sides: the mean over all non-batch dims, the same Gaussian "
             "normaliser (include_normalizer) and the same std"
         ),
-        kinds=("table-step-offset", "replay-stage", "replay-step"),
+        kinds=("table-step-offset", "table-ratio", "replay-stage", "replay-step"),
         replay_summary="Everything up to the log-prob agrees; the log-prob's formula (normaliser, std) differs.",
     ),
     Cause(

@@ -31,6 +31,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .module_state import module_state, state_differences
+from .replay import (
+    BLOCK_SAMPLE,
+    _row_sample,
+    _rows,
+    _watch_point,
+    preserved_state,
+    run_rollout,
+    run_trainer,
+    set_rng_state,
+    watched_sides,
+)
 from .settings import DiagnosisSettings
 
 #: Inputs and outputs keep at most this many values per module (strided) for the size of a difference; equality
@@ -83,8 +95,6 @@ def look_inside(
     """
     import torch
 
-    from .replay import preserved_state, run_rollout, run_trainer, set_rng_state, watched_sides
-
     if replay.rollout_output is None or set(replay.rng) != {"rollout", "trainer"}:
         return None
     start = time.perf_counter()
@@ -119,8 +129,6 @@ def look_inside(
 def compare_inside(rollout: Mapping[str, ModuleRecord], trainer: Mapping[str, ModuleRecord]) -> dict[str, Any]:
     """The first module (in the order modules finish) whose inputs agree and outputs differ, and the state
     differences at or under it and elsewhere among the modules both sides ran (JSON-able)."""
-    from .module_state import state_differences
-
     names = [r.name for r in sorted(rollout.values(), key=lambda r: r.order) if r.name in trainer]
     first = None
     for name in names:
@@ -177,9 +185,6 @@ def _region(core: Any, stage: str) -> list[tuple[str, Any]]:
 def _watch_region(model: Any, stage: str, call: int, row: int) -> Iterator[_Watch | None]:
     """Record the region's modules during forward `call` of `model`'s transformer, at `row`; stop after it."""
     import torch
-
-    from .module_state import module_state
-    from .replay import BLOCK_SAMPLE, _row_sample, _rows, _watch_point
 
     core, with_blocks = _watch_point(model)
     region = _region(core, stage) if with_blocks else []

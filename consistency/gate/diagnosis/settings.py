@@ -12,9 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rollout_consistency.gate.config import CheckConfig
-from rollout_consistency.gate.sides.shared import Backend
+
+if TYPE_CHECKING:  # the sides load when a replay builds them, not when the command line starts
+    from rollout_consistency.gate.sides.shared import Backend
 
 __all__ = ["DiagnosisSettings"]
 
