@@ -6,7 +6,8 @@ Cause ids are stable (tests and dashboards key on them). The ``--inject`` names 
 (``bf16-latents``, ``stepwise-bf16``, ``mask-sum-rope``, ``per-request-window``); what a replay or the tables
 can name in users' code (``guidance-mismatch``, ``noise-level-mismatch``, ``sde-type-mismatch``, ``step-index``,
 ``logprob-reduction``, ``logprob-offset``, ``logprob-convention``, ``model-input``, ``text-conditioning``,
-``misaligned-batch``, ``different-weights``, ``forward-precision``, ``settings-mismatch``); the two causes that
+``misaligned-batch``, ``different-weights``, ``forward-precision``, ``schedule-shift``, ``prediction-precision``,
+``settings-mismatch``); the two causes that
 are no bug (`NOT_A_BUG`: ``attention-kernel``, ``batch-composition``), named only where the report records, or
 the replay measured, that the sides' kernels or batches differ; ``different-computation`` (the sides differ and
 the evidence cannot say where); ``expert-switch`` (Wan 2.2: the sides scored a step with different experts);
@@ -88,6 +89,14 @@ FIXES: dict[str, str] = {
     ),
     "noise-level-mismatch": "use one noise_level on both sides: the trainer should read the rollout's stored value",
     "sde-type-mismatch": "use one sde_type (sde / cps / dance_sde) on both sides: the trainer should read the rollout's",
+    "schedule-shift": (
+        "build one sigma schedule for both sides: the same shift (or dynamic-shifting mu) and the same base, from one "
+        "shared function; the trainer should take each step's sigma from the rollout's stored schedule, not rebuild it"
+    ),
+    "prediction-precision": (
+        "keep the noise prediction float32 from the forward to the step on both sides: cast the transformer's output "
+        "with noise_pred.float() before CFG, and combine and step in float32"
+    ),
     "step-index": (
         "score stored step k with step k's timestep and sigma: look the sigma up by the stored timestep value "
         "(scheduler.index_for_timestep), never by a separate or shifted counter"
@@ -163,8 +172,9 @@ FIXES: dict[str, str] = {
 LOCALISED_FIXES: dict[str, str] = {
     "different-computation": (
         "the replay ran both sides' own code and no setting it measures explains the difference: compare the two "
-        "sides' code where the evidence points (a step outside the model: the sample the trainer scores, its "
-        "next_latents / prev_sample, against the one the rollout stored and stepped to, and the step's arguments)"
+        "sides' code where the evidence points (the step outside the model: how each side combines its predictions "
+        "for CFG, the sigmas it steps with, the sample it scores against the one the rollout stored, and the step's "
+        "arguments)"
     ),
 }
 
