@@ -63,21 +63,42 @@ def test_no_shift_is_claimed_for_a_schedule_built_another_way():
 
 
 # ----------------------------------------------------------------------------------------------------
-def make_units(settings: step_fit.StepSettings, sigmas, *, passes: int = 2, seed: int = 0) -> list[step_fit.UnitData]:
-    """Units whose log-probs are those of `settings` on `sigmas`: latents, forward outputs and a drawn next sample."""
+def combine(cond, uncond, change: dict) -> torch.Tensor:
+    """The combined prediction as users' code computes it (written here, apart from the step fit's own maths)."""
+    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+
+    if change.get("rounding") == "outputs":
+        cond, uncond = cond.to(torch.bfloat16), uncond.to(torch.bfloat16)
+    v = uncond + 4.5 * (cond - uncond)
+    if "guidance_rescale" in change:
+        v = rescale_noise_cfg(v.view(1, -1), cond.view(1, -1), guidance_rescale=change["guidance_rescale"]).view(-1)
+    if "cfg_renorm" in change:
+        v = v * (change["cfg_renorm"] * cond.norm() / v.norm())
+    if "cfg_renorm_max" in change:  # Lumina's renorm_cfg
+        max_new_norm = change["cfg_renorm_max"] * cond.norm()
+        if v.norm() >= max_new_norm:
+            v = v * (max_new_norm / v.norm())
+    return v.double()
+
+
+def make_units(change: dict, sigmas, *, seed: int = 0) -> list[step_fit.UnitData]:
+    """Units whose log-probs are those of the SDE step at noise level 0.7 on `sigmas` time-shifted by
+    ``change["shift"]`` (if given), with the prediction combined as `change` says."""
     generator = torch.Generator().manual_seed(seed)
     units = []
-    shifted = sigma_schedules.shift_schedule(sigmas, settings.shift)
+    shifted = sigma_schedules.shift_schedule(sigmas, change.get("shift", 1.0))
     for _ in range(3):
         for step in range(1, STEPS):
             x = torch.randn(64, generator=generator, dtype=torch.float64)
-            outputs = tuple(torch.randn(64, generator=generator, dtype=torch.float64) for _ in range(passes))
-            draft = step_fit.UnitData(x, outputs, (1, 16, 4), x, step, 0.0)
-            v = step_fit.velocity(draft, settings, 0)
+            cond, uncond = (torch.randn(64, generator=generator, dtype=torch.float64) for _ in range(2))
+            v = combine(cond, uncond, change)
             a, b, std = step_fit.transition(shifted[step], shifted[step + 1], shifted[1], 0.7, "sde")
-            x_next = a * x + b * v + std * torch.randn(64, generator=generator, dtype=torch.float64)
-            unit = dataclasses.replace(draft, x_next=x_next)
-            units.append(dataclasses.replace(unit, log_prob=step_fit.log_prob(unit, settings, sigmas)))
+            mean = a * x + b * v
+            x_next = mean + std * torch.randn(64, generator=generator, dtype=torch.float64)
+            log_prob = float(
+                -((x_next - mean) ** 2).mean() / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+            )
+            units.append(step_fit.UnitData(x, (cond, uncond), (1, 16, 4), x_next, step, log_prob))
     return units
 
 
@@ -86,22 +107,20 @@ BASE = step_fit.StepSettings(0.7, "sde", guidance=4.5)
 
 
 def test_the_step_fit_reproduces_a_side_on_its_own_shifted_schedule():
-    own = dataclasses.replace(BASE, shift=0.4)
-    fit = step_fit.fit_side(make_units(own, PLAN), BASE, PLAN)
+    fit = step_fit.fit_side(make_units({"shift": 0.4}, PLAN), BASE, PLAN)
     assert fit.baseline_error > 1e-3  # on the plan's schedule the side is not reproduced
     assert fit.settings.shift == pytest.approx(0.4, rel=1e-4) and fit.error < 1e-7, fit
 
 
 @pytest.mark.parametrize(
     "change",
-    [dict(guidance_rescale=0.7), dict(cfg_renorm=1.0), dict(cfg_renorm_max=5.7), dict(rounding="outputs")],
+    [dict(guidance_rescale=0.7), dict(cfg_renorm=8.0), dict(cfg_renorm_max=5.7), dict(rounding="outputs")],
     ids=lambda c: next(iter(c)),
 )
 def test_the_step_fit_finds_the_sides_cfg_combination(change):
-    own = dataclasses.replace(BASE, **change)
-    units = make_units(own, PLAN)
+    units = make_units(change, PLAN)
     if "cfg_renorm_max" in change:  # a clamp that holds some units and not others: no one scale reproduces it
-        ratios = [float(step_fit.velocity(u, BASE, 0).norm() / u.outputs[0].norm()) for u in units]
+        ratios = [float(combine(*u.outputs, {}).norm() / u.outputs[0].norm()) for u in units]
         assert min(ratios) < 5.7 < max(ratios), ratios
     fit = step_fit.fit_side(units, BASE, PLAN)
     assert fit.error < 1e-7 < fit.baseline_error, fit

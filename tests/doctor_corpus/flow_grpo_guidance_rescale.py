@@ -1,6 +1,7 @@
 """flow_grpo (SD3): the trainer applies diffusers' ``rescale_noise_cfg`` (``guidance_rescale=0.7``) after CFG; the
 sampler does not."""
 
+import torch
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
 
 from doctor_corpus.loops import FlowGRPOSampler, FlowGRPOTrainer, sde_step_with_logprob, settings
@@ -13,8 +14,8 @@ class Trainer(FlowGRPOTrainer):
 
     def compute_log_prob(self, sample, j, embeds, pooled_embeds):
         noise_pred = self.model(
-            hidden_states=torch_cat2(sample["latents"][:, j]),
-            timestep=torch_cat2(sample["timesteps"][:, j]),
+            hidden_states=torch.cat([sample["latents"][:, j]] * 2),
+            timestep=torch.cat([sample["timesteps"][:, j]] * 2),
             encoder_hidden_states=embeds,
             pooled_projections=pooled_embeds,
             return_dict=False,
@@ -31,12 +32,6 @@ class Trainer(FlowGRPOTrainer):
             noise_level=self.config.sample.noise_level,
         )
         return log_prob
-
-
-def torch_cat2(tensor):
-    import torch
-
-    return torch.cat([tensor] * 2)
 
 
 def make_rollout(config):

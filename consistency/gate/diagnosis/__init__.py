@@ -15,7 +15,9 @@ own code that finds the first stage where they part.
                       replay compared call by call
     replay            both sides' own code run once more on one batch, their models' forwards recorded by hooks
     call_match        the two sides' forwards paired by content for the same (sample, step)
-    step_fit          the step outside the model (noise level, SDE type, sigma, reduction) fitted to each side
+    step_fit          the step outside the model (CFG combination, noise level, SDE type, schedule, reduction)
+                      fitted to each side
+    sigma_schedules   a side's sigma schedule: shifted (odds scaled), its shift recovered where a known base holds
 """
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ _SHIFT_CANDIDATES = {
         "forward-precision",
         "noise-level-mismatch",
         "sde-type-mismatch",
+        "schedule-shift",
+        "prediction-precision",
     ),
     "both": (
         "guidance-mismatch",
@@ -52,8 +54,18 @@ _SHIFT_CANDIDATES = {
         "forward-precision",
         "noise-level-mismatch",
         "sde-type-mismatch",
+        "schedule-shift",
+        "prediction-precision",
     ),
-    "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input", "forward-precision"),
+    "higher": (
+        "noise-level-mismatch",
+        "sde-type-mismatch",
+        "guidance-mismatch",
+        "model-input",
+        "forward-precision",
+        "schedule-shift",
+        "prediction-precision",
+    ),
 }
 _SUMMARIES = {
     "bf16-latents": "Stored latents rounded to low precision after the log-prob was computed: the trainer scores "
@@ -68,6 +80,8 @@ _SUMMARIES = {
     "noise-level-mismatch": "The two sides step with different noise levels.",
     "sde-type-mismatch": "The two sides step with different SDE types.",
     "forward-precision": "The two sides' forwards run in different precisions (dtype or autocast).",
+    "schedule-shift": "The two sides step on different sigma schedules (another shift or time shift).",
+    "prediction-precision": "One side rounds its noise prediction to low precision before CFG or the step.",
     "mask-sum-rope": "The text RoPE length is taken from mask.sum() (valid tokens) while the embeddings are padded "
     "wider: the two sides rotate text tokens differently.",
 }

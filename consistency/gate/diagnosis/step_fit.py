@@ -2,8 +2,10 @@
 """Which step settings reproduce each side's log-probs from its own recorded forwards.
 
 When every model call of the two sides agrees and their log-probs still differ, the difference lies in the
-step outside the model: the CFG combination, the noise level, the SDE type, the sigma the step is taken at,
-the log-prob's reduction, normaliser or an offset. The replay recorded, for each (sample, step), the latents
+step outside the model: the CFG combination (scale, true CFG's per-token rescale, diffusers' ``guidance_rescale``,
+a renorm of the whole sample, predictions rounded to bfloat16 before CFG or the step), the noise level, the SDE
+type, the sigma schedule (a time shift of the plan's: `rollout_consistency.gate.diagnosis.sigma_schedules`) and
+the step index the step is taken at, the log-prob's reduction, normaliser or an offset. The replay recorded, for each (sample, step), the latents
 each side fed, each forward's output and (from the next step's forward) the sample the step produced; from
 these, every candidate setting gives a log-prob, and the one that reproduces a side's own table is what that
 side ran. Measured, not guessed: a side whose table no candidate reproduces is reported as such.
@@ -221,7 +223,7 @@ class _Units:
         return float(np.abs(diff).max()) if np.all(np.isfinite(diff)) else math.inf
 
     def _coefficients(self, settings: StepSettings):
-        sigmas = shift_schedule(self.sigmas, settings.shift)
+        sigmas = self.sigmas if settings.shift == 1.0 else shift_schedule(self.sigmas, settings.shift)
         rows = {}
         for step in set(self.steps):
             index = step + settings.step_offset
@@ -356,10 +358,10 @@ def _candidates(batch: _Units, start: StepSettings, order: int):
         yield dataclasses.replace(start, cfg_rescale=not start.cfg_rescale)
         if not start.cfg_rescale and not start.rounding:  # scales of the combination: cheap to fit
             yield fitted(start, "guidance_rescale", 0.0, 1.0)
-            yield fitted(start, "cfg_renorm", 0.25, 4.0)
+            yield fitted(start, "cfg_renorm", 0.25, 16.0)
             yield fitted(start, "cfg_renorm_max", 0.25, 16.0)
         elif start.cfg_rescale and not start.rounding:  # a renorm of the whole sample in place of the per-token one
-            yield fitted(dataclasses.replace(start, cfg_rescale=False), "cfg_renorm", 0.25, 4.0)
+            yield fitted(dataclasses.replace(start, cfg_rescale=False), "cfg_renorm", 0.25, 16.0)
             yield fitted(dataclasses.replace(start, cfg_rescale=False), "cfg_renorm_max", 0.25, 16.0)
     for rounding in ("outputs", "combined") if start.guidance is not None and batch.two_pass else ("outputs",):
         if rounding != start.rounding:
@@ -388,10 +390,15 @@ def _fit(batch: _Units, start: StepSettings, order: int, name: str, low: float, 
     i = min(range(len(grid)), key=values.__getitem__)
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(rounds):
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if loss(c) <= loss(d):
-            b = d
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    loss_c, loss_d = loss(c), loss(d)
+    for _ in range(rounds):  # one new evaluation per round: the kept point is the next round's other one
+        if loss_c <= loss_d:
+            b, d, loss_d = d, c, loss_c
+            c = b - ratio * (b - a)
+            loss_c = loss(c)
         else:
-            a = c
+            a, c, loss_c = c, d, loss_d
+            d = a + ratio * (b - a)
+            loss_d = loss(d)
     return (a + b) / 2
