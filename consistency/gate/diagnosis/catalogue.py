@@ -38,7 +38,7 @@ NOT_A_BUG = frozenset({"attention-kernel", "batch-composition"})
 CONFIDENCE: Mapping[str, float] = {
     "guard": 0.83,  # a failed guard names its cause (windows, experts, NaN, missing steps, dead workers, weights): 4/4
     "replay-stage": 0.92,  # the first stage where both sides' own forwards part, and what differs there: 11/11
-    "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
+    "replay-step": 0.93,  # every forward agrees; a step setting reproduces each side's table: 13/13
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
     "table-ratio": 0.67,  # trainer = c · rollout: 1/1
     "table-offset": 0.67,  # one constant everywhere: 1/1
@@ -46,7 +46,7 @@ CONFIDENCE: Mapping[str, float] = {
     "table-std": 0.5,  # Δ moves with the log-prob within a timestep: not measured
     "recorded-setting": 0.8,  # a signature and a setting the report records: 3/3
     "recorded-rounding": 0.5,  # rounding-sized, the report records different kernels or batches: not measured
-    "candidates": 0.86,  # a shift of the transition mean, shared by the candidates listed: 11/12 lists hold it
+    "candidates": 0.9,  # a shift of the transition mean, shared by the candidates listed: 17/18 lists hold it
     "unknown": 0.33,  # nothing separates the causes: 0/1
     "near-limit": 0.3,  # a PASS near its limit (no cause claimed)
 }
