@@ -27,6 +27,8 @@ def test_the_corpus_covers_the_bugs_users_write():
     assert len(CASES) >= 24
     causes = {load_case(path)["expected"] for path in CASES}
     required = {
+        "schedule-shift",
+        "prediction-precision",
         "guidance-mismatch",
         "noise-level-mismatch",
         "sde-type-mismatch",
@@ -74,9 +76,38 @@ def test_the_doctor_names_the_bug_in_a_users_loop(path):
         assert facts["replay"][f"{other}_max_abs"] == 0.0 < facts["replay"][f"{bugged}_max_abs"], facts["replay"]
     else:
         assert facts["replay"] == {"rollout_max_abs": 0.0, "trainer_max_abs": 0.0}
+    # No line asserts what the replay did not show (it never sees which sample a side scored).
+    assert not any(
+        "other than the one it stepped on" in e for d in case.localised_report.diagnosis for e in d["evidence"]
+    )
     # From the figures alone a difference is never called noise: no plug-in report records a kernel or batch
     # difference between the two sides.
     assert not NOT_A_BUG & {cause for cause, _ in case.figures}, case.figures
+
+
+#: What the stage evidence of a case must say: both sides' values, at the stage where they part.
+STAGE_EVIDENCE = {
+    "dance_grpo_time_shift": ("the rollout's from shift 3 over linspace(1, 0, 5)", "the trainer's from shift 1 over"),
+    "flow_grpo_scheduler_shift": ("the rollout's sigmas from shift 3 over", "the trainer's from shift 1 over"),
+    "flow_grpo_guidance_rescale": (
+        "CFG stage: the conditional and unconditional predictions agree bit for bit",
+        ("the trainer's uncond + 4.5·(cond − uncond), rescaled by guidance_rescale 0.7"),
+    ),
+    "verl_omni_cfg_renorm": (
+        "(cfg_rescale, cfg_renorm)",
+        "the trainer's uncond + 4·(cond − uncond), renormalised to 1·‖cond‖",
+    ),
+    "verl_omni_bf16_noise_pred": ("the rollout's is unrounded", "the trainer's rounded to bfloat16 before CFG"),
+    "dance_grpo_bf16_pred": ("the rollout's is unrounded", "the trainer's rounded to bfloat16 before the step"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_EVIDENCE))
+def test_the_evidence_names_both_sides_at_the_stage_where_they_part(name):
+    case = outcome(next(p for p in CASES if p.stem == name))
+    text = " ".join(case.localised_report.diagnosis[0]["evidence"])
+    for part in STAGE_EVIDENCE[name]:
+        assert part in text, text
 
 
 def test_gate_names_a_noise_level_mismatch_from_its_tables_not_bf16_latents():

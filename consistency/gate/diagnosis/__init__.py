@@ -19,7 +19,9 @@ own code that finds the first stage where they part.
     inside_block      inside the first differing block: the submodule where the sides part, one forward looked at
     module_state      a module's state as it runs (training, dropout, LoRA scaling, attention processor, dtype)
     call_match        the two sides' forwards paired by content for the same (sample, step)
-    step_fit          the step outside the model (noise level, SDE type, sigma, reduction) fitted to each side
+    step_fit          the step outside the model (CFG combination, noise level, SDE type, schedule, reduction)
+                      fitted to each side
+    sigma_schedules   a side's sigma schedule: shifted (odds scaled), its shift recovered where a known base holds
 """
 
 from __future__ import annotations

@@ -235,6 +235,27 @@ for _cause in (
         replay_summary="Same inputs, different precision: the two sides' forwards run in different dtypes or autocast.",
     ),
     Cause(
+        "schedule-shift",
+        summary="The two sides step on different sigma schedules (another shift or time shift).",
+        fix=(
+            "build one sigma schedule for both sides: the same shift (or dynamic-shifting mu) and the same base, from "
+            "one shared function; the trainer should take each step's sigma from the rollout's stored schedule, not "
+            "rebuild it"
+        ),
+        kinds=("candidates", "replay-stage", "replay-step"),
+        replay_summary=True,
+    ),
+    Cause(
+        "prediction-precision",
+        summary="One side rounds its noise prediction to low precision before CFG or the step.",
+        fix=(
+            "keep the noise prediction float32 from the forward to the step on both sides: cast the transformer's "
+            "output with noise_pred.float() before CFG, and combine and step in float32"
+        ),
+        kinds=("candidates", "replay-step"),
+        replay_summary=True,
+    ),
+    Cause(
         "train-mode",
         summary="A module runs in training mode on one side: its dropout is active there and not on the other.",
         fix=(

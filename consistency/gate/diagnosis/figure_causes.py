@@ -44,6 +44,8 @@ _SHIFT_CANDIDATES = {
         "forward-precision",
         "noise-level-mismatch",
         "sde-type-mismatch",
+        "schedule-shift",
+        "prediction-precision",
     ),
     "both": (
         "guidance-mismatch",
@@ -54,8 +56,18 @@ _SHIFT_CANDIDATES = {
         "forward-precision",
         "noise-level-mismatch",
         "sde-type-mismatch",
+        "schedule-shift",
+        "prediction-precision",
     ),
-    "higher": ("noise-level-mismatch", "sde-type-mismatch", "guidance-mismatch", "model-input", "forward-precision"),
+    "higher": (
+        "noise-level-mismatch",
+        "sde-type-mismatch",
+        "guidance-mismatch",
+        "model-input",
+        "forward-precision",
+        "schedule-shift",
+        "prediction-precision",
+    ),
 }
 _SUMMARIES = summaries()
 

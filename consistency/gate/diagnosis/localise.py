@@ -740,6 +740,13 @@ def _facts(replay, matching, units, worst, passes, compared) -> dict[str, Any]:
             break
     if "inputs.timestep" in worst and worst["inputs.timestep"].differs:
         facts["timestep_neighbour"] = _timestep_neighbour(replay, units, matching.step_values)
+        facts["fed_sigmas"] = {
+            "steps": len(context.sigmas) - 1,
+            **{
+                side: {str(k): v for k, v in sorted(_side_sigmas(replay, matching, units, side).items())}
+                for side in ("rollout", "trainer")
+            },
+        }
     for stage in _PER_SAMPLE_INPUTS:
         if stage in worst and worst[stage].differs:
             facts["misaligned"] = _misaligned(replay, matching, units, stage)
@@ -910,9 +917,17 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
 
     context = replay.context
     cfg = context.cfg_scale if context.cfg_scale > 1 else None
-    baseline = step_fit.StepSettings(context.noise_level, context.sde_type, guidance=cfg)
     import torch
 
+    # Each side's schedule as it fed its model; where it is not the plan's but a shift of it (a loop that builds
+    # its own schedule), that side's fit starts from that shift (and refits it: fed timesteps may be rounded).
+    schedules = {side: _side_sigmas(replay, matching, units, side) for side in ("rollout", "trainer")}
+    baselines = {
+        side: step_fit.StepSettings(
+            context.noise_level, context.sde_type, guidance=cfg, shift=_shift_of(context.sigmas, schedules[side])
+        )
+        for side in schedules
+    }
     data = {side: _unit_data(replay, matching, units, side) for side in ("rollout", "trainer")}
     table_diff = replay.trainer.log_probs - replay.rollout.log_probs
     disagreement = float(abs(table_diff).max()) if table_diff.size else 0.0
@@ -921,9 +936,9 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
     # tables best (fewest changes between them) is what the two sides ran.
     pairs = []
     for first, second in (("rollout", "trainer"), ("trainer", "rollout")):
-        a = step_fit.fit_side(data[first], baseline, context.sigmas, min_offset=significant)
+        a = step_fit.fit_side(data[first], baselines[first], context.sigmas, min_offset=significant)
         b = step_fit.fit_side(
-            data[second], baseline if a is None else a.settings, context.sigmas, min_offset=significant
+            data[second], baselines[second] if a is None else a.settings, context.sigmas, min_offset=significant
         )
         pairs.append({first: a, second: b})
         if a is not None and b is not None and max(a.error, b.error) <= 0.01 * disagreement:
@@ -945,6 +960,8 @@ def _step_fit(replay: Any, matching: Any, units: Sequence[Any]) -> dict[str, Any
     ]
     fits["rollout_next_rounded"] = _rounded_to(torch.cat(stepped)) if stepped else None
     fits["disagreement"] = disagreement
+    fits["sigmas"] = list(context.sigmas)  # the plan's: each fit's `shift` scales these
+    fits["fed"] = {side: {str(k): v for k, v in sorted(schedules[side].items())} for side in schedules}
     return fits
 
 
@@ -1010,6 +1027,42 @@ def _next_pairing(replay: Any, matching: Any, units: Sequence[Any], fit: Any) ->
 
         out.update(_key_pairing(replay, [u for u in units if (u.sample, u.step) in scored], value_of))
     return out
+
+
+def _side_sigmas(replay: Any, matching: Any, units: Sequence[Any], side: str) -> dict[int, float]:
+    """The sigma `side` fed its model at each step of the batch (its timestep over the timestep unit): the rollout's
+    over every step it walked, the trainer's over the steps it re-scored; a step fed several values is left out."""
+    from .call_match import row_timestep
+    from .sigma_schedules import timestep_unit
+
+    unit = timestep_unit(matching.step_values)
+    if side == "rollout":
+        return {k: v / unit for k, v in enumerate(matching.step_values)}
+    calls = replay.trainer.calls
+    seen: dict[int, set[float]] = {}
+    for u in units:
+        for ref in u.trainer:
+            value = row_timestep(calls[ref.call], ref.row)
+            if value is not None:
+                seen.setdefault(u.step, set()).add(value / unit)
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
+#: A side's fed sigmas are a shift of the plan's when one odds factor maps every step within this: integer
+#: timesteps (DanceGRPO's ``int(sigma * 1000)``) are off by up to 1e-3.
+_FED_SHIFT_TOLERANCE = 2e-3
+
+
+def _shift_of(plan: Sequence[float], fed: Mapping[int, float]) -> float:
+    """The odds factor from the plan's sigmas to those a side fed its model (1: the plan's, or no one factor)."""
+    from .sigma_schedules import estimate_shift, shifted
+
+    fed = {k: v for k, v in fed.items() if k < len(plan)}
+    if all(abs(plan[k] - v) <= _FED_SHIFT_TOLERANCE for k, v in fed.items()):
+        return 1.0  # the plan's schedule (integer timesteps round it)
+    shift = estimate_shift(plan, fed)
+    fits = all(abs(shifted(plan[k], shift) - v) <= _FED_SHIFT_TOLERANCE for k, v in fed.items())
+    return shift if fits else 1.0
 
 
 def _unit_data(replay: Any, matching: Any, units: Sequence[Any], side: str) -> list[Any]:

@@ -37,8 +37,13 @@ _RESULT_SETTINGS = ("guidance_scale", "noise_level", "sde_type", "include_normal
 _SETTING_CAUSES = (
     ("sde_type", "sde-type-mismatch"),
     ("noise_level", "noise-level-mismatch"),
+    ("shift", "schedule-shift"),
+    ("rounding", "prediction-precision"),
     ("guidance", "guidance-mismatch"),
     ("cfg_rescale", "guidance-mismatch"),
+    ("guidance_rescale", "guidance-mismatch"),
+    ("cfg_renorm", "guidance-mismatch"),
+    ("cfg_renorm_max", "guidance-mismatch"),
     ("step_offset", "step-index"),
     ("reduction", "logprob-reduction"),
     ("normalizer", "logprob-convention"),
@@ -202,6 +207,10 @@ def _timestep_cause(facts: Mapping[str, Any]) -> tuple[str, str]:
             f"the {sides[0]}'s timesteps are exactly the other side's rounded to {rounded[sides[0]]}: the "
             f"{sides[0]} rounds the timestep it feeds the transformer"
         )
+    fed = facts.get("fed_sigmas") or {}
+    line = _fed_schedules_line(fed)
+    if line:
+        return "schedule-shift", line
     return "model-input", "the timesteps differ, and not by one step of the schedule"
 
 
@@ -247,6 +256,38 @@ def _inside_cause(inside: Mapping[str, Any] | None, stage: str) -> tuple[str | N
         tail = f" and {more} more of the modules looked at" if more > 0 else ""
         lines.append(f"{top['field']} differs the same way in {', '.join(same)}{tail}")
     return top["cause"], lines
+
+
+def _by_step(values: Mapping[str, float]) -> dict[int, float]:
+    return {int(k): float(v) for k, v in values.items()}
+
+
+def _fed_schedules_line(fed: Mapping[str, Any]) -> str | None:
+    """Both sides fed their model timesteps of a schedule of its own: the shift of each when recovered, or one odds
+    factor between them; None when the timesteps differ in another way."""
+    from .sigma_schedules import describe, first_difference, odds_ratio, recover_shift
+
+    if not fed:
+        return None
+    rollout, trainer, steps = _by_step(fed.get("rollout", {})), _by_step(fed.get("trainer", {})), int(fed["steps"])
+    at = first_difference(rollout, trainer)
+    if at is None:
+        return None
+    shifts = [recover_shift(side, steps) for side in (rollout, trainer)]
+    if all(shifts) and abs(shifts[0][0] - shifts[1][0]) > 1e-3 * max(shifts[0][0], shifts[1][0]):
+        return (
+            f"the two sides feed the model timesteps of different schedules: the rollout's sigmas from "
+            f"{describe(rollout, steps, at)}, the trainer's from {describe(trainer, steps, at)}"
+        )
+    ratios = [odds_ratio(rollout[k], trainer[k]) for k in sorted(set(rollout) & set(trainer))]
+    ratios = [r for r in ratios if r is not None]
+    if len(ratios) >= 2 and max(ratios) - min(ratios) <= 1e-4 * max(ratios) and abs(ratios[0] - 1) > 1e-3:
+        return (
+            f"the two sides feed the model timesteps of different schedules: at every step the trainer's sigma is "
+            f"the rollout's time-shifted by {ratios[0]:.4g} (odds σ/(1−σ) × {ratios[0]:.4g}; first at step {at}: "
+            f"rollout {rollout[at]:.6g}, trainer {trainer[at]:.6g})"
+        )
+    return None
 
 
 def _forward_cause(settings: Mapping[str, tuple[str, str]], first: Any) -> tuple[str, str]:
@@ -296,6 +337,7 @@ def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, 
     if differences and all(reproduced.values()):
         cause = differences[0]
         lines = ["every forward of both sides agrees: the difference is in the step outside the model", fits]
+        lines.append(_stage_line(cause, rollout["settings"], trainer["settings"], fit, facts))
         return make(
             cause, _SUMMARIES[cause], [*evidence, *lines], "replay-step", source="localisation", details=details
         )
@@ -319,7 +361,8 @@ def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, 
     if reproduced[good] and not reproduced[bad]:
         line = (
             f"every forward agrees and the {good}'s log-probs are reproduced from the recorded forwards and the "
-            f"samples they took next, but the {bad}'s are reproduced by no candidate setting"
+            f"samples they took next, but the {bad}'s are reproduced by no candidate setting tried "
+            f"({_TRIED})"
         )
         if bad == "trainer" and pairing.get("reproduced") is False:
             line += " (nor by pairing its steps with another sample's next latents)"
@@ -328,11 +371,11 @@ def _from_step_fit(facts: Mapping[str, Any], evidence: list[str], details: Any, 
             cause = "stepwise-bf16" if config.get("step_execution") else "bf16-latents"
             if rounded:
                 line += (
-                    f"; the samples its forwards took next are all exactly {rounded} values, as a sample rounded after "
-                    f"its log-prob was computed leaves them"
+                    f"; the samples the rollout stepped on, fed to its model in float32, are all exactly {rounded} "
+                    f"values"
                 )
             else:
-                line += f"; the report records rollout dtype {config.get('rollout_dtype')}"
+                line += f"; the report records the rollout's model dtype {config.get('rollout_dtype')}"
             return make(
                 cause, _SUMMARIES[cause], [*evidence, line, fits], "replay-step", source="localisation", details=details
             )
@@ -366,6 +409,89 @@ def _next_pairing_lines(pairing: Mapping[str, Any]) -> list[str]:
     ]
     key = pairing.get("key")
     return lines + _order_lines(pairing, f"the next latents it scored (`{key}` rows)")
+
+
+#: What the step fit tries, as the evidence of an unreproduced table names it.
+_TRIED = (
+    "CFG scale and combination, a prediction rounded to bfloat16, noise level, SDE type, a shift of the sigma "
+    "schedule, the sigma's step index, sum or mean, the normaliser, an offset"
+)
+_CFG_SETTINGS = ("guidance", "cfg_rescale", "guidance_rescale", "cfg_renorm", "cfg_renorm_max", "rounding")
+
+
+def _stage_line(
+    cause: str, rollout: Mapping[str, Any], trainer: Mapping[str, Any], fit: Mapping[str, Any], facts: Mapping[str, Any]
+) -> str:
+    """The stage a step-fit cause sits at, in what was measured: the two schedules (their shift where recovered),
+    or the CFG stage (the forwards agree; which part of the combination differs)."""
+    if cause == "schedule-shift":
+        return _fitted_schedules_line(rollout, trainer, fit)
+    if cause not in ("guidance-mismatch", "prediction-precision"):
+        return ""
+    from .step_fit import StepSettings
+
+    differing = [name for name in _CFG_SETTINGS if rollout.get(name) != trainer.get(name)]
+    passes = facts.get("passes") or {}
+    two_pass = passes.get("rollout") == [2] and passes.get("trainer") == [2]
+    own = {
+        side: StepSettings(**{k: v for k, v in settings.items() if k in _CFG_SETTINGS}, noise_level=0, sde_type="sde")
+        for side, settings in (("rollout", rollout), ("trainer", trainer))
+    }
+    words = {side: _combination(settings, "rounding" in differing) for side, settings in own.items()}
+    if two_pass:
+        head = (
+            f"CFG stage: the conditional and unconditional predictions agree bit for bit in all "
+            f"{facts.get('compared_forwards', 0)} paired forwards; the combined prediction the step receives differs"
+        )
+    else:
+        head = (
+            f"the predictions agree bit for bit in all {facts.get('compared_forwards', 0)} paired forwards; the "
+            f"prediction the step receives differs"
+        )
+    return f"{head} ({', '.join(differing)}): the rollout's is {words['rollout']}, the trainer's {words['trainer']}"
+
+
+def _combination(settings: Any, rounding: bool) -> str:
+    parts = []
+    if rounding and not settings.rounding:
+        parts.append("unrounded")
+    if settings.rounding == "outputs":
+        parts.append("rounded to bfloat16 before " + ("CFG" if settings.guidance is not None else "the step"))
+    if settings.guidance is not None:
+        parts.append(f"uncond + {settings.guidance:.4g}·(cond − uncond)")
+    if settings.cfg_rescale:
+        parts.append("rescaled per token by ‖cond‖/‖combined‖")
+    if settings.guidance_rescale:
+        parts.append(f"rescaled by guidance_rescale {settings.guidance_rescale:.3g} toward std(cond)/std(combined)")
+    if settings.cfg_renorm:
+        parts.append(f"renormalised to {settings.cfg_renorm:.3g}·‖cond‖ over the whole sample")
+    if settings.cfg_renorm_max:
+        parts.append(f"renormalised to at most {settings.cfg_renorm_max:.3g}·‖cond‖ over the whole sample")
+    if settings.rounding == "combined":
+        parts.append("rounded to bfloat16 before the step")
+    return ", ".join(parts) if parts else "the model's output as returned"
+
+
+def _fitted_schedules_line(rollout: Mapping[str, Any], trainer: Mapping[str, Any], fit: Mapping[str, Any]) -> str:
+    """Each side's sigmas as its fit found them (the plan's shifted by its `shift`), named by their shift where
+    one is recovered, else by their first differing entries."""
+    from .sigma_schedules import describe, first_difference, shift_schedule
+
+    plan = list(fit.get("sigmas") or ())
+    if len(plan) < 2:
+        return ""
+    steps = len(plan) - 1
+    sides = {
+        side: dict(enumerate(shift_schedule(plan, float(settings.get("shift", 1.0)))[:steps]))
+        for side, settings in (("rollout", rollout), ("trainer", trainer))
+    }
+    at = first_difference(sides["rollout"], sides["trainer"])
+    if at is None:
+        return ""
+    return (
+        f"the step's sigmas that reproduce each table: the rollout's from {describe(sides['rollout'], steps, at)}, "
+        f"the trainer's from {describe(sides['trainer'], steps, at)}"
+    )
 
 
 _LOW = ("bfloat16", "float16")

@@ -2,8 +2,10 @@
 """Which step settings reproduce each side's log-probs from its own recorded forwards.
 
 When every model call of the two sides agrees and their log-probs still differ, the difference lies in the
-step outside the model: the CFG combination, the noise level, the SDE type, the sigma the step is taken at,
-the log-prob's reduction, normaliser, sign or an offset. The replay recorded, for each (sample, step), the latents
+step outside the model: the CFG combination (scale, true CFG's per-token rescale, diffusers' ``guidance_rescale``,
+a renorm of the whole sample, predictions rounded to bfloat16 before CFG or the step), the noise level, the SDE
+type, the sigma schedule (a time shift of the plan's: `rollout_consistency.gate.diagnosis.sigma_schedules`) and
+the step index the step is taken at, the log-prob's reduction, normaliser, sign or an offset. The replay recorded, for each (sample, step), the latents
 each side fed, each forward's output and (from the next step's forward) the sample the step produced; from
 these, every candidate setting gives a log-prob, and the one that reproduces a side's own table is what that
 side ran. Measured, not guessed: a side whose table no candidate reproduces is reported as such.
@@ -30,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .sigma_schedules import shift_schedule
+
 SDE_TYPES = ("sde", "cps", "dance_sde")
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 #: Units used for a fit (the worst batch has a handful; a large one is subsampled, evenly).
@@ -54,6 +58,11 @@ class StepSettings:
     normalizer: bool = True
     negated: bool = False  # the side returns −log p (a loss's sign)
     offset: float = 0.0
+    shift: float = 1.0  # the reference sigmas' odds scaled by this factor (another time shift; `sigma_schedules`)
+    guidance_rescale: float = 0.0  # diffusers' guidance_rescale φ: toward std(cond) / std(combined)
+    cfg_renorm: float = 0.0  # the combination scaled to this multiple of the conditional's norm (whole sample)
+    cfg_renorm_max: float = 0.0  # the combination's norm clamped to this multiple of the conditional's (Lumina's)
+    rounding: str = ""  # predictions rounded to bfloat16: "outputs" (before CFG), "combined" (before the step)
 
     def describe(self) -> str:
         parts = [f"noise_level {self.noise_level:.4g}", f"sde_type {self.sde_type}"]
@@ -61,6 +70,21 @@ class StepSettings:
             parts.append(
                 f"CFG scale {self.guidance:.4g}" + (" (rescaled to the conditional norm)" if self.cfg_rescale else "")
             )
+        if self.guidance_rescale:
+            parts.append(f"guidance_rescale {self.guidance_rescale:.3g} (std of cond / std of combined)")
+        if self.cfg_renorm:
+            parts.append(f"combined renormalised to {self.cfg_renorm:.3g} × the conditional's norm")
+        if self.cfg_renorm_max:
+            parts.append(f"combined renormalised to at most {self.cfg_renorm_max:.3g} × the conditional's norm")
+        if self.rounding:
+            before_cfg = self.rounding == "outputs" and self.guidance is not None
+            parts.append(
+                "noise predictions rounded to bfloat16 before CFG"
+                if before_cfg
+                else "noise prediction rounded to bfloat16 before the step"
+            )
+        if self.shift != 1.0:
+            parts.append(f"the plan's sigmas time-shifted by {self.shift:.4g}")
         if self.step_offset:
             parts.append(f"sigma of step {'+' if self.step_offset > 0 else ''}{self.step_offset}")
         if self.reduction != "mean":
@@ -135,20 +159,41 @@ def transition(sigma: float, sigma_next: float, sigma_max: float, noise_level: f
 
 
 def velocity(unit: UnitData, settings: StepSettings, order: int) -> Any:
-    """The velocity the settings combine from the unit's forwards (`order` 1: the first forward is the negative)."""
+    """The velocity the settings combine from the unit's forwards (`order` 1: the first forward is the negative),
+    in the order a pipeline applies them: rounding of the predictions, CFG, true CFG's rescale to the conditional
+    norm per token, diffusers' ``guidance_rescale``, a renorm of the whole sample, rounding of the combination."""
     import torch
 
-    if settings.guidance is None or len(unit.outputs) < 2:
-        return unit.outputs[0]
-    cond, uncond = (unit.outputs[1], unit.outputs[0]) if order else (unit.outputs[0], unit.outputs[1])
-    combined = uncond + settings.guidance * (cond - uncond)
-    if settings.cfg_rescale and unit.output_shape:
-        shape = unit.output_shape[1:]
-        c, m = cond.reshape(shape), combined.reshape(shape)
-        combined = (
-            m * (torch.linalg.vector_norm(c, dim=-1, keepdim=True) / torch.linalg.vector_norm(m, dim=-1, keepdim=True))
-        ).reshape(-1)
-    return combined
+    outputs = unit.outputs
+    if settings.rounding == "outputs":  # emulated in bfloat16 arithmetic, as the side's own code computes it
+        outputs = tuple(o.to(torch.bfloat16) for o in outputs)
+    if settings.guidance is None or len(outputs) < 2:
+        combined = outputs[0]
+    else:
+        cond, uncond = (outputs[1], outputs[0]) if order else (outputs[0], outputs[1])
+        combined = uncond + settings.guidance * (cond - uncond)
+        if settings.cfg_rescale and unit.output_shape:
+            shape = unit.output_shape[1:]
+            c, m = cond.reshape(shape), combined.reshape(shape)
+            norms = torch.linalg.vector_norm(c, dim=-1, keepdim=True) / torch.linalg.vector_norm(
+                m, dim=-1, keepdim=True
+            )
+            combined = (m * norms).reshape(-1)
+        if settings.guidance_rescale:
+            rescaled = combined * (cond.std() / combined.std())
+            combined = settings.guidance_rescale * rescaled + (1 - settings.guidance_rescale) * combined
+        if settings.cfg_renorm:
+            combined = combined * (
+                settings.cfg_renorm * torch.linalg.vector_norm(cond) / torch.linalg.vector_norm(combined)
+            )
+        if settings.cfg_renorm_max:
+            limit = settings.cfg_renorm_max * torch.linalg.vector_norm(cond)
+            norm = torch.linalg.vector_norm(combined)
+            if norm >= limit:
+                combined = combined * (limit / norm)
+    if settings.rounding == "combined":
+        combined = combined.to(torch.bfloat16)
+    return combined.to(torch.float64)
 
 
 def log_prob(unit: UnitData, settings: StepSettings, sigmas: Sequence[float], order: int = 0) -> float:
@@ -195,7 +240,7 @@ class _Units:
         return float(np.abs(diff).max()) if np.all(np.isfinite(diff)) else math.inf
 
     def _coefficients(self, settings: StepSettings):
-        sigmas = self.sigmas
+        sigmas = self.sigmas if settings.shift == 1.0 else shift_schedule(self.sigmas, settings.shift)
         rows = {}
         for step in set(self.steps):
             index = step + settings.step_offset
@@ -214,7 +259,7 @@ class _Units:
         of ``u`` and ``c − u`` (once per order), so fitting the scale costs no pass over the latents."""
         guidance = settings.guidance if self.two_pass else None
         rescale = settings.cfg_rescale and guidance is not None
-        if guidance is not None and not rescale:
+        if guidance is not None and not rescale and not settings.rounding:
             key = ("plain", order)
             if key not in self.cache:
                 rows = []
@@ -222,12 +267,33 @@ class _Units:
                     cond, uncond = (u.outputs[1], u.outputs[0]) if order else (u.outputs[0], u.outputs[1])
                     d, p, x = cond - uncond, u.x_next, u.x
                     pairs = ((p, p), (x, x), (uncond, uncond), (uncond, d), (d, d), (p, x), (p, uncond), (p, d))
-                    rows.append([float((a * b).mean()) for a, b in (*pairs, (x, uncond), (x, d))])
+                    means = [float(uncond.mean()), float(d.mean()), float(cond.mean()), float((cond * cond).mean())]
+                    rows.append([float((a * b).mean()) for a, b in (*pairs, (x, uncond), (x, d))] + means)
                 self.cache[key] = np.array(rows).T
-            pp, xx, uu, ud, dd, px, pu, pd, xu, xd = self.cache[key]
+            pp, xx, uu, ud, dd, px, pu, pd, xu, xd, mu, md, mc, cc = self.cache[key]
             g = guidance
-            return pp, xx, uu + 2 * g * ud + g * g * dd, px, pu + g * pd, xu + g * xd
-        key = (guidance, rescale, order if guidance is not None else 0)
+            vv, pv, xv = uu + 2 * g * ud + g * g * dd, pu + g * pd, xu + g * xd
+            # guidance_rescale and a renorm scale the combination by one factor per unit: its moments scale along.
+            scale = np.ones_like(vv)
+            if settings.guidance_rescale:
+                mv = mu + g * md
+                ratio = np.sqrt(np.maximum(cc - mc * mc, 0.0) / np.maximum(vv - mv * mv, 1e-300))
+                scale = 1 - settings.guidance_rescale + settings.guidance_rescale * ratio
+            if settings.cfg_renorm:  # norms over sqrt(numel), as the moments are means
+                scale = settings.cfg_renorm * np.sqrt(cc) / np.maximum(np.sqrt(vv), 1e-300)
+            if settings.cfg_renorm_max:
+                norm, limit = scale * np.sqrt(vv), settings.cfg_renorm_max * np.sqrt(cc)
+                scale = np.where(norm >= limit, scale * limit / np.maximum(norm, 1e-300), scale)
+            return pp, xx, vv * scale * scale, px, pv * scale, xv * scale
+        key = (
+            guidance,
+            rescale,
+            settings.guidance_rescale,
+            settings.cfg_renorm,
+            settings.cfg_renorm_max,
+            settings.rounding,
+            order if guidance is not None else 0,
+        )
         if key not in self.cache:
             rows = []
             for u in self.units:
@@ -310,9 +376,20 @@ def _candidates(batch: _Units, start: StepSettings, order: int):
             changed = dataclasses.replace(start, sde_type=sde_type)
             yield changed
             yield fitted(changed, "noise_level", 1e-3, 4.0)
+    yield fitted(start, "shift", 1e-2, 1e2)
     if start.guidance is not None:
         yield fitted(start, "guidance", 0.0, 4 * start.guidance + 4)
         yield dataclasses.replace(start, cfg_rescale=not start.cfg_rescale)
+        if not start.cfg_rescale and not start.rounding:  # scales of the combination: cheap to fit
+            yield fitted(start, "guidance_rescale", 0.0, 1.0)
+            yield fitted(start, "cfg_renorm", 0.25, 16.0)
+            yield fitted(start, "cfg_renorm_max", 0.25, 16.0)
+        elif start.cfg_rescale and not start.rounding:  # a renorm of the whole sample in place of the per-token one
+            yield fitted(dataclasses.replace(start, cfg_rescale=False), "cfg_renorm", 0.25, 16.0)
+            yield fitted(dataclasses.replace(start, cfg_rescale=False), "cfg_renorm_max", 0.25, 16.0)
+    for rounding in ("outputs", "combined") if start.guidance is not None and batch.two_pass else ("outputs",):
+        if rounding != start.rounding:
+            yield dataclasses.replace(start, rounding=rounding)
     for offset in (-1, 1):
         yield dataclasses.replace(start, step_offset=start.step_offset + offset)
     yield dataclasses.replace(start, reduction="sum" if start.reduction == "mean" else "mean")
@@ -328,7 +405,7 @@ def _fit(batch: _Units, start: StepSettings, order: int, name: str, low: float, 
         diff = batch.log_probs(dataclasses.replace(start, **{name: value}), order) - batch.table
         return float(diff @ diff) if np.all(np.isfinite(diff)) else math.inf
 
-    costly = name == "guidance" and start.cfg_rescale
+    costly = name == "guidance" and (start.cfg_rescale or bool(start.rounding))
     count, rounds = (16, 24) if costly else (48, 50)
     if low > 0:
         grid = [low * (high / low) ** (i / count) for i in range(count + 1)]
@@ -346,12 +423,17 @@ def _fit(batch: _Units, start: StepSettings, order: int, name: str, low: float, 
     best = (math.inf, grid[0])
     for i in sorted(minima, key=values.__getitem__)[:3]:
         a, b = grid[max(i - 1, 0)], grid[min(i + 1, last)]
-        for _ in range(rounds):
-            c, d = b - ratio * (b - a), a + ratio * (b - a)
-            if loss(c) <= loss(d):
-                b = d
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        loss_c, loss_d = loss(c), loss(d)
+        for _ in range(rounds):  # one new evaluation per round: the kept point is the next round's other one
+            if loss_c <= loss_d:
+                b, d, loss_d = d, c, loss_c
+                c = b - ratio * (b - a)
+                loss_c = loss(c)
             else:
-                a = c
+                a, c, loss_c = c, d, loss_d
+                d = a + ratio * (b - a)
+                loss_d = loss(d)
         value = (a + b) / 2
         best = min(best, (loss(value), value))
     return best[1]
