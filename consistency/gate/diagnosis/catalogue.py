@@ -31,8 +31,8 @@ NOT_A_BUG = frozenset(cause.id for cause in CAUSES.values() if cause.not_a_bug)
 #: corpus and the --inject pitfalls (docs/doctor.md has the counts); a kind with no measured case stays at 1/2.
 CONFIDENCE: Mapping[str, float] = {
     "guard": 0.83,  # a failed guard names its cause (windows, experts, NaN, missing steps, dead workers, weights): 4/4
-    "replay-stage": 0.94,  # the first stage where both sides' own forwards part, and what differs there: 15/15
-    "replay-step": 0.92,  # every forward agrees; a step setting reproduces each side's table: 10/10
+    "replay-stage": 0.95,  # the first stage where both sides' own forwards part, and what differs there: 18/18
+    "replay-step": 0.94,  # every forward agrees; a step setting reproduces each side's table: 16/16
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
     "table-ratio": 0.75,  # trainer = c · rollout: 2/2
     "table-offset": 0.67,  # one constant everywhere: 1/1
@@ -40,7 +40,7 @@ CONFIDENCE: Mapping[str, float] = {
     "table-std": 0.5,  # Δ moves with the log-prob within a timestep: not measured
     "recorded-setting": 0.8,  # a signature and a setting the report records: 3/3
     "recorded-rounding": 0.5,  # rounding-sized, the report records different kernels or batches: not measured
-    "candidates": 0.76,  # a shift of the transition mean, shared by the candidates listed: 12/15 lists hold it
+    "candidates": 0.85,  # a shift of the transition mean, shared by the candidates listed: 22/25 lists hold it
     "unknown": 0.25,  # nothing separates the causes: 0/2
     "near-limit": 0.3,  # a PASS near its limit (no cause claimed)
 }
