@@ -208,7 +208,7 @@ for _cause in (
             "the batch when shuffling (flow_grpo's `samples = {k: v[perm] ...}`), and re-check after adding "
             "a key"
         ),
-        kinds=("candidates", "replay-stage"),
+        kinds=("candidates", "replay-stage", "replay-step"),
         replay_summary=(
             "The trainer pairs a sample's latents with another sample's rows of one input (text conditioning, text "
             "mask, pooled text): the batch is misaligned."

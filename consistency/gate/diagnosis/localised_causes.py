@@ -10,12 +10,15 @@ over two `SideSpec`s (our step function on both sides: stages ``transition.*``, 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_consistency.gate.judging.causes import Diagnosis
 
 from .catalogue import make
 from .cause_registry import localised_summaries
+
+if TYPE_CHECKING:  # the step fit loads numpy; this module reads only its settings' fields
+    from .step_fit import StepSettings
 
 _STAGE_CAUSES = {
     "weights": "different-weights",
@@ -451,7 +454,7 @@ def _stage_line(
     return f"{head} ({', '.join(differing)}): the rollout's is {words['rollout']}, the trainer's {words['trainer']}"
 
 
-def _combination(settings: Any, rounding: bool) -> str:
+def _combination(settings: StepSettings, rounding: bool) -> str:
     parts = []
     if rounding and not settings.rounding:
         parts.append("unrounded")
