@@ -228,7 +228,8 @@ def test_the_inner_import_rule_catches_a_light_import() -> None:
 _PLUGIN = (
     "pytest loads the plugin in every session where we are installed: the checker waits for a fixture's first call"
 )
-_PARALLEL = "to move to the top after this round's merge (the file is edited in parallel for issue 34 items 1, 2, 7 and the doctor)"
+_CHECK_RUNS = "the check's machinery (the sides, their torch-side modules) loads when `check` runs, not at the command line's start"
+_REPLAY_RUNS = "the sides load when a replay runs: the command line's start loads the doctor (for `doctor REPORT`), never the sides"
 #: (module, the module of ours it imports inside a function) -> why that import waits.
 INNER_IMPORTS: dict[tuple[str, str], str] = {
     ("rollout_consistency.pytest_plugin", "rollout_consistency.gate.config"): _PLUGIN,
@@ -242,28 +243,14 @@ INNER_IMPORTS: dict[tuple[str, str], str] = {
         "rollout_consistency.plugin_template",
         "rollout_consistency.gate.sides.backends",
     ): "the template's load_pipeline is the part a user replaces with their own: its imports travel with it",
-    ("rollout_consistency.commands.check", "rollout_consistency.gate.check"): _PARALLEL,
+    ("rollout_consistency.commands.check", "rollout_consistency.gate.check"): _CHECK_RUNS,
     (
         "rollout_consistency.gate.diagnosis.settings",
         "rollout_consistency.gate.sides.backends",
     ): "the doctor's settings are built where the command line starts; the sides load only when a replay builds them",
-    ("rollout_consistency.commands.check", "rollout_consistency.gate.sides.trajectory_checks"): _PARALLEL,
-    ("rollout_consistency.commands.check", "rollout_consistency.gate.config"): _PARALLEL,
-    ("rollout_consistency.gate.config", "rollout_consistency.safeguards.paths"): _PARALLEL,
-    ("rollout_consistency.gate.config", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _PARALLEL,
-    ("rollout_consistency.gate.sides.backends", "rollout_consistency.safeguards.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.backends", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.sides.distributed", "rollout_consistency.safeguards.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.safeguards.fence"): _PARALLEL,
-    ("rollout_consistency.gate.sides.plugins", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
-    ("rollout_consistency.gate.sides.rollout_seal", "rollout_consistency.gate.sides.shared"): _PARALLEL,
-    ("rollout_consistency.gate.sides.weight_sync", "rollout_consistency.safeguards.object_spec"): _PARALLEL,
-    # Circles through the gate's eager face until it became lazy: free to move up after the merge as well.
-    ("rollout_consistency.gate.diagnosis.doctor", "rollout_consistency.gate.judging.tolerances"): _PARALLEL,
-    ("rollout_consistency.gate.diagnosis.localise", "rollout_consistency.gate.sides.shared"): _PARALLEL,
-    ("rollout_consistency.gate.sides.backends", "rollout_consistency.gate.judging.verdict"): _PARALLEL,
-    ("rollout_consistency.gate.sides.shared", "rollout_consistency.gate.judging.tolerances"): _PARALLEL,
+    ("rollout_consistency.commands.check", "rollout_consistency.gate.sides.trajectory_checks"): _CHECK_RUNS,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.plugins"): _REPLAY_RUNS,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.backends"): _REPLAY_RUNS,
+    ("rollout_consistency.gate.diagnosis.replay", "rollout_consistency.gate.sides.trainer"): _REPLAY_RUNS,
+    ("rollout_consistency.gate.diagnosis.localise", "rollout_consistency.gate.sides.shared"): _REPLAY_RUNS,
 }

@@ -10,7 +10,14 @@ from typing import Any
 
 # Cheap to import (no torch): `--help` stays fast.
 from rollout_consistency.gate.backend_registry import backend_names, get_backend
-from rollout_consistency.gate.config import SETTINGS, CheckConfig, Setting, load_config, parse_thresholds
+from rollout_consistency.gate.config import (
+    SETTINGS,
+    CheckConfig,
+    Setting,
+    load_config,
+    parse_thresholds,
+    read_config_file,
+)
 from rollout_consistency.safeguards.object_spec import spec_source
 
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
@@ -154,7 +161,5 @@ def _explicit_family(args: argparse.Namespace) -> str | None:
     if getattr(args, "model_family", None) is not None:
         return args.model_family
     if getattr(args, "config", None):
-        from rollout_consistency.gate.config import read_config_file
-
         return read_config_file(args.config).get("model_family")
     return None

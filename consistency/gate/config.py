@@ -36,6 +36,8 @@ from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.base.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
 from rollout_consistency.base.sampling_rules import sampling_problem
 from rollout_consistency.safeguards.fence import DEFAULT_TIMEOUT_S
+from rollout_consistency.safeguards.object_spec import spec_file
+from rollout_consistency.safeguards.paths import InputPathError, check_input_file
 
 from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
@@ -60,6 +62,7 @@ WINDOW_KINDS: tuple[str, ...] = (
     "random",
     "progressive",
 )  # rollout_consistency.schedulers.sde_window.WINDOW_KINDS
+
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "auto")
 STEP_IMPLEMENTATIONS: tuple[str, ...] = ("reference", "flow-grpo")  # rollout_consistency.schedulers.flow_grpo_step
 #: Built-in step-2 weight syncs (`rollout_consistency.gate.sides.weight_sync`); a "package.module:function" spec also works.
@@ -577,8 +580,6 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: missing file, unsupported extension, a syntax error (with the parser's message) or an
             unknown key.
     """
-    from rollout_consistency.safeguards.paths import InputPathError, check_input_file
-
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ConfigError(f"config file {path!r} is a directory; name the .yaml, .toml or .json file inside it.")
@@ -676,8 +677,6 @@ def _resolve_spec_files(data: dict[str, Any], path: str) -> dict[str, Any]:
     """A relative ``file.py:function`` in a config file names a file beside the config file, wherever the command
     runs from (a CI job's working directory is rarely the config's folder): rewritten to the absolute path, and
     a file that is not there is an error naming the path tried and the folder it was relative to."""
-    from rollout_consistency.safeguards.object_spec import spec_file
-
     folder = os.path.dirname(os.path.abspath(path))
     for key in SPEC_FIELDS:
         value = data.get(key)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollout_consistency.gate.judging.causes import Diagnosis
+from rollout_consistency.gate.judging.tolerances import deviation
 from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
 
 from .catalogue import LOCALISE_HINT, make
@@ -321,8 +322,6 @@ def _undetermined(report: Any, not_localised: str | None) -> Diagnosis:
 
 
 def _near_limit(report: Any) -> Diagnosis | None:
-    from rollout_consistency.gate.judging.tolerances import deviation
-
     m = report.metrics
     if m is None or not report.passed:
         return None

@@ -31,6 +31,9 @@ import numpy as np
 from rollout_consistency.gate.backend_registry import get_backend, is_plugin_spec
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 from rollout_consistency.gate.judging.tolerances import get_profile
+from rollout_consistency.gate.judging.verdict import plan_window_problems
+from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
 from . import plugins
 from .plan import BatchSpec
@@ -168,9 +171,6 @@ def start_backend(config: CheckConfig, side: str) -> Any:
     """
     import importlib
 
-    from rollout_consistency.safeguards.fence import fenced
-    from rollout_consistency.safeguards.object_spec import SpecError, load_object
-
     name = getattr(config, f"{side}_backend")
     if is_plugin_spec(name):
         return None
@@ -306,8 +306,6 @@ def with_plan_findings(backend: Backend, batch: BatchSpec, result: BatchResult) 
     wide as the plan's window, at the plan's timesteps (`rollout_consistency.gate.judging.verdict.plan_window_problems`).
     A plug-in rollout reports its own tables, so a 2-step plan must not pass on a rollout that sampled 6."""
     import dataclasses
-
-    from rollout_consistency.gate.judging.verdict import plan_window_problems
 
     if result.problems:
         return result

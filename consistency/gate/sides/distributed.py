@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from rollout_consistency.safeguards.fence import UserCodeExit, UserCodeTimeout
 from rollout_consistency.safeguards.supervisor import announce_temp
 
 from .ray_connect import DistributedError, check_reachable
@@ -44,6 +45,7 @@ RAY_MISSING_NOTE = (
     "Ray is not installed, so the shards ran one after another in this process "
     "(pip install 'rollout-consistency[ray]' to distribute them)."
 )
+
 #: Tries per shard when its worker dies: the first, and one retry (the failure policy above).
 MAX_ATTEMPTS = 2
 #: Longest temp-dir base under which Ray's socket paths stay within the 107-byte AF_UNIX limit.
@@ -305,8 +307,6 @@ def _run_on_ray(work, shards, setup, workers, ray_address, on_result) -> Sharded
 def _setup_failure(error: BaseException) -> Exception:
     """The error to raise for a worker whose setup failed: Ray hands back only the actor's traceback as text, whose
     last line is the exception; user code that ended or overran its call stays that usage error."""
-    from rollout_consistency.safeguards.fence import UserCodeExit, UserCodeTimeout
-
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     last = lines[-1] if lines else type(error).__name__
     name, sep, message = last.partition(": ")

@@ -55,6 +55,8 @@ import numpy as np
 
 from rollout_consistency.gate.backend_registry import is_plugin_spec
 from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.safeguards.fence import UserCodeError, fenced
+from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import BatchSpec
@@ -185,8 +187,6 @@ class PluginSides:
 
     def call_rollout(self, request: RolloutRequest) -> Any:
         """The rollout plug-in on one request, fenced (`rollout_consistency.safeguards.fence`)."""
-        from rollout_consistency.safeguards.fence import fenced
-
         call, takes = _resolve_call(self.rollout, "rollout")
         what = f"{takes}(request) on rollout batch {request.batch}"
         with _naming_errors(self.owner("rollout"), what), fenced(self.owner("rollout"), what, timeout_s=self.timeout_s):
@@ -194,9 +194,6 @@ class PluginSides:
 
     def call_trainer(self, batch: Any, micro_batch_size: int) -> Any:
         """The trainer plug-in on one batch, fenced; ``micro_batch_size`` only when its signature takes it."""
-        from rollout_consistency.safeguards.fence import fenced
-        from rollout_consistency.safeguards.object_spec import call_with_supported_kwargs
-
         call, takes = _resolve_call(self.trainer, "trainer")
         what = f"{takes}(batch, micro_batch_size={micro_batch_size})"
         with _naming_errors(self.owner("trainer"), what), fenced(self.owner("trainer"), what, timeout_s=self.timeout_s):
@@ -212,8 +209,6 @@ class PluginSides:
 def _naming_errors(owner: str, what: str) -> Iterator[None]:
     """An exception of the user's call as a usage error (exit 2) naming the plug-in and the call: the user's
     bug, not ours (`--debug` still shows its traceback). Out-of-memory keeps its own message."""
-    from rollout_consistency.safeguards.fence import UserCodeError
-
     try:
         yield
     except (UserCodeError, MemoryError):
@@ -247,9 +242,6 @@ def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
             something that is none of the `ACCEPTED_SHAPES` (the message shows a 5-line example).
         rollout_consistency.safeguards.fence.UserCodeError: the import or the factory raised SystemExit or overran.
     """
-    from rollout_consistency.safeguards.fence import fenced
-    from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
-
     owner = f"{side}_backend {spec!r}"
     timeout = config.user_code_timeout_s
     try:
@@ -407,8 +399,6 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
 
 def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
     """The trainer plug-in's optional ``experts(batch)`` (one name per stored step), checked against `shape`."""
-    from rollout_consistency.safeguards.fence import fenced
-
     sides = backend.plugins
     report = getattr(sides.trainer, "experts", None)
     if report is None:

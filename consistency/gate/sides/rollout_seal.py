@@ -26,6 +26,8 @@ import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, named_tensors, shares_memory
 
+from .shared import SharedTableError
+
 __all__ = ["Seal", "aliased", "recompute_checked", "seal", "seal_problems", "tensor_digest", "value_bytes"]
 
 _FULL_HASH_ELEMENTS = 1 << 20  # tensors up to this size are hashed byte for byte
@@ -87,8 +89,6 @@ def recompute_checked(backend: Any, batch: Any, kernel: str) -> tuple[np.ndarray
     """The trainer's ``(n, W)`` table of `batch` under attention kernel `kernel` (`Backend.trainer_recompute`),
     and the ``distinct`` reasons when its output is memory of `batch` (a plug-in's raw output is tested inside
     `plugins.trainer_log_probs`; a registered backend's returned array here): the table is kept, to show."""
-    from .shared import SharedTableError
-
     try:
         table = backend.trainer_recompute(backend, batch, kernel)
     except SharedTableError as error:

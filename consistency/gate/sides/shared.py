@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.judging.tolerances import closest_name
 
 
 class BackendError(RuntimeError):
@@ -121,8 +122,6 @@ def attention(name: str) -> Iterator[None]:
 
     valid = [b.value for b in AttentionBackendName]
     if name not in valid:
-        from rollout_consistency.gate.judging.tolerances import closest_name
-
         raise ConfigError(
             f"attention backend {name!r} is not one of diffusers' backends ({', '.join(valid)}).{closest_name(name, valid)}"
         )

@@ -22,6 +22,7 @@ import numpy as np
 
 from rollout_consistency.gate.config import CheckConfig, ConfigError
 from rollout_consistency.safeguards.fence import fenced
+from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
 from .backends import build_backend
 from .plugins import fingerprints
@@ -79,7 +80,6 @@ BUILTIN_SYNCS: dict[str, Callable[[SideHandle, SideHandle], Any]] = {
 def resolve_sync(name: str, timeout_s: float | None = None) -> Callable[[SideHandle, SideHandle], Any]:
     if name in BUILTIN_SYNCS:
         return BUILTIN_SYNCS[name]
-    from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
     try:
         sync = load_object(name, owner=f"weight_sync {name!r}", timeout_s=timeout_s)
