@@ -694,3 +694,26 @@ def test_docs_output_is_real(command, output, capsys, monkeypatch):
     shown, _, exit_code = output.partition("$ echo $?\n")
     assert captured.out + captured.err == shown
     assert exit_code == f"{code}\n"
+
+
+def test_the_import_scan_reads_statements_that_open_a_line_and_nothing_else(tmp_path):
+    """An import is a statement at the start of a line (after blanks): the same words in a comment, a string or
+    after other code on the line link nothing (the scan searches for the keyword, then checks its line)."""
+    from rollout_consistency.lint.imports import import_edges
+
+    for name, text in {
+        "pkg/__init__.py": "",
+        "pkg/mod.py": "X = 1\n",
+        "pkg/other.py": "Y = 2\n",
+        "words.py": 'x = 1  # from pkg import mod\ns = "from pkg import (other)"\nt = 2; u = "import pkg.mod"\n',
+        "code.py": "def f():\n    from pkg import mod\n\timport pkg.other\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    files = [
+        (str(tmp_path / p), tuple(p.removesuffix(".py").split("/")))
+        for p in ("pkg/__init__.py", "pkg/mod.py", "pkg/other.py", "words.py", "code.py")
+    ]
+    edges = import_edges(files)
+    assert edges.get(str(tmp_path / "words.py"), set()) == set()
+    assert {str(tmp_path / "pkg/mod.py"), str(tmp_path / "pkg/other.py")} <= edges[str(tmp_path / "code.py")]

@@ -25,8 +25,11 @@ __all__ = [
 
 _SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _NO_VALUE = object()
+_NESTED = (ast.stmt, ast.ExceptHandler, ast.match_case)
 #: leaf nodes no rule looks at (`Load`, `Add`, `Eq`, ...): left out by `children`
 _TOKENS = (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+#: their classes (`Load`, `Add`, ...), for a set lookup in place of an isinstance test on every field value
+_TOKEN_CLASSES = frozenset(cls for base in _TOKENS for cls in base.__subclasses__())
 
 
 def children(node: ast.AST) -> list[ast.AST]:
@@ -37,9 +40,9 @@ def children(node: ast.AST) -> list[ast.AST]:
         value = getattr(node, name, None)
         if value.__class__ is list:
             for item in value:
-                if isinstance(item, ast.AST) and not isinstance(item, _TOKENS):
+                if item.__class__ not in _TOKEN_CLASSES and isinstance(item, ast.AST):
                     found.append(item)
-        elif isinstance(value, ast.AST) and not isinstance(value, _TOKENS):
+        elif value.__class__ not in _TOKEN_CLASSES and isinstance(value, ast.AST):
             found.append(value)
     return found
 
@@ -168,9 +171,14 @@ def own_nodes(stmt: ast.stmt) -> Iterator[ast.AST]:
     """The nodes of a statement itself in source order (a compound statement's header only), not entering
     nested statements or lambdas; contexts and operators left out."""
     yield stmt
-    for child in children(stmt):
-        if not isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
-            yield from nodes_in_order(child)
+    # `nodes_in_order` of each child in turn, on one stack (one generator per statement, not one per child)
+    stack = [child for child in reversed(children(stmt)) if not isinstance(child, _NESTED)]
+    while stack:
+        current = stack.pop()
+        yield current
+        found = children(current)
+        if found:
+            stack.extend(reversed([child for child in found if child.__class__ is not ast.Lambda]))
 
 
 def nodes_in_order(node: ast.AST) -> Iterator[ast.AST]:
@@ -183,4 +191,6 @@ def nodes_in_order(node: ast.AST) -> Iterator[ast.AST]:
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed([child for child in children(current) if not isinstance(child, ast.Lambda)]))
+        found = children(current)
+        if found:
+            stack.extend(reversed([child for child in found if child.__class__ is not ast.Lambda]))

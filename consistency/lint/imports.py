@@ -25,14 +25,16 @@ going from the scripts through what they import (a dead copy of a sampler, as in
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["import_edges", "is_entry", "programs", "unreached"]
 
-_FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
-_IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
-_REEXPORT = re.compile(rb"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
+# Statements that open a line (after blanks): `_line_starts` checks the line, so that each pattern opens with a
+# word the regex engine searches for directly (`^[ \t]*from` is tried at every byte of every file).
+_FROM = re.compile(rb"from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)")
+_IMPORT = re.compile(rb"import[ \t]+([^\n#;]+)")
+_REEXPORT = re.compile(rb"from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)")
 
 
 def programs(files: Sequence[tuple[str, tuple[str, ...]]], members: Iterable[str]) -> list[frozenset[str]]:
@@ -302,7 +304,7 @@ def _definition(
 def _reexports(data: bytes, package: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """name -> the module a package's `__init__` takes it from (`from .vllm_rollout import vLLMRollout`)."""
     found: dict[str, tuple[str, ...]] = {}
-    for match in _REEXPORT.finditer(data):
+    for match in _line_starts(_REEXPORT, data):
         level = len(match.group(1))
         if level - 1 > len(package):
             continue
@@ -334,7 +336,7 @@ def _read(path: str) -> bytes:
 def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], tuple[str, ...], bool]]:
     """(module path, names taken from it, whether the import is relative) for each module an import of the file
     may name: for `from a.b import c`, (`a.b`, (c,)) and (`a.b.c`, ()) — `c` may be a submodule."""
-    for match in _FROM.finditer(data):
+    for match in _line_starts(_FROM, data):
         level = len(match.group(1))
         base = _parts(match.group(2))
         if level:
@@ -346,11 +348,25 @@ def _imports(data: bytes, package: tuple[str, ...]) -> Iterable[tuple[tuple[str,
             yield base, names, bool(level)
         for name in names:
             yield (*base, name), (), bool(level)
-    for match in _IMPORT.finditer(data):
+    for match in _line_starts(_IMPORT, data):
         for name in match.group(1).decode("ascii", "replace").split(","):
             module = name.split(" as ")[0].strip()
             if module:
                 yield tuple(module.split(".")), (), False
+
+
+def _line_starts(pattern: re.Pattern[bytes], data: bytes) -> Iterator[re.Match[bytes]]:
+    """The matches `pattern.finditer` would give with `^[ \t]*` before it under `re.MULTILINE`: those with only
+    blanks between the line's start and theirs (a match ends on its statement's line or on a `)`, so what
+    follows it on its line is never one)."""
+    pos = 0
+    while (match := pattern.search(data, pos)) is not None:
+        start = match.start()
+        if data[data.rfind(b"\n", 0, start) + 1 : start].strip(b" \t"):
+            pos = start + 1  # inside a line: not a statement; a later match may still open one
+            continue
+        yield match
+        pos = match.end()
 
 
 def _names(listed: bytes) -> Iterable[str]:
