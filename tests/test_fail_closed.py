@@ -1912,3 +1912,28 @@ def test_an_input_one_byte_over_its_bound_is_refused_and_one_at_it_is_read(tmp_p
     assert check_input_file(path, "DUMP", max_bytes=101) == 101
     with pytest.raises(InputPathError, match="is 101 bytes, more than the 100 this input may hold"):
         check_input_file(path, "DUMP", max_bytes=100)
+
+
+def test_an_interrupt_swallowed_by_python_still_ends_the_command_and_writes_no_report(tmp_path):
+    """CPython swallows an exception raised where it cannot propagate ("Exception ignored in": an at-fork hook while
+    Ray starts its workers, a __del__): a Ctrl-C whose KeyboardInterrupt lands there must still end the command with
+    130 and put no report in place (once seen on a loaded machine: the check ran on and wrote its report)."""
+    from rollout_consistency.safeguards.atomic_write import write_all
+    from rollout_consistency.safeguards.cli_guard import EXIT_INTERRUPTED, guarded
+
+    report = tmp_path / "r.json"
+
+    class InterruptedInFinaliser:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs here, inside __del__, and its exception is swallowed
+                pass
+
+    def run(_argv):
+        InterruptedInFinaliser()  # dropped at once: __del__ runs now
+        write_all([(str(report), lambda path: Path(path).write_text("{}"))])
+        return 0
+
+    assert guarded(run, [], "rollout-consistency") == EXIT_INTERRUPTED
+    assert not report.exists()
+    assert list(tmp_path.iterdir()) == []

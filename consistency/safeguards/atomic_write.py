@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from rollout_consistency.safeguards.cli_guard import raise_if_interrupted
 from rollout_consistency.safeguards.output_paths import OutputTarget, resolve_output
 from rollout_consistency.safeguards.supervisor import announce_temp
 
@@ -81,6 +82,7 @@ def write_all(writes: Iterable[tuple[Target, Callable[[str], None]]]) -> list[Ou
             write(temporary)
             if target.kind == "file":
                 _fsync(temporary)
+        raise_if_interrupted()  # a Ctrl-C swallowed earlier (in an at-fork hook, a __del__) still writes nothing
         for target, temporary in pending:
             if target.kind != "file":
                 _copy_to_device(target, temporary)

@@ -35,7 +35,15 @@ from rollout_consistency.safeguards.fence import UserCodeError
 from rollout_consistency.safeguards.memory_budget import MemoryBudgetError
 from rollout_consistency.safeguards.paths import InputPathError
 
-__all__ = ["EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_PASS", "EXIT_USAGE", "guarded", "split_debug"]
+__all__ = [
+    "EXIT_FAIL",
+    "EXIT_INTERRUPTED",
+    "EXIT_PASS",
+    "EXIT_USAGE",
+    "guarded",
+    "raise_if_interrupted",
+    "split_debug",
+]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -75,7 +83,9 @@ def guarded(run: Callable[[list[str]], int], argv: Sequence[str] | None, prog: s
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     try:
         with _signals_as_interrupt(), _tolerate_closed_streams():
-            return run(argv)
+            code = run(argv)
+            raise_if_interrupted()  # an interrupt that was swallowed still ends the command as one
+            return code
     except KeyboardInterrupt:
         _say(prog, "interrupted; no report was written (reports are written all at once at the end).", debug)
         _forget_interrupt_inside_exec()
@@ -133,6 +143,18 @@ def _first_line(error: BaseException) -> str:
 #: forwarded by the supervisor).
 _SAME_INTERRUPT_S = 1.0
 
+#: Signals are process-wide, and so is this record of one: the handler's KeyboardInterrupt is lost when it lands
+#: in code whose exceptions CPython swallows ("Exception ignored in": an at-fork hook while Ray starts its
+#: workers, a ``__del__``), so the handler also sets this, and the reports and the exit code read it.
+_INTERRUPTED = threading.Event()
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt when a command's interrupt arrived and was swallowed before it could stop the command
+    (called before reports are put in place, `rollout_consistency.safeguards.atomic_write.write_all`)."""
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
 
 @contextlib.contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
@@ -147,8 +169,10 @@ def _signals_as_interrupt() -> Iterator[None]:
         if last and now - last[0] < _SAME_INTERRUPT_S:
             return
         last[:] = [now]
+        _INTERRUPTED.set()
         raise KeyboardInterrupt
 
+    _INTERRUPTED.clear()
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
     # A closed terminal (SIGHUP) too; under nohup it is ignored and stays ignored.
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
