@@ -1937,3 +1937,6 @@ def test_an_interrupt_swallowed_by_python_still_ends_the_command_and_writes_no_r
     assert guarded(run, [], "rollout-consistency") == EXIT_INTERRUPTED
     assert not report.exists()
     assert list(tmp_path.iterdir()) == []
+    # The record ends with the command: a report written afterwards, outside any command, is put in place.
+    write_all([(str(report), lambda path: Path(path).write_text("{}"))])
+    assert report.read_text() == "{}"

@@ -184,6 +184,7 @@ def _signals_as_interrupt() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _INTERRUPTED.clear()  # the record lives while a command runs: code after it (a caller's, a test) starts clean
 
 
 class _ClosedPipeSafe:
