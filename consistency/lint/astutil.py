@@ -172,13 +172,7 @@ def own_nodes(stmt: ast.stmt) -> Iterator[ast.AST]:
     nested statements or lambdas; contexts and operators left out."""
     yield stmt
     # `nodes_in_order` of each child in turn, on one stack (one generator per statement, not one per child)
-    stack = [child for child in reversed(children(stmt)) if not isinstance(child, _NESTED)]
-    while stack:
-        current = stack.pop()
-        yield current
-        found = children(current)
-        if found:
-            stack.extend(reversed([child for child in found if child.__class__ is not ast.Lambda]))
+    yield from _depth_first([child for child in reversed(children(stmt)) if not isinstance(child, _NESTED)])
 
 
 def nodes_in_order(node: ast.AST) -> Iterator[ast.AST]:
@@ -187,7 +181,11 @@ def nodes_in_order(node: ast.AST) -> Iterator[ast.AST]:
 
     Iterative, so a long generated expression (`1 + 1 + ... + 1`) does not exhaust Python's recursion limit.
     """
-    stack = [node]
+    return _depth_first([node])
+
+
+def _depth_first(stack: list[ast.AST]) -> Iterator[ast.AST]:
+    """Pop `stack` (its last entry first) and each node's children in source order, not entering lambdas."""
     while stack:
         current = stack.pop()
         yield current
