@@ -150,7 +150,7 @@ def test_empty_batch_gives_nan_figures_and_zero_count():
     "rollout, trainer, match",
     [
         (np.zeros((2, 3), np.float32), np.zeros((2, 2), np.float32), "shape"),
-        (np.zeros(3, np.float32), np.zeros(3, np.float32), "batch, window_steps"),
+        (np.zeros(3, np.float32), np.zeros(3, np.float32), "must be 2-D"),
         (np.zeros((2, 2), np.float16), np.zeros((2, 2), np.float16), "float32"),
         (torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2), "float32"),
         (np.zeros((2, 2), np.int64), np.zeros((2, 2), np.float32), "float32"),

@@ -29,7 +29,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POOLS", "Entries", "Indicator", "Layout", "Pooled", "cell_sums", "column_sums", "sequential_sum"]
+__all__ = [
+    "POOLS",
+    "Entries",
+    "Indicator",
+    "Layout",
+    "Pooled",
+    "cell_sums",
+    "column_sums",
+    "float_table",
+    "host_array",
+    "sequential_sum",
+]
 
 #: How a per-entry quantity becomes a figure: the unweighted mean over cells of each cell's mean, the same
 #: with each cell's population standard deviation, or the maximum over entries.
@@ -511,6 +522,41 @@ def sequential_sum(values: np.ndarray, start: float = 0.0) -> float:
     return total
 
 
-def as_table(value: Any) -> np.ndarray:
-    """`value` as a NumPy array (a torch tensor through ``.detach().cpu().numpy()``, without importing torch)."""
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
+def host_array(value: Any, name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` as a NumPy array, not copied where it need not be: a torch tensor through
+    ``.detach().cpu().numpy()`` (without importing torch), anything else through ``np.asarray``.
+
+    Raises:
+        error: a bfloat16/float16 tensor (`name` says which argument): it has already lost the digits compared
+            here, and widening it back would hide that.
+    """
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
+            raise error(
+                f"{name} is a {value.dtype} tensor: it has already lost the digits compared here; pass float32 "
+                f"(cast the model output to float32 before the scheduler's log-prob, and never cast log-probs down)."
+            )
+        value = value.numpy()
+    return np.asarray(value)
+
+
+def float_table(value: Any, name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` (a user's ``(N, T)`` log-prob or timestep table: torch tensor or array) as a 2-D float32/float64
+    NumPy array, not copied where it need not be.
+
+    Raises:
+        error: `value` is None, not 2-D, or not float32/float64 (a bf16/fp16 table has already lost the digits
+            compared here); the message names `name` and the fix.
+    """
+    if value is None:
+        raise error(f"{name} is missing; pass an (N, T) float32 table.")
+    array = host_array(value, name, error)
+    if array.ndim != 2:
+        raise error(f"{name} must be 2-D (samples, steps), got shape {array.shape}; reshape it to (N, T).")
+    if array.dtype not in (np.float32, np.float64):
+        raise error(
+            f"{name} has dtype {array.dtype}; pass float32 (or float64): bf16/fp16 log-probs have already lost the "
+            f"digits compared here."
+        )
+    return array
