@@ -53,6 +53,7 @@ from rollout_consistency.gate.judging.aliasing import shares_memory
 from rollout_consistency.gate.judging.metrics import clip_ranges
 from rollout_consistency.gate.judging.views import float_table, host_array
 
+from . import _SERVED_BY
 from .exact_sum import ExactSum
 
 #: verl's clamp of log-ratios before exp in χ² (``SAFETY_BOUND``).
@@ -538,17 +539,6 @@ def _standard_error(sum_sq: ExactSum, mean: float, count: int, broken: bool) -> 
     return math.sqrt(variance / count)
 
 
-__all__ = [
-    "COUNT_NAMES",
-    "FIGURE_NAMES",
-    "MAX_TIMESTEP_PREFIX",
-    "VERL_NAMES",
-    "VERL_TIMESTEP_PREFIX",
-    "StepFigures",
-    "StepStats",
-    "StepStatsError",
-    "TimestepStats",
-    "figures_from_scalars",
-    "label_timestep",
-    "timestep_label",
-]
+# The names the package face serves from here are declared once, in the face; MAX_TIMESTEP_PREFIX is this module's
+# alone (watch_series reads it).
+__all__ = [*_SERVED_BY["figures"], "MAX_TIMESTEP_PREFIX"]
