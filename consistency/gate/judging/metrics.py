@@ -61,7 +61,7 @@ import numpy as np
 
 from rollout_consistency.base.registry import Registry, markdown_table
 
-from .views import POOLS, Entries, Indicator, Layout, Pooled, float_table, host_array
+from .views import POOLS, Entries, Indicator, Layout, Pooled, flag_table, float_table
 
 Side = Literal["rollout", "trainer"]
 
@@ -708,12 +708,7 @@ def _log_prob_table(value: Any, name: str, expect: tuple[int, ...] | None = None
 def _as_mask(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray | None:
     if value is None:
         return None
-    array = host_array(value, f"`{name}`", MetricsInputError)
-    if array.shape != shape:
-        raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {shape} (one flag per step).")
-    if array.dtype != bool and not np.isin(array, (0, 1)).all():
-        raise MetricsInputError(f"`{name}` must hold booleans (or 0/1).")
-    return array.astype(bool)
+    return flag_table(value, shape, f"`{name}`", MetricsInputError)
 
 
 def _both(r_mask: np.ndarray | None, t_mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:

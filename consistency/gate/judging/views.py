@@ -37,6 +37,7 @@ __all__ = [
     "Pooled",
     "cell_sums",
     "column_sums",
+    "flag_table",
     "float_table",
     "host_array",
     "sequential_sum",
@@ -539,6 +540,17 @@ def host_array(value: Any, name: str, error: type[ValueError]) -> np.ndarray:
             )
         value = value.numpy()
     return np.asarray(value)
+
+
+def flag_table(value: Any, shape: tuple[int, ...], name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` (which entries to use: a torch tensor or array of `shape`, bool or 0/1) as a bool NumPy array (a
+    copy). Raises `error` on another shape or other values."""
+    array = host_array(value, name, error)
+    if array.shape != shape:
+        raise error(f"{name} has shape {array.shape}, expected {shape} (one flag per entry).")
+    if array.dtype != bool and not np.isin(array, (0, 1)).all():
+        raise error(f"{name} must hold booleans (or 0/1).")
+    return array.astype(bool)
 
 
 def float_table(value: Any, name: str, error: type[ValueError]) -> np.ndarray:

@@ -51,7 +51,7 @@ import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import shares_memory
 from rollout_consistency.gate.judging.metrics import clip_ranges
-from rollout_consistency.gate.judging.views import float_table, host_array
+from rollout_consistency.gate.judging.views import flag_table, float_table
 
 from . import _SERVED_BY
 from .exact_sum import ExactSum
@@ -281,14 +281,10 @@ class StepStats:
                 f"must score the same (samples, steps)."
             )
         low, high = clip_ranges(clip_ratio, clip_ratio_low, clip_ratio_high, StepStatsError)
-        valid = np.ones(rollout.shape, dtype=bool)
-        if mask is not None:
-            given = host_array(mask, "mask", StepStatsError)
-            if given.shape != rollout.shape:
-                raise StepStatsError(f"mask has shape {given.shape}, expected {rollout.shape} (one flag per entry).")
-            if given.dtype != bool and not np.isin(given, (0, 1)).all():
-                raise StepStatsError("mask must hold booleans (or 0/1).")
-            valid = given.astype(bool)
+        if mask is None:
+            valid = np.ones(rollout.shape, dtype=bool)
+        else:
+            valid = flag_table(mask, rollout.shape, "mask", StepStatsError)
         steps = None
         if timesteps is not None:
             steps = float_table(timesteps, "timesteps", StepStatsError)
