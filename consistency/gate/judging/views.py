@@ -18,6 +18,10 @@ trainer's ``for step: for micro-batch: log(mean(...))``) gives, bit for bit:
 NumPy adds row by row when it reduces an axis that is not the contiguous one (`column_sums`), and
 ``np.add.accumulate`` is sequential by definition; both are used only where that order is the one above
 (tests/test_judging_views.py holds them to a plain Python loop).
+
+Before any of that, a user's tables are read here, once for every reader (`compute_metrics`, `gate`, the recorder,
+the dump, the monitor): `host_array` (a torch tensor to NumPy; bf16/fp16 refused), `float_table` (an ``(N, T)``
+float32/float64 table) and `flag_table` (a bool or 0/1 mask), each raising the caller's own error class.
 """
 
 from __future__ import annotations
