@@ -71,6 +71,33 @@ def test_shape_mismatch_is_a_fail_and_bad_inputs_are_one_line_errors():
         gate(rollout.astype(np.float16), rollout)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_reader_of_a_users_tables_refuses_a_half_precision_tensor_by_name(dtype, tmp_path):
+    """One reading of the user's tensors (judging.views.host_array) serves compute_metrics, gate(), StepStats, the
+    recorder, the monitor and write_dump: a bf16/fp16 tensor is refused there, naming the argument, even where its dtype would
+    otherwise pass (a float16 advantages vector is a float vector)."""
+    torch = pytest.importorskip("torch")
+    from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_metrics
+    from rollout_consistency.gate.monitor import MonitorError, MonitorSettings, RunMonitor, StepStats, StepStatsError
+    from rollout_consistency.gate.tables.recorder import RecorderError, Step1Recorder
+
+    rollout, _ = tables()
+    half = torch.from_numpy(rollout).to(getattr(torch, dtype))
+    path = tmp_path / "step1.safetensors"
+    cases = [
+        (MetricsInputError, "`trainer_log_probs`", lambda: compute_metrics(rollout, half)),
+        (GateInputError, "advantages", lambda: gate(rollout, rollout.copy(), advantages=half[:, 0])),
+        (StepStatsError, "mask", lambda: StepStats.from_tables(rollout, rollout.copy(), mask=half)),
+        (RecorderError, "log_probs", lambda: Step1Recorder(None).record([0], 0, rollout[:1, 0], half[:1, 0])),
+        (MonitorError, "trainer_log_probs", lambda: RunMonitor(MonitorSettings()).observe(0, rollout, half)),
+        (DumpFormatError, "write_dump: rollout_log_probs", lambda: write_dump(path, half, rollout)),
+    ]
+    for error, name, call in cases:
+        with pytest.raises(error, match=f"^{name} is a torch.{dtype} tensor: it has already lost the digits"):
+            call()
+    assert not path.exists()  # refused before anything is written
+
+
 def test_gate_takes_one_settings_object_and_keywords_are_its_fields():
     """`gate(r, t, TableSettings(...))` and today's keyword call give the same report; keywords override the
     object's fields; a keyword that is no field, or a bad field, is refused before anything is computed."""

@@ -150,7 +150,7 @@ def test_empty_batch_gives_nan_figures_and_zero_count():
     "rollout, trainer, match",
     [
         (np.zeros((2, 3), np.float32), np.zeros((2, 2), np.float32), "shape"),
-        (np.zeros(3, np.float32), np.zeros(3, np.float32), "batch, window_steps"),
+        (np.zeros(3, np.float32), np.zeros(3, np.float32), "must be 2-D"),
         (np.zeros((2, 2), np.float16), np.zeros((2, 2), np.float16), "float32"),
         (torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2), "float32"),
         (np.zeros((2, 2), np.int64), np.zeros((2, 2), np.float32), "float32"),
@@ -169,6 +169,23 @@ def test_bad_settings_are_usage_errors():
         compute_metrics(z, z, clip_ratio_low=-1.0)
     with pytest.raises(MetricsInputError, match="rollout_mask"):
         compute_metrics(z, z, masks=(np.ones((2, 1), bool), None))
+
+
+def test_masks_are_read_alike_by_the_metrics_and_the_monitor():
+    """One reading of a mask (judging.views.flag_table) for compute_metrics and the monitor's StepStats: bool or 0/1
+    of the tables' shape, a 0/1 float mask used as flags; anything else refused, naming the argument."""
+    from rollout_consistency.gate.monitor import StepStats, StepStatsError
+
+    rollout = np.zeros((2, 3), np.float32)
+    trainer = np.full((2, 3), 1e-3, np.float32)
+    flags = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], np.float32)
+    assert compute_metrics(rollout, trainer, masks=(torch.from_numpy(flags), None)).overall.count == 4
+    assert StepStats.from_tables(rollout, trainer, mask=torch.from_numpy(flags)).entries == 4
+    for bad, words in ((flags * 2, "must hold booleans"), (flags[:, :2], "one flag per entry")):
+        with pytest.raises(MetricsInputError, match=f"^`rollout_mask` .*{words}"):
+            compute_metrics(rollout, trainer, masks=(bad, None))
+        with pytest.raises(StepStatsError, match=f"^mask .*{words}"):
+            StepStats.from_tables(rollout, trainer, mask=bad)
 
 
 def test_round_trips_through_dict():

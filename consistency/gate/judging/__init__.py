@@ -4,6 +4,7 @@ reads the check's `CheckConfig` (tests/test_layout.py keeps it so): what it know
 one `JudgingSettings`, built from the config at the check's top; numpy only.
 
     views            the float64 working table and its views (cells, positions, timesteps, samples), vectorised
+                     and the one reading of a user's tables (`host_array`, `float_table`, `flag_table`)
     metrics          the figures GRPO trainers log (`METRICS`: ratio mean/std, ppo_kl, clip fractions, approx_kl,
                      |Δlogp|): one `Metric` entry each
     mismatch         the mismatch statistics LLM trainers log (`STATISTICS`, reported, never gated)

@@ -61,7 +61,7 @@ import numpy as np
 
 from rollout_consistency.base.registry import Registry, markdown_table
 
-from .views import POOLS, Entries, Indicator, Layout, Pooled, as_table
+from .views import POOLS, Entries, Indicator, Layout, Pooled, flag_table, float_table
 
 Side = Literal["rollout", "trainer"]
 
@@ -591,11 +591,7 @@ def compute_metrics(
     r_mask = _as_mask(rollout_mask, shape, "rollout_mask")
     t_mask = _as_mask(trainer_mask, shape, "trainer_mask")
     steps = None if timesteps is None else _log_prob_table(timesteps, "timesteps", expect=shape)
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    for name, value in (("clip_ratio_low", low), ("clip_ratio_high", high)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise MetricsInputError(f"{name} must be a finite number >= 0, got {value!r}.")
+    low, high = clip_ranges(clip_ratio, clip_ratio_low, clip_ratio_high, MetricsInputError)
     if micro_batch_size is not None and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
         raise MetricsInputError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}.")
 
@@ -614,7 +610,7 @@ def compute_metrics(
     if valid is not None:
         delta[~valid] = 0.0
     layout = Layout(valid, shape, batch if micro_batch_size is None else micro_batch_size, steps)
-    entries = Entries(delta, float(low), float(high))
+    entries = Entries(delta, low, high)
     metrics = METRICS.values()
     pooled = _pool_metrics(layout, metrics, entries)
     del entries, delta  # release the working table before the result objects are built
@@ -633,8 +629,8 @@ def compute_metrics(
         num_samples=batch,
         num_positions=width,
         micro_batch_size=micro_batch_size,
-        clip_ratio_low=float(low),
-        clip_ratio_high=float(high),
+        clip_ratio_low=low,
+        clip_ratio_high=high,
     )
 
 
@@ -688,42 +684,31 @@ def _steps(metrics: Sequence[Metric], pooled: Sequence[Pooled], layout: Layout, 
 
 
 # ----------------------------------------------------------------------------------------------------
-_ALLOWED_DTYPES = ("float32", "float64")
+def clip_ranges(
+    clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None, error: type[ValueError]
+) -> tuple[float, float]:
+    """The PPO clip ranges ``(ε_low, ε_high)`` as floats: each `clip_ratio` unless given on its own (verl's
+    ``clip_ratio_low`` / ``clip_ratio_high``). Raises `error` when one is not a finite number >= 0."""
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    for name, value in (("clip_ratio_low", low), ("clip_ratio_high", high)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise error(f"{name} must be a finite number >= 0, got {value!r}.")
+    return float(low), float(high)
 
 
 def _log_prob_table(value: Any, name: str, expect: tuple[int, ...] | None = None) -> np.ndarray:
-    """`value` as a float32/float64 NumPy array (not copied, not widened: the working table widens Δ only)."""
-    if value is None:
-        raise MetricsInputError(f"`{name}` is required.")
-    try:
-        value = as_table(value)
-    except TypeError as error:  # bf16 tensors refuse .numpy()
-        raise MetricsInputError(
-            f"`{name}` is {getattr(value, 'dtype', '?')}; log-probs must be stored and compared in float32. "
-            f"Keep the scheduler's float32 log_prob instead of casting it."
-        ) from error
-    array = np.asarray(value)
-    if array.dtype.name not in _ALLOWED_DTYPES:
-        raise MetricsInputError(
-            f"`{name}` has dtype {array.dtype}; expected float32 (or float64). Low-precision log-probs have "
-            f"already lost the digits this check compares; keep the scheduler's float32 output."
-        )
+    """`value` as a 2-D float32/float64 NumPy array (not copied, not widened: the working table widens Δ only)."""
+    array = float_table(value, f"`{name}`", MetricsInputError)
     if expect is not None and array.shape != expect:
         raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {expect}.")
-    if expect is None and array.ndim != 2:
-        raise MetricsInputError(f"`{name}` must have shape (batch, window_steps); got {array.shape}.")
     return array
 
 
 def _as_mask(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray | None:
     if value is None:
         return None
-    array = np.asarray(as_table(value))
-    if array.shape != shape:
-        raise MetricsInputError(f"`{name}` has shape {array.shape}, expected {shape} (one flag per step).")
-    if array.dtype != bool and not np.isin(array, (0, 1)).all():
-        raise MetricsInputError(f"`{name}` must hold booleans (or 0/1).")
-    return array.astype(bool)
+    return flag_table(value, shape, f"`{name}`", MetricsInputError)
 
 
 def _both(r_mask: np.ndarray | None, t_mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:

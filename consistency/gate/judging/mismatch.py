@@ -505,18 +505,18 @@ def compute_mismatch(
     statistics = [s for s in STATISTICS.values() if adv is not None or not s.needs_advantages]
     optional = [s.name for s in STATISTICS.values() if adv is None and s.needs_advantages]
 
-    overall = _values(statistics, optional, _overall_view(rollout, trainer, mask, adv, clips))
+    tables = _Tables(rollout, trainer, mask, None if timesteps is None else np.asarray(timesteps), adv, clips)
+    overall = _values(statistics, optional, _overall_view(tables))
     width = rollout.shape[1] if rollout.ndim == 2 else 0
     steps: list[StepMismatch] = []
-    columns = _column_views(rollout, trainer, mask, timesteps, adv, clips) if overall.count else None
+    columns = _column_views(tables) if overall.count else None
     if columns is not None:  # every view is one whole column: all views at once
         order, labels, view = columns
         rows = _values(statistics, optional, view, rows=len(order))
         steps = [StepMismatch(pos, ts, rows[i]) for i, pos, ts in zip(order, *labels, strict=True)]
     elif overall.count:  # one view at a time
         steps = [
-            StepMismatch(pos, ts, _values(statistics, optional, view))
-            for pos, ts, view in _picked_views(rollout, trainer, mask, timesteps, adv, clips, width)
+            StepMismatch(pos, ts, _values(statistics, optional, view)) for pos, ts, view in _picked_views(tables, width)
         ]
     return MismatchStats(overall, tuple(steps), float(clip_ratio_low), float(clip_ratio_high), float(clip_ratio_c))
 
@@ -538,13 +538,21 @@ def _values(
     ]
 
 
-def _overall_view(
-    rollout: np.ndarray,
-    trainer: np.ndarray,
-    mask: np.ndarray | None,
-    adv: np.ndarray | None,
-    clips: tuple[float, float, float],
-) -> StatisticView | None:
+@dataclass(frozen=True)
+class _Tables:
+    """What one `compute_mismatch` call compares, as its view builders read it (arrays; ``mask`` None when every
+    entry is used)."""
+
+    rollout: np.ndarray
+    trainer: np.ndarray
+    mask: np.ndarray | None
+    timesteps: np.ndarray | None
+    adv: np.ndarray | None
+    clips: tuple[float, float, float]
+
+
+def _overall_view(tables: _Tables) -> StatisticView | None:
+    rollout, trainer, mask, adv, clips = tables.rollout, tables.trainer, tables.mask, tables.adv, tables.clips
     with np.errstate(invalid="ignore"):
         delta = np.subtract(trainer, rollout, dtype=np.float64)
     if mask is None:
@@ -572,24 +580,17 @@ def _overall_view(
     )
 
 
-def _column_views(
-    rollout: np.ndarray,
-    trainer: np.ndarray,
-    mask: np.ndarray | None,
-    timesteps: np.ndarray | None,
-    adv: np.ndarray | None,
-    clips: tuple[float, float, float],
-) -> tuple[list[int], tuple[list[int], list[float | None]], StatisticView] | None:
+def _column_views(tables: _Tables) -> tuple[list[int], tuple[list[int], list[float | None]], StatisticView] | None:
     """All views at once, one row each, when every entry is used and each view is one whole column (no
     timesteps, or one timestep value per column and a different one in each): None otherwise."""
-    if mask is not None or rollout.ndim != 2 or rollout.shape[0] == 0:
+    rollout, trainer, steps, adv = tables.rollout, tables.trainer, tables.timesteps, tables.adv
+    if tables.mask is not None or rollout.ndim != 2 or rollout.shape[0] == 0:
         return None
     batch, width = rollout.shape
     positions = list(range(width))
-    if timesteps is None:
+    if steps is None:
         order, labels = positions, (positions, [None] * width)
     else:
-        steps = np.asarray(timesteps)
         first = steps[0]
         if not (steps == first[None, :]).all() or np.unique(first).size != width:
             return None
@@ -622,26 +623,19 @@ def _column_views(
             sides=sides,
             per_sample=per_sample,
             advantages=None if adv is None else lambda: np.broadcast_to(adv[None, :], delta.shape),
-            clips=clips,
+            clips=tables.clips,
         ),
     )
 
 
-def _picked_views(
-    rollout: np.ndarray,
-    trainer: np.ndarray,
-    mask: np.ndarray | None,
-    timesteps: np.ndarray | None,
-    adv: np.ndarray | None,
-    clips: tuple[float, float, float],
-    width: int,
-) -> Iterator[tuple[int | None, float | None, StatisticView]]:
+def _picked_views(tables: _Tables, width: int) -> Iterator[tuple[int | None, float | None, StatisticView]]:
     """Each view's entries picked out of the tables, in (sample, step) order, one view at a time (views that are
     not whole columns: windows drawn per prompt group, or entries left out)."""
+    rollout, trainer, mask, timesteps, adv = tables.rollout, tables.trainer, tables.mask, tables.timesteps, tables.adv
     flat_rollout, flat_trainer = rollout.reshape(-1), trainer.reshape(-1)
     groups: list[tuple[int | None, float | None, np.ndarray]] = []  # (position, timestep, flat entry indices)
     if timesteps is not None:
-        keys, key_of = key_table(np.asarray(timesteps), mask)
+        keys, key_of = key_table(timesteps, mask)
         flat_keys = key_of.reshape(-1)
         by_key = np.argsort(flat_keys, kind="stable")  # grouped by key, (sample, step) order inside a group
         bounds = np.searchsorted(flat_keys[by_key], np.arange(keys.size + 1))
@@ -663,7 +657,7 @@ def _picked_views(
             sides=lambda entries=entries: (flat_rollout[entries], flat_trainer[entries]),
             per_sample=lambda group=group, delta=delta: (np.bincount(group, weights=delta), np.bincount(group)),
             advantages=None if adv is None else lambda sample=sample: adv[sample],
-            clips=clips,
+            clips=tables.clips,
         )
         yield pos, key, view
 

@@ -18,6 +18,10 @@ trainer's ``for step: for micro-batch: log(mean(...))``) gives, bit for bit:
 NumPy adds row by row when it reduces an axis that is not the contiguous one (`column_sums`), and
 ``np.add.accumulate`` is sequential by definition; both are used only where that order is the one above
 (tests/test_judging_views.py holds them to a plain Python loop).
+
+Before any of that, a user's tables are read here, once for every reader (`compute_metrics`, `gate`, the recorder,
+the dump, the monitor): `host_array` (a torch tensor to NumPy; bf16/fp16 refused), `float_table` (an ``(N, T)``
+float32/float64 table) and `flag_table` (a bool or 0/1 mask), each raising the caller's own error class.
 """
 
 from __future__ import annotations
@@ -29,7 +33,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POOLS", "Entries", "Indicator", "Layout", "Pooled", "cell_sums", "column_sums", "sequential_sum"]
+__all__ = [
+    "POOLS",
+    "Entries",
+    "Indicator",
+    "Layout",
+    "Pooled",
+    "cell_sums",
+    "column_sums",
+    "flag_table",
+    "float_table",
+    "host_array",
+    "sequential_sum",
+]
 
 #: How a per-entry quantity becomes a figure: the unweighted mean over cells of each cell's mean, the same
 #: with each cell's population standard deviation, or the maximum over entries.
@@ -511,6 +527,52 @@ def sequential_sum(values: np.ndarray, start: float = 0.0) -> float:
     return total
 
 
-def as_table(value: Any) -> np.ndarray:
-    """`value` as a NumPy array (a torch tensor through ``.detach().cpu().numpy()``, without importing torch)."""
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
+def host_array(value: Any, name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` as a NumPy array, not copied where it need not be: a torch tensor through
+    ``.detach().cpu().numpy()`` (without importing torch), anything else through ``np.asarray``.
+
+    Raises:
+        error: a bfloat16/float16 tensor (`name` says which argument): it has already lost the digits compared
+            here, and widening it back would hide that.
+    """
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
+            raise error(
+                f"{name} is a {value.dtype} tensor: it has already lost the digits compared here; pass float32 "
+                f"(cast the model output to float32 before the scheduler's log-prob, and never cast log-probs down)."
+            )
+        value = value.numpy()
+    return np.asarray(value)
+
+
+def flag_table(value: Any, shape: tuple[int, ...], name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` (which entries to use: a torch tensor or array of `shape`, bool or 0/1) as a bool NumPy array (a
+    copy). Raises `error` on another shape or other values."""
+    array = host_array(value, name, error)
+    if array.shape != shape:
+        raise error(f"{name} has shape {array.shape}, expected {shape} (one flag per entry).")
+    if array.dtype != bool and not np.isin(array, (0, 1)).all():
+        raise error(f"{name} must hold booleans (or 0/1).")
+    return array.astype(bool)
+
+
+def float_table(value: Any, name: str, error: type[ValueError]) -> np.ndarray:
+    """`value` (a user's ``(N, T)`` log-prob or timestep table: torch tensor or array) as a 2-D float32/float64
+    NumPy array, not copied where it need not be.
+
+    Raises:
+        error: `value` is None, not 2-D, or not float32/float64 (a bf16/fp16 table has already lost the digits
+            compared here); the message names `name` and the fix.
+    """
+    if value is None:
+        raise error(f"{name} is missing; pass an (N, T) float32 table.")
+    array = host_array(value, name, error)
+    if array.ndim != 2:
+        raise error(f"{name} must be 2-D (samples, steps), got shape {array.shape}; reshape it to (N, T).")
+    if array.dtype not in (np.float32, np.float64):
+        raise error(
+            f"{name} has dtype {array.dtype}; pass float32 (or float64): bf16/fp16 log-probs have already lost the "
+            f"digits compared here."
+        )
+    return array

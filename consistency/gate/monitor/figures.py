@@ -50,7 +50,10 @@ from typing import Any
 import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import shares_memory
+from rollout_consistency.gate.judging.metrics import clip_ranges
+from rollout_consistency.gate.judging.views import flag_table, float_table
 
+from . import _SERVED_BY
 from .exact_sum import ExactSum
 
 #: verl's clamp of log-ratios before exp in χ² (``SAFETY_BOUND``).
@@ -270,34 +273,26 @@ class StepStats:
                 "rollout_log_probs and trainer_log_probs are the same memory (verl-omni's bypass mode copies "
                 "rollout_log_probs into old_log_probs): pass the trainer's own recompute, or do not monitor this step."
             )
-        rollout = _table(rollout_log_probs, "rollout_log_probs")
-        trainer = _table(trainer_log_probs, "trainer_log_probs")
+        rollout = float_table(rollout_log_probs, "rollout_log_probs", StepStatsError)
+        trainer = float_table(trainer_log_probs, "trainer_log_probs", StepStatsError)
         if rollout.shape != trainer.shape:
             raise StepStatsError(
                 f"rollout_log_probs has shape {rollout.shape} but trainer_log_probs has {trainer.shape}: both sides "
                 f"must score the same (samples, steps)."
             )
-        low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-        high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-        for name, value in (("clip_ratio_low", low), ("clip_ratio_high", high)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise StepStatsError(f"{name} must be a finite number >= 0, got {value!r}.")
-        valid = np.ones(rollout.shape, dtype=bool)
-        if mask is not None:
-            given = np.asarray(_numpy(mask))
-            if given.shape != rollout.shape:
-                raise StepStatsError(f"mask has shape {given.shape}, expected {rollout.shape} (one flag per entry).")
-            if given.dtype != bool and not np.isin(given, (0, 1)).all():
-                raise StepStatsError("mask must hold booleans (or 0/1).")
-            valid = given.astype(bool)
+        low, high = clip_ranges(clip_ratio, clip_ratio_low, clip_ratio_high, StepStatsError)
+        if mask is None:
+            valid = np.ones(rollout.shape, dtype=bool)
+        else:
+            valid = flag_table(mask, rollout.shape, "mask", StepStatsError)
         steps = None
         if timesteps is not None:
-            steps = _table(timesteps, "timesteps")
+            steps = float_table(timesteps, "timesteps", StepStatsError)
             if steps.shape != rollout.shape:
                 raise StepStatsError(f"timesteps has shape {steps.shape}, expected {rollout.shape}.")
             if not np.isfinite(steps[valid]).all():
                 raise StepStatsError("timesteps holds NaN or inf; pass the scheduler's timestep of each entry.")
-        return _stats(rollout, trainer, valid, steps, (float(low), float(high)))
+        return _stats(rollout, trainer, valid, steps, (low, high))
 
     def merge(self, *others: StepStats) -> StepStats:
         """These statistics and `others`' as one step (exact: the order does not matter)."""
@@ -540,39 +535,6 @@ def _standard_error(sum_sq: ExactSum, mean: float, count: int, broken: bool) -> 
     return math.sqrt(variance / count)
 
 
-def _numpy(value: Any) -> Any:
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()
-        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
-            raise StepStatsError(
-                f"a {value.dtype} table has already lost the digits compared here; keep the float32 log-probs."
-            )
-        return value.numpy()
-    return value
-
-
-def _table(value: Any, name: str) -> np.ndarray:
-    if value is None:
-        raise StepStatsError(f"{name} is missing; pass an (N, T) float32 table.")
-    array = np.asarray(_numpy(value))
-    if array.ndim != 2:
-        raise StepStatsError(f"{name} must be 2-D (samples, steps), got shape {array.shape}; reshape it to (N, T).")
-    if array.dtype not in (np.float32, np.float64):
-        raise StepStatsError(f"{name} has dtype {array.dtype}; pass float32 (or float64) log-probs.")
-    return array
-
-
-__all__ = [
-    "COUNT_NAMES",
-    "FIGURE_NAMES",
-    "MAX_TIMESTEP_PREFIX",
-    "VERL_NAMES",
-    "VERL_TIMESTEP_PREFIX",
-    "StepFigures",
-    "StepStats",
-    "StepStatsError",
-    "TimestepStats",
-    "figures_from_scalars",
-    "label_timestep",
-    "timestep_label",
-]
+# The names the package face serves from here are declared once, in the face; MAX_TIMESTEP_PREFIX is this module's
+# alone (watch_series reads it).
+__all__ = [*_SERVED_BY["figures"], "MAX_TIMESTEP_PREFIX"]

@@ -47,6 +47,7 @@ import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import shares_memory
 from rollout_consistency.gate.judging.loggers import LoggerError, log_scalars, parse_tracker
+from rollout_consistency.gate.judging.views import host_array
 from rollout_consistency.gate.tables.api import gate
 from rollout_consistency.gate.tables.dump import write_dump
 from rollout_consistency.gate.tables.recorder import innermost_optimizer
@@ -209,11 +210,11 @@ class RunMonitor:
                 f"copies rollout_log_probs into old_log_probs): pass the trainer's own recompute."
             )
         tables = _Tables(
-            _numpy(rollout_log_probs),
-            _numpy(trainer_log_probs),
-            None if timesteps is None else _numpy(timesteps),
-            None if mask is None else _numpy(mask),
-            None if sample_ids is None else _numpy(sample_ids),
+            host_array(rollout_log_probs, "rollout_log_probs", MonitorError),
+            host_array(trainer_log_probs, "trainer_log_probs", MonitorError),
+            None if timesteps is None else host_array(timesteps, "timesteps", MonitorError),
+            None if mask is None else host_array(mask, "mask", MonitorError),
+            None if sample_ids is None else host_array(sample_ids, "sample_ids", MonitorError),
         )
         return self._step(step, tables)
 
@@ -507,15 +508,6 @@ def _targets(log_to: Any) -> list[Any]:
     return [os.fspath(t) if isinstance(t, os.PathLike) else t for t in targets]
 
 
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()
-        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
-            raise MonitorError(f"a {value.dtype} log-prob has already lost the digits compared here; record float32.")
-        return value.numpy()
-    return np.asarray(value)
-
-
 def _cells(value: Any, name: str, *, size: int | None = None, integer: bool = False) -> Any:
     """A flat copy of one record() argument, kept as given (a torch tensor stays one: the step's cells are joined
     and converted once, at its end); dtypes are checked here."""
@@ -557,7 +549,7 @@ def _joined(parts: list[Any]) -> np.ndarray:
         import torch
 
         return torch.cat(parts).numpy()
-    return np.concatenate([np.asarray(_numpy(p)) for p in parts])
+    return np.concatenate([host_array(p, "a recorded table", MonitorError) for p in parts])
 
 
 def _tables_of(cells: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]) -> _Tables:

@@ -32,6 +32,7 @@ from rollout_consistency.gate.judging.metrics import MetricsInputError, compute_
 from rollout_consistency.gate.judging.mismatch import compute_mismatch
 from rollout_consistency.gate.judging.report import Report, junit_xml
 from rollout_consistency.gate.judging.verdict import Problem, Verdict, decide, window_problems
+from rollout_consistency.gate.judging.views import float_table, host_array
 
 from .settings import GateInputError, TableSettings
 
@@ -125,8 +126,8 @@ def gate(
     settings = TableSettings() if settings is None else settings
     if overrides:
         settings = settings.replace(**overrides)
-    rollout = _table(rollout_log_probs, "rollout_log_probs")
-    trainer = _table(trainer_log_probs, "trainer_log_probs")
+    rollout = float_table(rollout_log_probs, "rollout_log_probs", GateInputError)
+    trainer = float_table(trainer_log_probs, "trainer_log_probs", GateInputError)
     n = rollout.shape[0]
     ids = _vector(sample_ids, n, "sample_ids", integer=True)
     if ids is None:
@@ -143,7 +144,7 @@ def gate(
     adv = _vector(advantages, n, "advantages", integer=False)
     steps = None
     if timesteps is not None:
-        steps = _table(timesteps, "timesteps")
+        steps = float_table(timesteps, "timesteps", GateInputError)
         if steps.shape != rollout.shape:
             raise GateInputError(
                 f"timesteps has shape {steps.shape}, expected {rollout.shape} (one value per rollout log-prob)."
@@ -250,36 +251,10 @@ def _coverage_problems(expected: int | tuple[int, ...] | None, ids: np.ndarray, 
     return [Problem("complete", f"{absent} of the {count} samples the rollout produced were not gated{which}: {why}")]
 
 
-def _to_numpy(value: Any) -> Any:
-    # A torch tensor without importing torch: detach/cpu when present.
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()
-        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
-            raise GateInputError(
-                f"a {value.dtype} table has already lost the digits this gate compares; record float32 log-probs."
-            )
-        return value.numpy()
-    return value
-
-
-def _table(value: Any, name: str) -> np.ndarray:
-    if value is None:
-        raise GateInputError(f"{name} is missing; pass an (N, T) float32 table.")
-    array = np.asarray(_to_numpy(value))
-    if array.ndim != 2:
-        raise GateInputError(f"{name} must be 2-D (samples, steps), got shape {array.shape}; reshape it to (N, T).")
-    if array.dtype not in (np.float32, np.float64):
-        raise GateInputError(
-            f"{name} has dtype {array.dtype}; pass float32 (bf16/fp16 log-probs have already lost the digits "
-            f"compared here)."
-        )
-    return array
-
-
 def _vector(value: Any, n: int, name: str, *, integer: bool) -> np.ndarray | None:
     if value is None:
         return None
-    array = np.asarray(_to_numpy(value))
+    array = host_array(value, name, GateInputError)
     if array.shape != (n,):
         raise GateInputError(f"{name} has shape {array.shape}, expected ({n},): one value per sample (table row).")
     if integer:

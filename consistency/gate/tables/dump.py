@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
+from rollout_consistency.gate.judging.views import host_array
 from rollout_consistency.safeguards.atomic_write import write_all
 from rollout_consistency.safeguards.memory_budget import check_fits
 from rollout_consistency.safeguards.paths import open_regular
@@ -161,7 +162,7 @@ def write_dump(
     for name, value in given.items():
         if value is None:
             continue
-        array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+        array = host_array(value, f"write_dump: {name}", DumpFormatError)
         rank = _SPEC[name][0]
         if rank == 1 and array.dtype.kind in "iu":
             array = array.astype(np.int64)

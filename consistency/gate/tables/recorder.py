@@ -58,6 +58,7 @@ import numpy as np
 
 from rollout_consistency.gate.judging.aliasing import ALIASED_FIX, shares_memory
 from rollout_consistency.gate.judging.loggers import check_target
+from rollout_consistency.gate.judging.views import host_array
 
 from .api import gate
 from .coverage import COVERAGE_KEY, settings_with_coverage
@@ -313,20 +314,8 @@ def _log_targets(log_to: Any) -> list[Any]:
     return targets
 
 
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu()
-        if str(value.dtype) in ("torch.bfloat16", "torch.float16"):
-            raise RecorderError(
-                f"a {value.dtype} log-prob has already lost the digits the step-1 check compares; compute the "
-                f"log-prob in float32 (cast the model output to float32 before the scheduler's log-prob)."
-            )
-        value = value.numpy()
-    return np.asarray(value)
-
-
 def _ints(value: Any, name: str, n: int | None = None) -> np.ndarray:
-    array = _numpy(value)
+    array = host_array(value, name, RecorderError)
     if array.ndim == 0 and n is not None:
         array = np.full(n, array)
     if array.ndim != 1 or (n is not None and array.shape[0] != n):
@@ -338,7 +327,7 @@ def _ints(value: Any, name: str, n: int | None = None) -> np.ndarray:
 
 
 def _floats(value: Any, name: str, n: int, *, allow_wide: bool = False) -> np.ndarray:
-    array = _numpy(value)
+    array = host_array(value, name, RecorderError)
     if array.ndim == 0 and allow_wide:
         array = np.full(n, array)
     if array.shape != (n,):
