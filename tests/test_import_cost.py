@@ -106,6 +106,26 @@ def test_a_command_loads_what_it_runs(argv: list[str], most: int, numpy: bool, c
     assert ran - _SHARED_COMMAND_MODULES == commands, f"{argv} loaded the commands {sorted(ran)}"
 
 
+def test_lint_and_watch_run_without_torch(tmp_path: Path) -> None:
+    """Running them, not only their help: `lint FILE` loads no numpy and no torch, `watch RUN` of a TensorBoard run no
+    torch (it judges with numpy)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    source = tmp_path / "trainer.py"
+    source.write_text("import torch\n\nlatents = torch.randn(2, 4)\n")
+    writer = SummaryWriter(log_dir=str(tmp_path / "run"))
+    for step in range(3):
+        writer.add_scalar("rollout_corr/logprob_abs_diff_max", 1e-6, global_step=step)
+    writer.close()
+    for argv, numpy in ((["lint", str(source)], False), (["watch", str(tmp_path / "run")], True)):
+        out = subprocess.run([sys.executable, "-c", _RUN_COMMAND, *argv], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        loaded = json.loads(out.stdout)
+        assert loaded["code"] in (0, 1), argv  # judged, whatever the verdict
+        assert not loaded["torch"], f"{argv} loaded torch"
+        assert numpy or not loaded["numpy"], f"{argv} loaded numpy"
+
+
 def test_every_public_name_of_the_root_still_imports() -> None:
     import rollout_consistency
 
