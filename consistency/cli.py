@@ -151,6 +151,7 @@ class _Commands(argparse._SubParsersAction):
         option_string: str | None = None,
     ) -> None:
         name = values[0]  # argparse has checked it is a command's name or alias
-        command = next(c for c in COMMANDS if name == c.name or name in c.aliases)
-        complete_parser(self.choices[name], command)
+        chosen = self.choices[name]
+        if chosen.get_default("run") is None:  # once per parser, however often it parses
+            complete_parser(chosen, next(c for c in COMMANDS if name == c.name or name in c.aliases))
         super().__call__(parser, namespace, values, option_string)

@@ -106,6 +106,20 @@ def test_a_command_loads_what_it_runs(argv: list[str], most: int, numpy: bool, c
     assert ran - _SHARED_COMMAND_MODULES == commands, f"{argv} loaded the commands {sorted(ran)}"
 
 
+def test_a_command_parser_completed_on_first_use_parses_again() -> None:
+    """A command's parser gets its arguments the first time the command line names it, once: the same parser
+    parses that command again (and an alias of it), with every flag."""
+    from rollout_consistency import cli
+
+    parser = cli._build_parser()
+    assert parser.parse_args(["gate", "a.safetensors"]).dump == "a.safetensors"
+    again = parser.parse_args(["gate", "b.safetensors", "--profile", "kernel"])
+    assert (again.dump, again.profile, again.run.__module__) == ("b.safetensors", "kernel", f"{TOP}.commands.gate")
+    assert (
+        parser.parse_args(["checkpointing", "m:f"]).seed == parser.parse_args(["recompute", "m:f", "--seed", "0"]).seed
+    )
+
+
 def test_lint_and_watch_run_without_torch(tmp_path: Path) -> None:
     """Running them, not only their help: `lint FILE` loads no numpy and no torch, `watch RUN` of a TensorBoard run no
     torch (it judges with numpy)."""
