@@ -18,16 +18,17 @@ The step-1 check in five names (docs/checker.md)::
     print(report.format_table())
     assert report.passed, report.reasons
 
-Importing `rollout_consistency` imports nothing else of ours, nor numpy, torch or diffusers: every name is
-loaded on first use (`rollout_consistency.safeguards.fence`, the lint and the command line pay only for what they import).
+Importing `rollout_consistency` imports nothing else of ours but the gate's two-line face and `gate.lazy_face`
+(which serves the names), nor numpy, torch or diffusers: every name is loaded on first use
+(`rollout_consistency.safeguards.fence`, the lint and the command line pay only for what they import).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+
+from rollout_consistency.gate import __all__ as _GATE_NAMES
+from rollout_consistency.gate.lazy_face import lazy_face as _lazy_face
 
 try:
     __version__ = version("rollout-consistency")
@@ -36,42 +37,31 @@ except PackageNotFoundError:  # imported from a source tree that is not installe
 
 __all__ = ["CheckConfig", "ConfigError", "Report", "__version__", "gate", "load_config", "run_step1_check", "training"]
 
-# name -> the module that holds it, imported on first use (the gate loads numpy; `training`, torch).
-_LAZY = {
-    "CheckConfig": "rollout_consistency.gate.config",
-    "ConfigError": "rollout_consistency.gate.config",
-    "load_config": "rollout_consistency.gate.config",
-    "Report": "rollout_consistency.gate.judging.report",
-    "run_step1_check": "rollout_consistency.gate.check",
+# The module (under this package) that serves each name, imported on first use (the gate loads numpy;
+# `training`, torch); `gate` and `training` themselves, as any module of ours, are served as modules.
+_SERVED_BY = {
+    "gate.config": ("CheckConfig", "ConfigError", "load_config"),
+    "gate.judging.report": ("Report",),
+    "gate.check": ("run_step1_check",),
+    # Names 0.1.0 exported from the root; still served (not part of `__all__`) so code written for 0.1.0 keeps
+    # running: these, and every other name of `rollout_consistency.gate.__all__`. New code imports them from
+    # `rollout_consistency.training` / `rollout_consistency.gate`.
+    "training": (
+        "checkpoint",
+        "NanCapture",
+        "replay",
+        "load_capture",
+        "audit_precision",
+        "diff_precision_reports",
+        "PrecisionReport",
+    ),
 }
-_SUBPACKAGES = ("gate", "training")
-# Names 0.1.0 exported from the root; still served (not part of `__all__`) so code written for 0.1.0 keeps
-# running: every name of `rollout_consistency.gate.__all__`, and these. New code imports them from
-# `rollout_consistency.gate` / `rollout_consistency.training`.
-_MOVED_TO_TRAINING = (
-    "checkpoint",
-    "NanCapture",
-    "replay",
-    "load_capture",
-    "audit_precision",
-    "diff_precision_reports",
-    "PrecisionReport",
+_SERVED_BY["gate"] = tuple(
+    name for name in _GATE_NAMES if name != "gate" and all(name not in names for names in _SERVED_BY.values())
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _SUBPACKAGES or (not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}")):
-        # a module of ours (`from rollout_consistency import lint` asks here first): that module alone
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _MOVED_TO_TRAINING:
-        return getattr(importlib.import_module(f"{__name__}.training"), name)
-    if not name.startswith("__"):  # dunder probes (copy, pickle, inspect) must not load the gate
-        gate = importlib.import_module(f"{__name__}.gate")
-        if name in gate.__all__:
-            return getattr(gate, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The gate's face (`gate.lazy_face`): a name above, or a module of ours (`from rollout_consistency import lint`
+# asks here first) — that module alone; dunder probes (copy, pickle, inspect) load nothing.
+__getattr__, _ = _lazy_face(__name__, _SERVED_BY)
 
 
 def __dir__() -> list[str]:

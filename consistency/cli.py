@@ -4,8 +4,10 @@
 Exit codes for every command: 0 pass, 1 fail, 2 could not run (bad arguments, unloadable spec or file, resource
 limit, unreachable cluster), 130 interrupted; never a traceback (`--debug` shows it; see `cli_guard`).
 
-Each command is a module of `rollout_consistency.commands` with `add_parser(subparsers)` and `run(args) -> int`,
-registered in `COMMANDS`. Heavy imports (torch, the checks) happen inside `run`, so `--help` stays fast.
+Each command is a module of `rollout_consistency.commands` with its parser's text (`PARSER_TEXT`),
+`add_arguments(parser)` and `run(args) -> int`, listed in `COMMANDS` with the line `--help` shows. A command's
+module is imported when the command line names it (`commands.command.complete_parser`), so a command loads what it
+runs: `--help` loads no command, `lint` only the lint, `check` its settings (the gate's sides when it runs).
 """
 
 from __future__ import annotations
@@ -14,28 +16,49 @@ import argparse
 import difflib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-# Cheap to import (no torch): `--help` stays fast.
+# Cheap to import (no numpy, no torch): a command's module is imported only when that command runs.
 from rollout_consistency import __version__
-from rollout_consistency.commands import (
-    check,
-    checkpointing,
-    doctor,
-    gate,
-    lint,
-    plugin_template,
-    precision,
-    watch,
-)
+from rollout_consistency.commands.command import Command, complete_parser
 from rollout_consistency.commands.usage import UsageError
 from rollout_consistency.safeguards.cli_guard import EXIT_USAGE, guarded
 from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
 __all__ = ["COMMANDS", "UsageError", "main"]
 
-#: The sub-commands, in `--help` order (the step-1 `check` first): each module's `add_parser(subparsers)` builds
-#: its parser and `run(args) -> int` runs it.
-COMMANDS = (check, gate, watch, checkpointing, precision, lint, doctor, plugin_template)
+#: The sub-commands, in `--help` order (the step-1 `check` first): the name and help line `--help` lists, and the
+#: module of `rollout_consistency.commands` that builds the command's parser and runs it (`Command`).
+COMMANDS = (
+    Command("check", "check", "step-1 check: rollout log-probs vs the trainer's recomputation (ratio must be 1)"),
+    Command("gate", "gate", "gate a dump of your own rollout and trainer log-prob tables (ratio must be 1 at step 1)"),
+    Command(
+        "watch",
+        "watch",
+        "judge every step of a run from its logged series (TensorBoard, wandb offline, MLflow file store)",
+    ),
+    Command(
+        "checkpointing",
+        "checkpointing",
+        "check that gradient checkpointing recomputes the same forward (same loss and gradients)",
+        # The old name keeps users' CI scripts working; it prints a deprecation note.
+        aliases=("recompute",),
+    ),
+    Command(
+        "precision",
+        "precision",
+        "audit precision settings (TF32, autocast, GradScaler, determinism) or diff two audits",
+    ),
+    Command("lint", "lint", "find the known rollout/trainer disagreement anti-patterns in Python source (static, AST)"),
+    Command(
+        "doctor", "doctor", "name the likely causes of a step-1 report's FAIL (a report written earlier with --json)"
+    ),
+    Command(
+        "plugin-template",
+        "plugin_template",
+        "write a working flow_grpo-style rollout/trainer plug-in pair to start from",
+    ),
+)
 
 PROG = "rollout-consistency"
 
@@ -110,7 +133,25 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rollout-consistency {__version__}")
     # Stripped from the command line before parsing (`cli_guard.split_debug`), so any command takes it.
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (any command)")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", action=_Commands)
     for command in COMMANDS:
-        command.add_parser(subparsers).set_defaults(run=command.run)
+        subparsers.add_parser(command.name, help=command.help, aliases=command.aliases)
     return parser
+
+
+class _Commands(argparse._SubParsersAction):
+    """The sub-parsers, each created with its name and help line only: the chosen command's parser is completed
+    (`complete_parser`: its module imported, its arguments added) when the command line names it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        name = values[0]  # argparse has checked it is a command's name or alias
+        chosen = self.choices[name]
+        if chosen.get_default("run") is None:  # once per parser, however often it parses
+            complete_parser(chosen, next(c for c in COMMANDS if name == c.name or name in c.aliases))
+        super().__call__(parser, namespace, values, option_string)

@@ -189,7 +189,8 @@ def _check_parser():
 
     from rollout_consistency.commands import check
 
-    parser = check.add_parser(argparse.ArgumentParser().add_subparsers())
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
     return {a.dest: a for a in parser._actions}
 
 
@@ -262,8 +263,8 @@ def test_generated_flags_build_the_config(argv, expected):
     from rollout_consistency.commands import check
 
     parser = argparse.ArgumentParser()
-    check.add_parser(parser.add_subparsers(dest="command"))
-    config = check.config_from_args(parser.parse_args(["check", *argv]))
+    check.add_arguments(parser)
+    config = check.config_from_args(parser.parse_args(argv))
     assert {name: getattr(config, name) for name in expected} == expected
 
 

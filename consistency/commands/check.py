@@ -20,33 +20,29 @@ from rollout_consistency.gate.config import (
 )
 from rollout_consistency.safeguards.object_spec import spec_source
 
+from .command import ParserText
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
 
-__all__ = ["add_parser", "config_from_args", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "config_from_args", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "check",
-        help="step-1 check: rollout log-probs vs the trainer's recomputation (ratio must be 1)",
-        description=(
-            "Sample rollouts with the rollout backend, recompute their log-probs with the trainer backend on "
-            "identical weights, and gate ratio/ppo_kl/clipfrac/approx_kl/|dlogp| against a tolerance profile. "
-            "With no arguments: the built-in tiny Qwen-Image model on the CPU, offline (passes)."
-        ),
-        epilog=(
-            "Examples:\n"
-            "  rollout-consistency check\n"
-            "  rollout-consistency check --inject bf16-latents --plot step1.png\n"
-            "  rollout-consistency check --config step1.toml --json step1.json --junit step1.xml\n"
-            "  rollout-consistency check --trajectory step1.safetensors --profile kernel\n"
-            "Docs: docs/checker.md"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_check_arguments(parser)
-    return parser
+PARSER_TEXT = ParserText(
+    description=(
+        "Sample rollouts with the rollout backend, recompute their log-probs with the trainer backend on "
+        "identical weights, and gate ratio/ppo_kl/clipfrac/approx_kl/|dlogp| against a tolerance profile. "
+        "With no arguments: the built-in tiny Qwen-Image model on the CPU, offline (passes)."
+    ),
+    epilog=(
+        "Examples:\n"
+        "  rollout-consistency check\n"
+        "  rollout-consistency check --inject bf16-latents --plot step1.png\n"
+        "  rollout-consistency check --config step1.toml --json step1.json --junit step1.xml\n"
+        "  rollout-consistency check --trajectory step1.safetensors --profile kernel\n"
+        "Docs: docs/checker.md"
+    ),
+    raw=True,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +77,7 @@ _DEFAULTS: dict[str, Any] = {
 _FLAG_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
 
 
-def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag (default: not given), generated from its `Setting`, plus --config and the outputs."""
     parser.add_argument(
         "--config", metavar="FILE", help="YAML, TOML or JSON file of settings (keys as below, with underscores)"

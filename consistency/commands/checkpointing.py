@@ -13,10 +13,11 @@ from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
 from rollout_consistency.safeguards.fence import fenced
 from rollout_consistency.safeguards.object_spec import spec_source
 
+from .command import ParserText
 from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
 from .usage import UsageError, check_outputs, write_json
 
-__all__ = ["add_parser", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run"]
 
 
 _CHECKPOINT_CHOICES = {
@@ -26,24 +27,22 @@ _CHECKPOINT_CHOICES = {
 }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "checkpointing",
-        # The old name keeps users' CI scripts working; it prints a deprecation note.
-        aliases=["recompute"],
-        help="check that gradient checkpointing recomputes the same forward (same loss and gradients)",
-        description=(
-            "Run one forward+backward of a module without and with gradient checkpointing from the same RNG "
-            "state and compare the loss and every gradient. SPEC names a factory 'package.module:factory' or "
-            "'path/to/file.py:factory'. The factory is called (with seed=SEED if it takes a seed, plus any "
-            "--arg) and returns a mapping with 'module' (nn.Module) and 'inputs' (tensor, tuple for "
-            "module(*inputs), or dict for module(**inputs)), and optionally 'loss_fn' (output -> scalar), "
-            "'segments' (submodule names/patterns to checkpoint) and 'set_checkpointing' (fn(module, "
-            "checkpoint_fn or None)); a (module, inputs) or (module, inputs, loss_fn) tuple also works."
-        ),
-        epilog="Example: rollout-consistency checkpointing rollout_consistency.training.toy_denoiser:toy_case --arg dropout=0.3",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Run one forward+backward of a module without and with gradient checkpointing from the same RNG "
+        "state and compare the loss and every gradient. SPEC names a factory 'package.module:factory' or "
+        "'path/to/file.py:factory'. The factory is called (with seed=SEED if it takes a seed, plus any "
+        "--arg) and returns a mapping with 'module' (nn.Module) and 'inputs' (tensor, tuple for "
+        "module(*inputs), or dict for module(**inputs)), and optionally 'loss_fn' (output -> scalar), "
+        "'segments' (submodule names/patterns to checkpoint) and 'set_checkpointing' (fn(module, "
+        "checkpoint_fn or None)); a (module, inputs) or (module, inputs, loss_fn) tuple also works."
+    ),
+    epilog="Example: rollout-consistency checkpointing rollout_consistency.training.toy_denoiser:toy_case --arg dropout=0.3",
+    raw=True,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="factory spec, 'package.module:factory' or 'file.py:factory'")
     parser.add_argument(
         "--checkpoint",
@@ -68,7 +67,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=10, help="gradients shown in the table (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     add_timeout_argument(parser)
-    return parser
 
 
 def _resolve_checkpoint(name: str, timeout_s: float | None) -> Callable[..., Any]:

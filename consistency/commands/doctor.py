@@ -8,35 +8,33 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from rollout_consistency.gate.diagnosis.doctor import rediagnose
 from rollout_consistency.gate.judging.causes import Diagnosis, format_diagnosis
 from rollout_consistency.gate.judging.report import SCHEMA_NAME, SCHEMA_VERSION, Report
 from rollout_consistency.safeguards.atomic_write import write_all
 
+from .command import ParserText
 from .usage import UsageError, check_outputs, check_report_file
 
-__all__ = ["add_parser", "read_report", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "read_report", "run"]
 
 #: Top-level keys every step-1 report holds (rollout_consistency.gate.judging.report's schema).
 REPORT_KEYS = ("schema", "schema_version", "verdict", "tolerance", "metrics", "samples", "config", "notes", "run")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """The ``doctor`` sub-command's parser (its ``run`` default is set by the caller)."""
-    parser = subparsers.add_parser(
-        "doctor",
-        help="name the likely causes of a step-1 report's FAIL (a report written earlier with --json)",
-        description=(
-            "Read a step-1 report (rollout-consistency check --json) and print its ranked likely causes, each "
-            "with evidence and fix. The figures' signatures are re-read; a localisation or a tables' signature "
-            "stored in the report is kept. Exit 0 with a diagnosis, 2 on bad input."
-        ),
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Read a step-1 report (rollout-consistency check --json) and print its ranked likely causes, each "
+        "with evidence and fix. The figures' signatures are re-read; a localisation or a tables' signature "
+        "stored in the report is kept. Exit 0 with a diagnosis, 2 on bad input."
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("report", metavar="REPORT.json", help="a step-1 report written by check --json")
     parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON (a list of causes)")
-    return parser
 
 
 def read_report(path: str) -> tuple[Report, list[Diagnosis]]:

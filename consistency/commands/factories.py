@@ -10,7 +10,6 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_consistency.gate.config import BOUNDS
 from rollout_consistency.safeguards.fence import DEFAULT_TIMEOUT_S, fenced
 from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
 
@@ -62,6 +61,8 @@ def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
 
 def timeout(args: argparse.Namespace) -> float:
     """The parsed ``--user-code-timeout-s``, inside its bound (`rollout_consistency.gate.config.BOUNDS`)."""
+    from rollout_consistency.gate.config import BOUNDS  # the settings load numpy: not for `--help`
+
     low, high = BOUNDS["user_code_timeout_s"]
     if not low <= args.user_code_timeout_s <= high:
         raise UsageError(f"--user-code-timeout-s {args.user_code_timeout_s} must lie in [{low:g}, {high:g}].")

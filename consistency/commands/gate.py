@@ -9,39 +9,39 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from rollout_consistency.gate.config import ConfigError, parse_thresholds
-from rollout_consistency.gate.judging.tolerances import table_profiles
 from rollout_consistency.gate.tables.dump import DumpFormatError, read_dump
 from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 from rollout_consistency.safeguards.memory_budget import MemoryBudgetError
 from rollout_consistency.safeguards.paths import InputPathError
 
+from .command import ParserText
 from .report_outputs import add_report_outputs, report_outputs, show_and_write
 from .usage import UsageError, check_outputs
+from .verdict_flags import add_profile_flags, add_threshold_flag
 
-__all__ = ["add_parser", "add_profile_flags", "add_threshold_flag", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "gate",
-        help="gate a dump of your own rollout and trainer log-prob tables (ratio must be 1 at step 1)",
-        description=(
-            "Read a log-prob dump (safetensors, format rollout-consistency/logprob-dump: rollout_log_probs and "
-            "trainer_log_probs (N, T) float32, optional timesteps, sample_ids, prompt_groups, window_starts, "
-            "advantages; write it with rollout_consistency.gate.write_dump or the in-loop recorder) and gate it "
-            "against a tolerance profile. Guards the dump cannot support are reported as not checked."
-        ),
-        epilog=(
-            "Examples:\n"
-            "  rollout-consistency gate step1_logprobs.safetensors\n"
-            "  rollout-consistency gate step1_logprobs.safetensors --profile kernel --json r.json --junit r.xml\n"
-            "Docs: docs/ci.md"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Read a log-prob dump (safetensors, format rollout-consistency/logprob-dump: rollout_log_probs and "
+        "trainer_log_probs (N, T) float32, optional timesteps, sample_ids, prompt_groups, window_starts, "
+        "advantages; write it with rollout_consistency.gate.write_dump or the in-loop recorder) and gate it "
+        "against a tolerance profile. Guards the dump cannot support are reported as not checked."
+    ),
+    epilog=(
+        "Examples:\n"
+        "  rollout-consistency gate step1_logprobs.safetensors\n"
+        "  rollout-consistency gate step1_logprobs.safetensors --profile kernel --json r.json --junit r.xml\n"
+        "Docs: docs/ci.md"
+    ),
+    raw=True,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dump", metavar="DUMP", help="the .safetensors log-prob dump")
     add_profile_flags(parser)
     parser.add_argument("--clip-ratio", type=float, default=1e-4, help="PPO clip range epsilon (default: 1e-4)")
@@ -52,34 +52,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_threshold_flag(parser)
     add_report_outputs(parser, "outputs (never the dump itself)")
-    return parser
-
-
-def add_profile_flags(parser: argparse.ArgumentParser) -> None:
-    """``--profile`` and ``--compute-dtype``: the tolerance profile of a table's verdict (`gate`, `watch`)."""
-    parser.add_argument(
-        "--profile",
-        choices=table_profiles(),
-        default="exact",
-        help="tolerance profile (default: exact)",
-    )
-    parser.add_argument(
-        "--compute-dtype",
-        choices=("bfloat16", "float16", "float32"),
-        default="bfloat16",
-        help="narrowest dtype either side's forward runs in; the kernel limits are 8x tighter for float16/float32",
-    )
-
-
-def add_threshold_flag(parser: argparse.ArgumentParser) -> None:
-    """``--threshold METRIC=VALUE`` (repeatable): one metric's limit overridden (`gate`, `watch`)."""
-    parser.add_argument(
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="METRIC=VALUE",
-        help="override one metric's limit (repeatable; VALUE 'off' reports without gating)",
-    )
 
 
 def run(args: argparse.Namespace) -> int:

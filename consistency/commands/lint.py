@@ -5,19 +5,18 @@ imports nothing of the checker); here its bad input becomes a `UsageError`."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rollout_consistency.lint import LintUsageError
 from rollout_consistency.lint import cli as lint_cli
 from rollout_consistency.safeguards.paths import InputPathError, refuse_special
 
+from .command import ParserText
 from .usage import UsageError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run"]
 
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    return lint_cli.add_parser(subparsers)
+PARSER_TEXT = ParserText(description=lint_cli.DESCRIPTION, epilog=lint_cli.EPILOG, raw=True)
+add_arguments = lint_cli.add_arguments
 
 
 def run(args: argparse.Namespace) -> int:

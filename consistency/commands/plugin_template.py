@@ -5,47 +5,49 @@ from (the file `rollout_consistency.plugin_template`), printed or written to a n
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from rollout_consistency.gate.config import MODEL_FAMILIES
+from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.safeguards.cli_guard import EXIT_PASS
 
+from .command import ParserText
 from .usage import UsageError
 
-__all__ = ["add_parser", "run", "template_text"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run", "template_text"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "plugin-template",
-        help="write a working flow_grpo-style rollout/trainer plug-in pair to start from",
-        description=(
-            "Write a plug-in file holding a flow_grpo-style rollout (pipeline_with_logprob) and trainer "
-            "(compute_log_prob) that passes the step-1 check on the built-in tiny model as written; replace the "
-            "parts marked YOUR CODE with yours. Without PATH it is printed."
-        ),
-        epilog="Then: rollout-consistency check --rollout-backend PATH:make_rollout --trainer-backend "
-        "PATH:make_trainer --sde-window-size all --model-family FAMILY. Docs: docs/checker.md",
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Write a plug-in file holding a flow_grpo-style rollout (pipeline_with_logprob) and trainer "
+        "(compute_log_prob) that passes the step-1 check on the built-in tiny model as written; replace the "
+        "parts marked YOUR CODE with yours. Without PATH it is printed."
+    ),
+    epilog=(
+        "Then: rollout-consistency check --rollout-backend PATH:make_rollout --trainer-backend "
+        "PATH:make_trainer --sde-window-size all --model-family FAMILY. Docs: docs/checker.md"
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", nargs="?", help="the .py file to write (never overwritten)")
     parser.add_argument(
         "--family",
-        choices=MODEL_FAMILIES,
+        choices=BUILTIN_FAMILIES.names(),
         default="qwen-image",
         help="the model family the pair samples and scores, on its built-in tiny model (default: qwen-image; wan "
         "also reports Wan 2.2's experts)",
     )
-    return parser
 
 
 def template_text(family: str) -> str:
     """The template's source with `family` as its ``FAMILY`` (and in the run command its docstring shows)."""
-    from rollout_consistency import plugin_template
-
-    text = Path(plugin_template.__file__).read_text(encoding="utf-8")
+    # Read, not imported: the template imports torch and diffusers, which printing it does not need.
+    spec = importlib.util.find_spec("rollout_consistency.plugin_template")
+    text = Path(spec.origin).read_text(encoding="utf-8")
     for written in _FAMILY_TEXT:
         if text.count(written) != 1:  # pragma: no cover - the template and this command change together
             raise AssertionError(f"the plug-in template must hold {written!r} once")

@@ -11,30 +11,31 @@ from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
 from rollout_consistency.safeguards.fence import fenced
 from rollout_consistency.safeguards.object_spec import spec_source
 
+from .command import ParserText
 from .factories import add_timeout_argument, call_factory, load_spec, parse_factory_args, timeout
 from .usage import UsageError, check_outputs, read_json, write_json
 
-__all__ = ["add_parser", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "precision",
-        help="audit precision settings (TF32, autocast, GradScaler, determinism) or diff two audits",
-        description=(
-            "Without --diff: audit this process's precision settings (and, with --spec, a model, optimizer and "
-            "GradScaler), print the findings with their fixes, optionally write the report as JSON. The spec's "
-            "factory returns a mapping with any of 'model', 'optimizer', 'scaler', 'autocast_dtype', 'device'. "
-            "With --diff A B: compare two JSON reports (e.g. written with --json on the rollout and the trainer "
-            "side, or with PrecisionReport.to_dict()) and fail when they differ in a setting that changes numbers."
-        ),
-        epilog=(
-            "Examples:\n"
-            "  rollout-consistency precision --json trainer.json --label trainer\n"
-            "  rollout-consistency precision --diff rollout.json trainer.json"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Without --diff: audit this process's precision settings (and, with --spec, a model, optimizer and "
+        "GradScaler), print the findings with their fixes, optionally write the report as JSON. The spec's "
+        "factory returns a mapping with any of 'model', 'optimizer', 'scaler', 'autocast_dtype', 'device'. "
+        "With --diff A B: compare two JSON reports (e.g. written with --json on the rollout and the trainer "
+        "side, or with PrecisionReport.to_dict()) and fail when they differ in a setting that changes numbers."
+    ),
+    epilog=(
+        "Examples:\n"
+        "  rollout-consistency precision --json trainer.json --label trainer\n"
+        "  rollout-consistency precision --diff rollout.json trainer.json"
+    ),
+    raw=True,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--spec", help="factory returning {'model': ..., 'optimizer': ..., 'scaler': ..., 'autocast_dtype': ...}"
     )
@@ -51,7 +52,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", metavar="PATH", help="write the report (or the diff) as JSON")
     add_timeout_argument(parser)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

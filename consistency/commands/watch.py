@@ -25,33 +25,34 @@ from rollout_consistency.gate.monitor.watch_series import watch_table
 from rollout_consistency.gate.tables.settings import GateInputError, TableSettings
 from rollout_consistency.safeguards.cli_guard import EXIT_FAIL, EXIT_PASS
 
-from .gate import add_profile_flags, add_threshold_flag
+from .command import ParserText
 from .report_outputs import write_reports
 from .usage import UsageError, check_outputs
+from .verdict_flags import add_profile_flags, add_threshold_flag
 
-__all__ = ["add_parser", "run"]
+__all__ = ["PARSER_TEXT", "add_arguments", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "watch",
-        help="judge every step of a run from its logged series (TensorBoard, wandb offline, MLflow file store)",
-        description=(
-            "Read a training run's logged rollout/trainer consistency series — verl-omni's rollout_corr/"
-            "logprob_abs_diff_mean, _max, /ts_<t>, kl, k3_kl ... and the run monitor's monitor/* — from TensorBoard "
-            "event files, a wandb offline run or an MLflow file store, and judge every step: the profile's limits, "
-            "gaps, NaN, a logged FAIL, and a drift alarm against the run's own floor. Prints the first alarming step "
-            "and its likely cause."
-        ),
-        epilog=(
-            "Examples:\n"
-            "  rollout-consistency watch tensorboard_log/my_project/my_experiment --profile kernel\n"
-            "  rollout-consistency watch wandb/offline-run-20260101_000000-abc123 --json w.json --plot w.png\n"
-            "  rollout-consistency watch mlruns --follow --idle-exit 900\n"
-            "Exit codes: 0 no alarm, 1 an alarm, 2 nothing to judge or bad input. Docs: docs/monitor.md"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+PARSER_TEXT = ParserText(
+    description=(
+        "Read a training run's logged rollout/trainer consistency series — verl-omni's rollout_corr/"
+        "logprob_abs_diff_mean, _max, /ts_<t>, kl, k3_kl ... and the run monitor's monitor/* — from TensorBoard "
+        "event files, a wandb offline run or an MLflow file store, and judge every step: the profile's limits, "
+        "gaps, NaN, a logged FAIL, and a drift alarm against the run's own floor. Prints the first alarming step "
+        "and its likely cause."
+    ),
+    epilog=(
+        "Examples:\n"
+        "  rollout-consistency watch tensorboard_log/my_project/my_experiment --profile kernel\n"
+        "  rollout-consistency watch wandb/offline-run-20260101_000000-abc123 --json w.json --plot w.png\n"
+        "  rollout-consistency watch mlruns --follow --idle-exit 900\n"
+        "Exit codes: 0 no alarm, 1 an alarm, 2 nothing to judge or bad input. Docs: docs/monitor.md"
+    ),
+    raw=True,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_path",
         metavar="RUN",
@@ -87,7 +88,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="S",
         help="with --follow, stop after this many seconds without a new point (default 600)",
     )
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

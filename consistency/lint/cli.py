@@ -10,7 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from rollout_consistency.safeguards.atomic_write import write_all
 from rollout_consistency.safeguards.output_paths import OutputPathError, check_output_paths
@@ -19,7 +18,7 @@ from .engine import FILES_PER_JOB, LintUsageError, lint_paths
 from .output import FORMATS, render
 from .rules import RULES
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
 
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
 
@@ -41,29 +40,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the `lint` sub-command to an argparse sub-parsers object; returns its parser."""
-    parser = subparsers.add_parser(
-        "lint",
-        help="find the known rollout/trainer disagreement anti-patterns in Python source (static, AST)",
-        description=(
-            "Lint Python files and directories (searched recursively for *.py) for the anti-patterns behind known "
-            "rollout/trainer disagreements. Each finding is printed as 'path:line:col rule-id message' with the "
-            "fix. Suppress one on its statement with '# rollout-consistency: ignore[rule-id] reason'. "
-            "Exit codes: 0 clean, 1 findings, 2 usage error (a missing or unreadable path, a directory without "
-            "Python files, a FIFO or device, a bad option)."
-        ),
-        epilog="Rules:\n"
-        + "\n".join(f"  {rule.id:26} {rule.title}" for rule in RULES.values())
-        + (
-            "\n\nExamples:\n"
-            "  rollout-consistency lint trainer/ rollout/\n"
-            "  rollout-consistency lint . --exclude 'tests/*' --format github\n"
-            "  rollout-consistency lint src --format sarif --output lint.sarif\n"
-            "Docs: docs/lint.md"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+#: The `lint` command's help text: above its flags (wrapped), and below them (printed as written).
+DESCRIPTION = (
+    "Lint Python files and directories (searched recursively for *.py) for the anti-patterns behind known "
+    "rollout/trainer disagreements. Each finding is printed as 'path:line:col rule-id message' with the "
+    "fix. Suppress one on its statement with '# rollout-consistency: ignore[rule-id] reason'. "
+    "Exit codes: 0 clean, 1 findings, 2 usage error (a missing or unreadable path, a directory without "
+    "Python files, a FIFO or device, a bad option)."
+)
+EPILOG = (
+    "Rules:\n"
+    + "\n".join(f"  {rule.id:26} {rule.title}" for rule in RULES.values())
+    + (
+        "\n\nExamples:\n"
+        "  rollout-consistency lint trainer/ rollout/\n"
+        "  rollout-consistency lint . --exclude 'tests/*' --format github\n"
+        "  rollout-consistency lint src --format sarif --output lint.sarif\n"
+        "Docs: docs/lint.md"
     )
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `lint` command's arguments, added to its parser (`rollout_consistency.commands.lint`)."""
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files and directories to lint")
     parser.add_argument(
         "--select", action="append", metavar="RULE[,RULE]", help="run only these rules (repeatable; default: all)"
@@ -86,7 +85,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=FORMATS, default="text", help="report format (default: text)")
     parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--list-rules", action="store_true", help="print the rules and exit")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,8 +17,7 @@ layer: it runs the supervisor), so every layer may use them. Importing this pack
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rollout_consistency.gate.lazy_face import lazy_face
 
 __all__ = [
     "atomic_write",
@@ -32,8 +31,5 @@ __all__ = [
     "supervisor",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Every name is one of this folder's modules, imported on first use (`gate.lazy_face`, which imports nothing of ours).
+__getattr__, __dir__ = lazy_face(__name__, {})
