@@ -127,3 +127,25 @@ def test_user_code_receives_the_check_config(tmp_path):
         assert isinstance(RECEIVED.pop("registered"), SidesSettings)
     with pytest.raises(ValueError, match="receives must be one of config, sides"):
         BackendEntry("x", "rollout", "pkg.mod:start", "x", receives="everything")
+
+
+@pytest.mark.parametrize(("micro_batch_size", "rows"), [(None, 4), (2, 2)])
+def test_the_trainer_cuts_the_resolved_micro_batches(micro_batch_size, rows):
+    """The trainer's forwards see the settings' micro-batch (None: the whole rollout batch), as a GRPO trainer's
+    ``train_batch_size`` cuts a rollout batch, whatever the rollout's own batch was."""
+    from rollout_consistency.gate.sides.backends import rollout_trajectory
+    from rollout_consistency.gate.sides.trainer import torch_log_probs
+
+    sides = CheckConfig(num_prompts=2, rollout_batch_size=4, micro_batch_size=micro_batch_size).sides
+    backend = build_backend(sides)
+    trajectory = rollout_trajectory(backend, make_plan(sides)[0])
+    seen: list[int] = []
+    hook = backend.trainer_model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["hidden_states"].shape[0]), with_kwargs=True
+    )
+    try:
+        table = torch_log_probs(backend, trajectory, sides.model.trainer_attention)
+    finally:
+        hook.remove()
+    assert table.shape == (4, sides.sampling.sde_window_size)
+    assert seen == [rows] * (4 // rows) * sides.sampling.sde_window_size
