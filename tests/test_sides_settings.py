@@ -95,7 +95,8 @@ def test_the_sides_settings_travel_to_a_worker_whole():
     sides = config.sides
     copy = pickle.loads(pickle.dumps(sides))
     assert copy == sides and isinstance(copy, SidesSettings)
-    assert copy.user_code.call_factory(lambda received: received, False) == config
+    assert copy.user_code.registered_factory(lambda received: received) == config
+    assert copy.user_code.plugin_factory(lambda config: config) == config
     assert make_plan(copy) == make_plan(sides)
 
 

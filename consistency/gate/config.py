@@ -625,12 +625,14 @@ class ConfigArguments:
 
     config: CheckConfig
 
-    def call_factory(self, factory: Callable[..., T], by_keyword: bool) -> T:
-        """A registered backend's ``factory(config)``, or a plug-in's ``factory(config=config)`` where its
-        signature takes ``config`` (`by_keyword`; `rollout_consistency.safeguards.object_spec`)."""
-        if by_keyword:
-            return call_with_supported_kwargs(factory, optional={"config": self.config})
+    def registered_factory(self, factory: Callable[..., T]) -> T:
+        """A registered backend's ``factory(config)`` (`rollout_consistency.gate.backend_registry`)."""
         return factory(self.config)
+
+    def plugin_factory(self, factory: Callable[..., T]) -> T:
+        """A plug-in's ``factory(config=config)``, ``config`` only where its signature takes it
+        (`rollout_consistency.safeguards.object_spec.call_with_supported_kwargs`)."""
+        return call_with_supported_kwargs(factory, optional={"config": self.config})
 
     def rollout_request(self, make: Callable[..., T], /, **fields: Any) -> T:
         """``make(**fields, config=config)``: a rollout plug-in's `rollout_consistency.gate.plugin_request.RolloutRequest`."""

@@ -192,7 +192,7 @@ def start_backend(settings: SidesSettings, side: str) -> Any:
     with fenced(owner, "the factory", timeout_s=timeout_s):
         if entry.receives == "sides":  # a built-in backend: the sides' own settings
             return factory(settings)
-        return settings.user_code.call_factory(factory, False)  # the CheckConfig, as the registry's contract says
+        return settings.user_code.registered_factory(factory)  # the CheckConfig, as the registry's contract says
 
 
 def build_backend(settings: SidesSettings) -> Backend:

@@ -219,7 +219,7 @@ def load_plugin(spec: str, settings: SidesSettings, side: str) -> Any:
     try:
         factory = load_object(spec, owner=owner, timeout_s=timeout)
         with fenced(owner, "the factory", timeout_s=timeout):
-            plugin = settings.user_code.call_factory(factory, True)
+            plugin = settings.user_code.plugin_factory(factory)
     except SpecError as error:
         raise PluginError(f"{owner}: {error}") from error
     if not callable(getattr(plugin, METHODS[side], None)) and not callable(plugin):

@@ -136,12 +136,14 @@ class UserArguments(Protocol):
     """What user code receives from the check, bound by it (`rollout_consistency.gate.config`): the sides hand it
     on without holding it.
 
-    ``call_factory(factory, by_keyword)``: a registered backend's ``factory(config)`` (`by_keyword` False), or a
-    plug-in's ``factory(config=config)`` when its signature takes ``config`` (True). ``rollout_request(make,
+    ``registered_factory(factory)``: a registered backend's ``factory(config)``. ``plugin_factory(factory)``: a
+    plug-in's ``factory(config=config)``, ``config`` only where its signature takes it. ``rollout_request(make,
     **fields)``: ``make(**fields, config=config)``, a rollout plug-in's `RolloutRequest`.
     """
 
-    def call_factory(self, factory: Callable[..., T], by_keyword: bool) -> T: ...
+    def registered_factory(self, factory: Callable[..., T]) -> T: ...
+
+    def plugin_factory(self, factory: Callable[..., T]) -> T: ...
 
     def rollout_request(self, make: Callable[..., T], /, **fields: Any) -> T: ...
 
