@@ -276,7 +276,7 @@ def bench_batch_invariant(args: argparse.Namespace) -> None:
             device=device,
             progress=False,
         )
-        backend = build_backend(config)  # the checker's own set-up: model, encoder, scheduler, options
+        backend = build_backend(config.sides)  # the checker's own set-up: model, encoder, scheduler, options
         family, model = backend.family, backend.trainer_model
         cond = encode_prompts(backend, (PROMPTS * args.batch)[: args.batch])
         common = dict(

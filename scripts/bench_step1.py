@@ -37,9 +37,9 @@ from rollout_consistency.gate.sides.plan import make_plan
 
 def bare_forwards(config: CheckConfig) -> float:
     """Seconds for the transformer forwards the check makes, called directly (same shapes, same model)."""
-    backend = build_backend(config)
+    backend = build_backend(config.sides)
     family, model = backend.family, backend.trainer_model
-    plan = make_plan(config)
+    plan = make_plan(config.sides)
     latent_shape = family.latent_shape(model, backend.options)
     guidance = backend.kit.guidance(config)
     schedule = backend.scheduler_setup.timesteps().to(torch.float32)
@@ -70,8 +70,8 @@ def bare_forwards(config: CheckConfig) -> float:
 def adapter_calls(config: CheckConfig) -> float:
     """Seconds for the same rollout + recompute through the adapters directly (forwards, scheduler steps,
     trajectories), without the checker around them: what a trainer would run anyway."""
-    backend = build_backend(config)
-    plan = make_plan(config)
+    backend = build_backend(config.sides)
+    plan = make_plan(config.sides)
     micro = config.resolved_micro_batch_size
     from rollout_consistency.schedulers import SDEWindow
 

@@ -56,7 +56,7 @@ def make_touchy_trainer(config):
 
 def test_the_replay_leaves_the_users_model_and_rng_state_as_it_found_them():
     config = CheckConfig(trainer_backend=f"{__file__}:make_touchy_trainer", **SMALL)
-    batch = make_plan(config)[0]
+    batch = make_plan(config.sides)[0]
     states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
     replay = replay_batch(DiagnosisSettings.from_config(config), batch)
     model = replay.trainer_model
@@ -127,7 +127,7 @@ def test_a_model_of_two_experts_is_not_replayed_half_watched():
     # Wan 2.2's experts are two transformers in one module: hooks on the first alone would miss every forward of
     # the second, so the replay names the experts instead of comparing half the calls.
     config = CheckConfig(model_family="wan", boundary_ratio=0.875, **SMALL)
-    found = replay_batch(DiagnosisSettings.from_config(config), make_plan(config)[0])
+    found = replay_batch(DiagnosisSettings.from_config(config), make_plan(config.sides)[0])
     assert found == "the rollout's model holds 2 transformers (transformer, transformer_2: experts); the replay " + (
         "watches one transformer per side"
     )
@@ -150,7 +150,7 @@ def test_a_failed_experts_guard_is_not_replayed_over():
 
     report = Report.from_json((Path(__file__).parent / "doctor_reports" / "expert-switch.json").read_text())
     config = CheckConfig(trainer_backend=f"{__file__}:make_noise_level_trainer", **{**SMALL, "num_prompts": 4})
-    causes = diagnose_check(report, DiagnosisSettings.from_config(config), make_plan(config)).diagnosis
+    causes = diagnose_check(report, DiagnosisSettings.from_config(config), make_plan(config.sides)).diagnosis
     assert causes[0]["cause"] == "expert-switch", causes
     assert all(d["source"] != "localisation" for d in causes)
     assert "not localised: the experts guard records" in " ".join(e for d in causes for e in d["evidence"])
@@ -160,7 +160,9 @@ def test_a_replay_that_raises_leaves_a_figures_diagnosis():
     from rollout_consistency.gate.diagnosis.localise import localise_check
 
     config = CheckConfig(trainer_backend=f"{CORPUS / 'verl_omni_noise_level.py'}:make_trainer", **SMALL)
-    found = localise_check(DiagnosisSettings.from_config(config.replace(num_inference_steps=5)), make_plan(config)[0])
+    found = localise_check(
+        DiagnosisSettings.from_config(config.replace(num_inference_steps=5)), make_plan(config.sides)[0]
+    )
     assert isinstance(found, str) and found.startswith("the replay of the sides' code raised"), found
 
 

@@ -312,7 +312,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("adapters",),
     ("training", "lint"),
     ("gate.judging",),  # figures, limits, verdict, report: never the settings, the sides or the doctor
-    ("gate.config", "gate.bounds", "gate.safe_yaml", "gate.backend_registry"),  # the settings
+    # the settings: the check's `CheckConfig`, the sides' own (`SidesSettings`), and the rollout plug-in's request,
+    # which carries the `CheckConfig` to user code past the sides
+    (
+        "gate.config",
+        "gate.bounds",
+        "gate.safe_yaml",
+        "gate.backend_registry",
+        "gate.sides.settings",
+        "gate.plugin_request",
+    ),
     ("gate.sides",),  # running the rollout and the trainer
     ("gate.diagnosis",),  # the doctor and the localisation
     ("gate.tables",),  # users' own tables: gate(), dumps, the recorder
@@ -454,8 +463,8 @@ def test_every_dotted_name_of_ours_in_code_and_docs_resolves() -> None:
 # Settings handed downward are typed: below the check, no layer takes "the config" as `Any`
 
 #: The layers below the check that receive settings from it; each reads its own typed settings object
-#: (judging: `JudgingSettings`, diagnosis: `DiagnosisSettings`) or, where it builds the sides and hands the user's
-#: factories their argument, the `CheckConfig` itself (sides), never an untyped one that hides an upward arrow.
+#: (judging: `JudgingSettings`, sides: `SidesSettings`, diagnosis: `DiagnosisSettings`), never an untyped one that
+#: hides an upward arrow.
 TYPED_SETTINGS_PACKAGES = ("gate/judging", "gate/sides", "gate/diagnosis", "gate/bounds.py")
 
 
@@ -495,3 +504,61 @@ def test_the_typed_settings_rule_catches_an_any_config() -> None:
         "def also_ok(pipeline_settings: 'PipelineSettings') -> None: ...\n"
     )
     assert _untyped_settings(planted) == [(1, "exact_notice(config)"), (2, "floor(settings)")]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The sides never see the check's `CheckConfig`: they read `SidesSettings`, and user code gets its `CheckConfig`
+# through the binding the check made (`SidesSettings.user_code`)
+
+
+def _check_config_in_code(source: str) -> list[tuple[int, str]]:
+    """(line, what) of every place `source`'s code names ``CheckConfig`` (an import, a name, an attribute, an
+    annotation, quoted or not) or takes a parameter called ``config`` (the name a `CheckConfig`, or an `Any`
+    standing in for it, goes by); docstrings and other strings are prose, not code."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "CheckConfig" for a in node.names):
+            found.append((node.lineno, "imports CheckConfig"))
+        elif isinstance(node, ast.Name) and node.id == "CheckConfig":
+            found.append((node.lineno, "names CheckConfig"))
+        elif isinstance(node, ast.Attribute) and node.attr == "CheckConfig":
+            found.append((node.lineno, "reads .CheckConfig"))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            annotations = [a.annotation for a in every] + [node.returns]
+            if any(a is not None and "CheckConfig" in ast.unparse(a) for a in annotations):
+                found.append((node.lineno, f"{node.name}: CheckConfig in an annotation"))
+            found += [(a.lineno, f"{node.name}(config)") for a in every if a.arg == "config"]
+        elif isinstance(node, ast.AnnAssign) and "CheckConfig" in ast.unparse(node.annotation):
+            found.append((node.lineno, "CheckConfig in an annotation"))
+    return found
+
+
+def test_the_sides_never_see_the_check_config() -> None:
+    root = ROOT / "consistency" / "gate" / "sides"
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in sorted(root.rglob("*.py"))
+        for line, what in _check_config_in_code(path.read_text())
+    ]
+    assert found == [], "the sides read SidesSettings (CheckConfig.sides):\n" + "\n".join(found)
+
+
+def test_the_sides_rule_catches_a_check_config() -> None:
+    planted = (
+        "from rollout_consistency.gate.config import CheckConfig\n"
+        "def make_plan(settings: 'CheckConfig') -> None: ...\n"
+        "def start(config) -> None: ...\n"
+        "def ok(settings: SidesSettings) -> None:\n"
+        '    """Receives what the CheckConfig resolves."""\n'
+        "    config_free = settings.execution\n"
+        "request_config: CheckConfig | None = None\n"
+    )
+    assert _check_config_in_code(planted) == [
+        (1, "imports CheckConfig"),
+        (2, "make_plan: CheckConfig in an annotation"),
+        (3, "start(config)"),
+        (7, "CheckConfig in an annotation"),
+        (7, "names CheckConfig"),
+    ]

@@ -161,8 +161,8 @@ def test_engine_start_checks_model_directory_and_config_first(tmp_path):
 
     config = CheckConfig(rollout_backend="vllm-omni", device="cuda")
     with pytest.raises(BackendError, match="model_path"):
-        vllm_omni_engine_arguments(config)
-    arguments = vllm_omni_engine_arguments(replace(config, model_path=str(tmp_path), sde_window_size=3))
+        vllm_omni_engine_arguments(config.sides)
+    arguments = vllm_omni_engine_arguments(replace(config, model_path=str(tmp_path), sde_window_size=3).sides)
     assert arguments["model_path"] == str(tmp_path) and arguments["window_schedule"].window_size == 3
     with pytest.raises(ValueError, match="dtype"):
         vo.VllmOmniRollout(tmp_path, dtype="bf16")

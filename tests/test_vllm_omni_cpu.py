@@ -468,8 +468,9 @@ def test_the_check_turns_a_failed_request_into_a_fail_naming_it(fp32_dir, real_e
         num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2, num_inference_steps=6, height=HEIGHT, width=WIDTH
     )
     backend = replace(
-        build_backend(config), rollout_engine=VllmOmniSide(_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text)))
+        build_backend(config.sides),
+        rollout_engine=VllmOmniSide(_client(fp32_dir, _OmniAfterAFailedRequest(real_error_text))),
     )
-    first, second = (run_batch(backend, batch) for batch in make_plan(config))
+    first, second = (run_batch(backend, batch) for batch in make_plan(config.sides))
     assert first.problems and "sample 0 (seed" in first.problems[0] and "version" in first.problems[0]
     assert second.problems and "closed" in second.problems[0]

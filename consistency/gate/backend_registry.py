@@ -10,7 +10,9 @@ in its help, and a run without a ``profile`` gets the backend's default one.
 
 The factory is named by a ``"package.module:function"`` spec and imported only when a worker starts, so this
 module (and the settings that read it) imports nothing heavy. It is called once per worker as
-``factory(config)`` and returns the side:
+``factory(config)`` — the check's `CheckConfig` — and returns the side (the built-in backends, which live in the
+sides' layer below the check, take the sides' own settings instead: ``factory(settings)``, a
+`rollout_consistency.gate.sides.settings.SidesSettings`; `BackendEntry.receives`):
 
 * rollout: an object with ``in_process`` (True: it samples with the worker's own transformer, which the
   worker then loads; False: the engine holds its own copy of the weights) and
@@ -30,6 +32,7 @@ from typing import Any
 from rollout_consistency.safeguards.object_spec import is_object_spec
 
 __all__ = [
+    "FACTORY_ARGUMENTS",
     "SIDES",
     "BackendEntry",
     "backend_names",
@@ -43,6 +46,8 @@ __all__ = [
 ]
 
 SIDES: tuple[str, ...] = ("rollout", "trainer")
+#: What a factory may receive (`BackendEntry.receives`): the check's `CheckConfig`, or the sides' `SidesSettings`.
+FACTORY_ARGUMENTS: tuple[str, ...] = ("config", "sides")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class BackendEntry:
         check: ``check(config) -> str | None``: the one-line error naming the fix when the settings cannot
             run on this backend (None: they can). Called when a `CheckConfig` is built; reads nothing but the
             settings.
+        receives: what the factory is called with: ``"config"``, the `CheckConfig` (a backend you register), or
+            ``"sides"``, the sides' `SidesSettings` (the built-in backends).
     """
 
     name: str
@@ -68,12 +75,17 @@ class BackendEntry:
     summary: str
     default_profile: str = "exact"
     check: Callable[[Any], str | None] | None = None
+    receives: str = "config"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or is_plugin_spec(self.name):
             raise ValueError(f"backend name {self.name!r}: use a non-empty name without ':' (a colon marks a plug-in).")
         if self.side not in SIDES:
             raise ValueError(f"backend {self.name!r}: side must be one of {', '.join(SIDES)}, got {self.side!r}.")
+        if self.receives not in FACTORY_ARGUMENTS:
+            raise ValueError(
+                f"backend {self.name!r}: receives must be one of {', '.join(FACTORY_ARGUMENTS)}, got {self.receives!r}."
+            )
         if not is_plugin_spec(self.factory):
             raise ValueError(
                 f"backend {self.name!r}: factory must be a 'package.module:function' or 'file.py:function' spec, "
@@ -185,6 +197,7 @@ register_backend(
         side="rollout",
         factory="rollout_consistency.gate.sides.torch_rollout:start",
         summary="the diffusers adapters in this process, request-level or step-wise",
+        receives="sides",
     )
 )
 register_backend(
@@ -195,6 +208,7 @@ register_backend(
         summary="the vLLM-omni engine; needs the vllm extra and CUDA",
         default_profile="kernel",
         check=_vllm_omni_settings,
+        receives="sides",
     )
 )
 register_backend(
@@ -203,5 +217,6 @@ register_backend(
         side="trainer",
         factory="rollout_consistency.gate.sides.trainer:start",
         summary="the PyTorch training adapter, recompute_log_probs",
+        receives="sides",
     )
 )

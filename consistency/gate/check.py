@@ -102,13 +102,14 @@ def run_step1_check(config: CheckConfig | None = None, **overrides: Any) -> Repo
 # ----------------------------------------------------------------------------------------------------
 def _check_sampling(config: CheckConfig, notes: list[str], start: float) -> Report:
     doctor = DiagnosisSettings.from_config(config)  # the doctor's own settings, built once here
-    plan = make_plan(config)
+    sides = config.sides  # the sides' own settings, built once here: they never see the CheckConfig
+    plan = make_plan(sides)
     progress = _progress_bar(config, total=config.num_samples)
     try:
         sharded = run_sharded(
             run_batch,
             plan,
-            setup=functools.partial(build_backend, config),
+            setup=functools.partial(build_backend, sides),
             workers=config.workers,
             ray_address=config.ray_address,
             ray_timeout_s=config.ray_timeout_s,
@@ -173,7 +174,7 @@ def _check_trajectory(config: CheckConfig, notes: list[str], start: float) -> Re
         notes.append("trajectory mode re-scores one file in this process (workers/ray_address unused)")
     notes.append(f"trajectory {config.trajectory} ({trajectory.provenance.get('path', 'unknown path')})")
     setup_start = time.perf_counter()
-    backend = build_backend(config)
+    backend = build_backend(config.sides)
     setup_s = time.perf_counter() - setup_start
     work_start = time.perf_counter()
     n = trajectory.batch_size

@@ -30,29 +30,36 @@ import math
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 from rollout_consistency.base.sampling_rules import SDE_TYPES as SDE_TYPES  # the CLI's choices
 from rollout_consistency.base.sampling_rules import sampling_problem
 from rollout_consistency.safeguards.fence import DEFAULT_TIMEOUT_S
-from rollout_consistency.safeguards.object_spec import spec_file
+from rollout_consistency.safeguards.object_spec import call_with_supported_kwargs, spec_file
 from rollout_consistency.safeguards.paths import InputPathError, check_input_file
 
 from .backend_registry import backend_names, default_profile, is_plugin_spec, settings_problem
 from .bounds import check_bounds
 from .judging.metrics import METRIC_NAMES
 from .judging.settings import JudgingSettings
+from .judging.tolerance_model import floor_variants
 from .judging.tolerances import (
     DEFAULT_CALIBRATION_MULTIPLE,
     PROFILES,
     ToleranceError,
     closest_name,
+    get_profile,
     metric_name_hint,
     narrowest_dtype,
     resolve_tolerance,
 )
 from .safe_yaml import SafeYamlError, load_yaml, read_limited
+
+if TYPE_CHECKING:  # the sides' package imports its modules: loaded when a check builds the sides' settings
+    from .sides.settings import SidesSettings
+
+T = TypeVar("T")
 
 #: The built-in model families (`rollout_consistency.base.builtin_families`, read without importing the adapters).
 MODEL_FAMILIES: tuple[str, ...] = BUILTIN_FAMILIES.names()
@@ -495,6 +502,68 @@ class CheckConfig:
         )
 
     @property
+    def sides(self) -> SidesSettings:
+        """What the sides read (`rollout_consistency.gate.sides.settings`): the model and how each side computes,
+        what is sampled, how it runs, every value resolved here; user code still receives this `CheckConfig`
+        (`ConfigArguments`)."""
+        from .sides.settings import ExecutionSettings, ModelSettings, SampleSettings, SidesSettings
+
+        judging = self.judging
+        measures_floor = get_profile(judging.profile).needs_floor
+        model = ModelSettings(
+            model_family=self.model_family,
+            model_path=self.model_path,
+            device=self.device,
+            rollout_dtype=self.rollout_dtype,
+            trainer_dtype=self.trainer_dtype,
+            rollout_attention=self.rollout_attention,
+            trainer_attention=self.trainer_attention,
+            batch_invariant=self.batch_invariant,
+            trainer_step_implementation=self.trainer_step_implementation,
+            measures_floor=measures_floor,
+            calibration_attention=self.calibration_attention,
+            floor_variants=floor_variants(judging, None) if measures_floor else {},
+        )
+        sampling = SampleSettings(
+            prompts=self.resolved_prompts,
+            num_images_per_prompt=self.num_images_per_prompt,
+            num_samples=self.num_samples,
+            height=self.height,
+            width=self.width,
+            num_frames=self.num_frames,
+            num_inference_steps=self.num_inference_steps,
+            max_sequence_length=self.max_sequence_length,
+            pad_prompts_to_max_length=self.pad_prompts_to_max_length,
+            mask_text_padding=self.mask_text_padding,
+            noise_level=self.noise_level,
+            sde_type=self.sde_type,
+            sde_window_size=self.resolved_window_size,
+            sde_window_range=self.sde_window_range,
+            sde_window_kind=self.sde_window_kind,
+            guidance_scale=self.guidance_scale,
+            guidance_scale_2=self.guidance_scale_2,
+            true_cfg_scale=self.true_cfg_scale,
+            boundary_ratio=self.boundary_ratio,
+            seed=self.seed,
+            global_step=self.global_step,
+        )
+        execution = ExecutionSettings(
+            rollout_backend=self.rollout_backend,
+            trainer_backend=self.trainer_backend,
+            step_execution=self.step_execution,
+            max_num_seqs=self.max_num_seqs,
+            stagger_arrivals=self.stagger_arrivals,
+            rollout_batch_size=self.rollout_batch_size,
+            micro_batch_size=judging.micro_batch_size,
+            inject=self.inject,
+            weight_sync=self.weight_sync,
+            weight_sync_lr=self.weight_sync_lr,
+            clip_ratio=self.clip_ratio,
+            user_code_timeout_s=self.user_code_timeout_s,
+        )
+        return SidesSettings(model, sampling, execution, ConfigArguments(self))
+
+    @property
     def resolved_profile(self) -> str:
         if self.profile is not None:
             return self.profile
@@ -546,6 +615,28 @@ class CheckConfig:
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> CheckConfig:
         """Build from a flat mapping (or one with a top-level ``check`` table), as read from YAML/TOML/JSON."""
         return cls(**_flatten(data, source))
+
+
+@dataclass(frozen=True)
+class ConfigArguments:
+    """The `CheckConfig` as user code receives it, bound by the check: the sides' `UserArguments`
+    (`rollout_consistency.gate.sides.settings`), so that the sides call user code with it and never read it.
+    Picklable: a Ray actor receives it with the rest of the sides' settings."""
+
+    config: CheckConfig
+
+    def registered_factory(self, factory: Callable[..., T]) -> T:
+        """A registered backend's ``factory(config)`` (`rollout_consistency.gate.backend_registry`)."""
+        return factory(self.config)
+
+    def plugin_factory(self, factory: Callable[..., T]) -> T:
+        """A plug-in's ``factory(config=config)``, ``config`` only where its signature takes it
+        (`rollout_consistency.safeguards.object_spec.call_with_supported_kwargs`)."""
+        return call_with_supported_kwargs(factory, optional={"config": self.config})
+
+    def rollout_request(self, make: Callable[..., T], /, **fields: Any) -> T:
+        """``make(**fields, config=config)``: a rollout plug-in's `rollout_consistency.gate.plugin_request.RolloutRequest`."""
+        return make(**fields, config=self.config)
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CheckConfig))

@@ -77,7 +77,8 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     notes: list[str] = []
     if config.workers > 1 or config.ray_address is not None:
         notes.append("step 2 (weight sync) ran in this process: one trainer updates, one rollout is synced")
-    backend, trainer, rollout = open_sides(config)
+    # One process: the factories of a user's sides see the settings this backend runs with.
+    backend, trainer, rollout = open_sides(config.replace(workers=1, ray_address=None).sides)
     shared = shared_parameters(rollout.model, trainer.model)
     if shared:  # the update reaches the rollout without any sync: a no-op sync would pass
         return Step2Result(
@@ -91,7 +92,7 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
             {"sync": name, "shared_parameters": shared},
         )
 
-    update = update_trainer(backend, trainer, rollout, make_plan(config))
+    update = update_trainer(backend, trainer, rollout, make_plan(config.sides))
     before, after = update.before, update.after
     moved = float(np.max(np.abs(after.astype(np.float64) - before))) if before.size else 0.0
     info: dict[str, Any] = {"sync": name, "update_max_abs_dlogp": moved, "learning_rate": config.weight_sync_lr}
@@ -115,7 +116,7 @@ def run_weight_sync_check(config: CheckConfig) -> Step2Result:
     info.update(weights_before=update.weights_before, weights_after=weights_after)
     diagnosis = _diagnose(update.weights_before, weights_after, rollout, sync_out, info)
 
-    plan2 = make_plan(config.replace(global_step=config.global_step + 1))
+    plan2 = make_plan(config.replace(global_step=config.global_step + 1).sides)
     results = [run_batch(backend, batch) for batch in plan2]
     profile = get_profile(config.resolved_profile).unmeasured  # no floor is measured for step 2
     tolerance = unmeasured_tolerance(config.judging, profile)

@@ -70,8 +70,8 @@ def tables(config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from rollout_consistency.gate.sides.backends import build_backend, run_batch
     from rollout_consistency.gate.sides.plan import make_plan
 
-    backend = build_backend(config)
-    results = [run_batch(backend, batch) for batch in make_plan(config)]
+    backend = build_backend(config.sides)
+    results = [run_batch(backend, batch) for batch in make_plan(config.sides)]
     stack = lambda name: np.concatenate([getattr(r, name) for r in results])  # noqa: E731
     return stack("rollout_log_probs"), stack("trainer_log_probs"), stack("timesteps")
 

@@ -57,5 +57,5 @@ class DiagnosisSettings:
             window_size=config.resolved_window_size,
             noise_level=float(config.noise_level),
             sde_type=config.sde_type,
-            start_sides=functools.partial(build_backend, config),
+            start_sides=functools.partial(build_backend, config.sides),
         )

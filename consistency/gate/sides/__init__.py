@@ -2,6 +2,13 @@
 """Running the sides: which samples the check draws, both halves (built in, or a user's own plug-in), the
 trainer's recomputation, the work over Ray actors, and step 2's update and weight sync.
 
+The sides read one frozen `SidesSettings` (`settings`), which the check builds once from its `CheckConfig`
+(`CheckConfig.sides`), every value resolved there; they never see the `CheckConfig` itself. User code still
+receives it: a plug-in's or a registered backend's factory, and a rollout plug-in's request, get it through the
+check's binding (`SidesSettings.user_code`).
+
+    settings           `SidesSettings`: `model` (what the model is, how each side computes), `sampling` (what is
+                       sampled), `execution` (how it runs), `user_code` (what user code receives, bound)
     plan               which prompt, group, seed and SDE window each sample gets, and the rollout batches
     shared             a worker's state (`Backend`), one batch's result (`BatchResult`), `BackendError`, the
                        attention-kernel switch: what the modules below share
@@ -11,7 +18,7 @@ trainer's recomputation, the work over Ray actors, and step 2's update and weigh
     torch_rollout      the registered ``torch`` rollout backend: the diffusers adapters in the worker's process
     vllm_omni_rollout  the registered ``vllm-omni`` rollout backend: one engine per worker
     plugins            a user's own rollout or trainer as a side (``"package.module:factory"``): the protocol
-    backends           both sides from the config (`build_backend`, once per worker: the registered backends'
+    backends           both sides from the settings (`build_backend`, once per worker: the registered backends'
                        factories, `rollout_consistency.gate.backend_registry`, or plug-ins) and one batch (`run_batch`)
     distributed        batches over Ray actors, or in this process (`run_sharded`); `ray_connect` fails fast
                        on a cluster nobody answers at
@@ -29,6 +36,7 @@ from .distributed import run_sharded
 from .plan import BatchSpec, SampleSpec, make_plan
 from .plugins import PluginError, PluginRollout, RolloutPlugin, RolloutRequest, TrainerPlugin
 from .ray_connect import DistributedError
+from .settings import ExecutionSettings, ModelSettings, SampleSettings, SidesSettings
 from .shared import Backend, BackendError, BatchResult
 from .trainer import score_trajectory
 from .weight_sync import SideHandle
@@ -39,12 +47,16 @@ __all__ = [
     "BatchResult",
     "BatchSpec",
     "DistributedError",
+    "ExecutionSettings",
+    "ModelSettings",
     "PluginError",
     "PluginRollout",
     "RolloutPlugin",
     "RolloutRequest",
+    "SampleSettings",
     "SampleSpec",
     "SideHandle",
+    "SidesSettings",
     "TrainerPlugin",
     "build_backend",
     "make_plan",

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rollout_consistency.gate.backend_registry import get_backend, is_plugin_spec
-from rollout_consistency.gate.config import CheckConfig, ConfigError
-from rollout_consistency.gate.judging.tolerances import get_profile
+from rollout_consistency.gate.config import ConfigError
 from rollout_consistency.gate.judging.verdict import plan_window_problems
 from rollout_consistency.safeguards.fence import fenced
 from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
 from . import plugins
 from .plan import BatchSpec
+from .settings import ModelSettings, SampleSettings, SidesSettings
 from .shared import Backend, BackendError, BatchResult, attention, encode_prompts
 from .trainer import score_trajectory
 
@@ -46,9 +46,9 @@ if TYPE_CHECKING:  # the adapters import torch: only named here, imported where 
 OTHER_KERNEL = {"native": "_native_math", "_native_math": "native"}
 
 
-def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchResult:
+def _failed_batch(batch: BatchSpec, window_size: int, problem: str) -> BatchResult:
     """A batch whose rollout could not run: no entries, the reason recorded (the check then FAILs)."""
-    empty = np.zeros((0, config.resolved_window_size), dtype=np.float32)
+    empty = np.zeros((0, window_size), dtype=np.float32)
     return BatchResult(
         batch=batch.index,
         sample_indices=(),
@@ -65,21 +65,22 @@ def _failed_batch(batch: BatchSpec, config: CheckConfig, problem: str) -> BatchR
 
 # ----------------------------------------------------------------------------------------------------
 # Model families: the checker reads everything per family from its `ModelFamily` (no family-name branches).
-def pipeline_settings(config: CheckConfig) -> PipelineSettings:
-    """The config's pipeline arguments as the adapters' `PipelineSettings` (what each family maps to its options)."""
+def pipeline_settings(sampling: SampleSettings) -> PipelineSettings:
+    """The pipeline arguments of `sampling` as the adapters' `PipelineSettings` (what each family maps to its
+    options). A plug-in may pass the `CheckConfig` its factory received: the fields carry its names."""
     from rollout_consistency.adapters import PipelineSettings
 
     return PipelineSettings(
-        height=config.height,
-        width=config.width,
-        guidance_scale=config.guidance_scale,
-        true_cfg_scale=config.true_cfg_scale,
-        mask_text_padding=config.mask_text_padding,
-        max_sequence_length=config.max_sequence_length,
-        pad_prompts_to_max_length=config.pad_prompts_to_max_length,
-        num_frames=config.num_frames,
-        guidance_scale_2=config.guidance_scale_2,
-        boundary_ratio=config.boundary_ratio,
+        height=sampling.height,
+        width=sampling.width,
+        guidance_scale=sampling.guidance_scale,
+        true_cfg_scale=sampling.true_cfg_scale,
+        mask_text_padding=sampling.mask_text_padding,
+        max_sequence_length=sampling.max_sequence_length,
+        pad_prompts_to_max_length=sampling.pad_prompts_to_max_length,
+        num_frames=sampling.num_frames,
+        guidance_scale_2=sampling.guidance_scale_2,
+        boundary_ratio=sampling.boundary_ratio,
     )
 
 
@@ -148,21 +149,21 @@ def _dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def floor_kernel(config: CheckConfig) -> str | None:
+def floor_kernel(model: ModelSettings) -> str | None:
     """The trainer's *other* attention kernel for the calibrated floor (None if no floor is measured)."""
-    if not get_profile(config.resolved_profile).needs_floor:
+    if not model.measures_floor:
         return None
-    if config.calibration_attention is not None:
-        return config.calibration_attention
-    if config.trainer_attention not in OTHER_KERNEL:
+    if model.calibration_attention is not None:
+        return model.calibration_attention
+    if model.trainer_attention not in OTHER_KERNEL:
         raise ConfigError(
             f"profile 'calibrated' needs calibration_attention: there is no default second kernel for trainer "
-            f"attention {config.trainer_attention!r} (set e.g. calibration_attention='_native_math')."
+            f"attention {model.trainer_attention!r} (set e.g. calibration_attention='_native_math')."
         )
-    return OTHER_KERNEL[config.trainer_attention]
+    return OTHER_KERNEL[model.trainer_attention]
 
 
-def start_backend(config: CheckConfig, side: str) -> Any:
+def start_backend(settings: SidesSettings, side: str) -> Any:
     """The `side` (``"rollout"`` / ``"trainer"``) the settings name, built by its registered factory (once per
     worker); None for a plug-in side (`plugins.build_sides` loads those).
 
@@ -171,13 +172,13 @@ def start_backend(config: CheckConfig, side: str) -> Any:
     """
     import importlib
 
-    name = getattr(config, f"{side}_backend")
+    name = getattr(settings.execution, f"{side}_backend")
     if is_plugin_spec(name):
         return None
     entry = get_backend(side, name)
     module, _, function = entry.factory.rpartition(":")
     # A backend registered from the user's own code is user code: fenced like a plug-in's (rollout_consistency.safeguards.fence).
-    owner, timeout_s = f"{side}_backend {name!r}", config.user_code_timeout_s
+    owner, timeout_s = f"{side}_backend {name!r}", settings.execution.user_code_timeout_s
     try:
         if module.endswith(".py"):  # a file: loaded as a module of its own
             factory = load_object(entry.factory, owner=owner, timeout_s=timeout_s)
@@ -189,32 +190,35 @@ def start_backend(config: CheckConfig, side: str) -> Any:
             f"{side}_backend {name!r}: its factory {entry.factory!r} cannot be loaded: {error}"
         ) from error
     with fenced(owner, "the factory", timeout_s=timeout_s):
-        return factory(config)
+        if entry.receives == "sides":  # a built-in backend: the sides' own settings
+            return factory(settings)
+        return settings.user_code.registered_factory(factory)  # the CheckConfig, as the registry's contract says
 
 
-def build_backend(config: CheckConfig) -> Backend:
-    """Load both sides for `config` (a worker's setup). Identical weights on both sides by construction.
+def build_backend(settings: SidesSettings) -> Backend:
+    """Load both sides for `settings` (a worker's setup). Identical weights on both sides by construction.
 
     With an in-process rollout (``torch``) both sides load the same seeded tiny model (or the same `model_path`)
     and, when their dtypes agree, share one module. An engine such as ``vllm-omni`` holds its own copy of
     `model_path`.
     """
 
-    engine = start_backend(config, "rollout")  # first: a missing package is the first thing to fix
-    recompute = start_backend(config, "trainer")
-    sides = plugins.build_sides(config)  # before the checker's own model: a broken plug-in fails in seconds
-    device = resolve_device(config.device)
-    family = checker_family(config.model_family)
-    settings = pipeline_settings(config)
-    trainer_model = _load_transformer(family, config.model_path, _dtype(config.trainer_dtype), device, settings)
+    engine = start_backend(settings, "rollout")  # first: a missing package is the first thing to fix
+    recompute = start_backend(settings, "trainer")
+    sides = plugins.build_sides(settings)  # before the checker's own model: a broken plug-in fails in seconds
+    model, sampling = settings.model, settings.sampling
+    device = resolve_device(model.device)
+    family = checker_family(model.model_family)
+    pipeline = pipeline_settings(sampling)
+    trainer_model = _load_transformer(family, model.model_path, _dtype(model.trainer_dtype), device, pipeline)
     schedule_model = trainer_model  # the schedule's shapes: a plug-in side may expose no model
     if engine is not None and not engine.in_process:
         rollout_model = None  # the engine holds its own copy of the weights
-    elif config.rollout_dtype == config.trainer_dtype and config.weight_sync is None:
+    elif model.rollout_dtype == model.trainer_dtype and settings.execution.weight_sync is None:
         rollout_model = trainer_model  # the same module: identical weights, nothing to sync
     else:
-        rollout_model = _load_transformer(family, config.model_path, _dtype(config.rollout_dtype), device, settings)
-    encoder = _prompt_encoder(family, config.model_path, trainer_model, device, settings)
+        rollout_model = _load_transformer(family, model.model_path, _dtype(model.rollout_dtype), device, pipeline)
+    encoder = _prompt_encoder(family, model.model_path, trainer_model, device, pipeline)
     if sides is not None:  # a user's side replaces the built-in one (audited and fingerprinted instead)
         rollout_model = plugins.side_model(sides.rollout) if sides.rollout is not None else rollout_model
         trainer_model = plugins.side_model(sides.trainer) if sides.trainer is not None else trainer_model
@@ -223,33 +227,33 @@ def build_backend(config: CheckConfig) -> Backend:
     audit = rollout_model is not None and trainer_model is not None
     precision = _precision_diff(rollout_model, trainer_model, device) if audit else None
     weights = plugins.fingerprints(rollout_model, trainer_model)
-    if config.batch_invariant:
+    if model.batch_invariant:
         from rollout_consistency.adapters.batch_invariance import batch_invariant
 
         # Forwards of rollout_batch_size rows on both sides where the proxy's probes find this machine's kernels
         # position-invariant (a rollout batch then runs unpadded), one row per forward otherwise.
-        rows = config.rollout_batch_size
+        rows = settings.execution.rollout_batch_size
         shared = rollout_model is trainer_model
         trainer_model = None if trainer_model is None else batch_invariant(trainer_model, family, rows_per_forward=rows)
         if rollout_model is not None:
             rollout_model = trainer_model if shared else batch_invariant(rollout_model, family, rows_per_forward=rows)
-    options = family.options(settings)
+    options = family.options(pipeline)
     setup = family.scheduler_setup(
-        _scheduler_config(family, config.model_path), config.num_inference_steps, schedule_model, options
+        _scheduler_config(family, model.model_path), sampling.num_inference_steps, schedule_model, options
     )
     return Backend(
-        config=config,
+        settings=settings,
         family=family,
         rollout_model=rollout_model,
         trainer_model=trainer_model,
         encoder=encoder,
         scheduler_setup=setup,
         options=options,
-        guidance=float(family.guidance(settings)),
-        cfg_passes=2 if family.cfg_scale(settings) > 1 else 1,
-        cfg_scale=float(family.cfg_scale(settings)),
-        injection=config.inject,
-        floor_kernel=floor_kernel(config),
+        guidance=float(family.guidance(pipeline)),
+        cfg_passes=2 if family.cfg_scale(pipeline) > 1 else 1,
+        cfg_scale=float(family.cfg_scale(pipeline)),
+        injection=settings.execution.inject,
+        floor_kernel=floor_kernel(model),
         rollout_engine=engine,
         precision=precision,
         plugins=sides,
@@ -279,15 +283,16 @@ def run_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     if backend.plugins is not None and backend.plugins.rollout is not None:
         return with_plan_findings(backend, batch, plugins.run_plugin_batch(backend, batch))
     start = time.perf_counter()
+    window = backend.settings.sampling.sde_window_size
     try:
         trajectory = rollout_trajectory(backend, batch)
     except MixedDtypeBatchError as error:
         # The stock step-wise path's other symptom: the engine cannot batch the requests at all.
-        return _failed_batch(batch, backend.config, f"{batch.describe()}: the rollout engine failed: {error}")
+        return _failed_batch(batch, window, f"{batch.describe()}: the rollout engine failed: {error}")
     except VllmOmniEngineError as error:
         # A request failed in vLLM-omni (named in the error), or an earlier one closed the engine: this batch
         # has no rollout, and the check FAILs naming it rather than crashing.
-        return _failed_batch(batch, backend.config, f"{batch.describe()}: the vLLM-omni engine failed: {error}")
+        return _failed_batch(batch, window, f"{batch.describe()}: the vLLM-omni engine failed: {error}")
     seconds = {"rollout": time.perf_counter() - start}
     forwards = {"rollout": max(w.stop for w in trajectory.windows) * backend.cfg_passes}
     result = score_trajectory(
@@ -325,36 +330,40 @@ def rollout_trajectory(backend: Backend, batch: BatchSpec) -> Any:
     """The rollout side of `run_batch` alone: the batch's float32 `Trajectory` (the doctor replays it too)."""
     import torch
 
-    config = backend.config
+    settings = backend.settings
     if backend.rollout_engine is None:
-        raise BackendError(f"rollout_backend {config.rollout_backend!r} is a plug-in: run_batch hands it the batch.")
+        raise BackendError(
+            f"rollout_backend {settings.execution.rollout_backend!r} is a plug-in: run_batch hands it the batch."
+        )
     requests = batch_requests(backend, batch)
     with torch.no_grad():
         conditioning = encode_prompts(backend, [s.prompt for s in batch.samples])
-        with attention(config.rollout_attention):
+        with attention(settings.model.rollout_attention):
             return backend.rollout_engine.rollout(backend, conditioning, requests, sampling_settings(backend))
 
 
 def batch_requests(backend: Backend, batch: BatchSpec) -> Any:
     """The planned batch's [`BatchRequests`](rollout_consistency.adapters.BatchRequests): each sample's seed,
-    window and prompt group, and the config's training step (windows only: the check needs no final latents)."""
+    window and prompt group, and the settings' training step (windows only: the check needs no final latents)."""
     from rollout_consistency.adapters import BatchRequests
     from rollout_consistency.schedulers import SDEWindow
 
-    config = backend.config
+    sampling = backend.settings.sampling
     return BatchRequests(
         seeds=tuple(s.seed for s in batch.samples),
-        windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in batch.samples),
+        windows=tuple(SDEWindow(s.window_start, s.window_size, sampling.num_inference_steps) for s in batch.samples),
         prompt_groups=tuple(s.prompt_group for s in batch.samples),
-        global_step=config.global_step,
+        global_step=sampling.global_step,
         denoise_to_end=False,
     )
 
 
 def sampling_settings(backend: Backend) -> Any:
-    """The run's [`SamplingSettings`](rollout_consistency.adapters.SamplingSettings): the config's SDE settings
-    and the family's guidance."""
+    """The run's [`SamplingSettings`](rollout_consistency.adapters.SamplingSettings): the settings' SDE step and
+    the family's guidance."""
     from rollout_consistency.adapters import SamplingSettings
 
-    config = backend.config
-    return SamplingSettings(noise_level=config.noise_level, sde_type=config.sde_type, guidance_scale=backend.guidance)
+    sampling = backend.settings.sampling
+    return SamplingSettings(
+        noise_level=sampling.noise_level, sde_type=sampling.sde_type, guidance_scale=backend.guidance
+    )

@@ -13,15 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.gate.judging.tolerance_model import floor_variants
-
-from .shared import attention
+from .shared import Backend, attention
 
 __all__ = ["measure_floor_tables", "recompute_variant"]
 
 
 def recompute_variant(
-    backend: Any,
+    backend: Backend,
     trajectory: Any,
     *,
     kernel: str,
@@ -29,15 +27,15 @@ def recompute_variant(
     implementation: str | None = None,
 ) -> np.ndarray:
     """The trainer's log-probs of every stored step, `(B, W)` float32 numpy, with the given kernel,
-    micro-batch size (default: the config's) and SDE-step implementation (default: the config's)."""
+    micro-batch size (default: the settings') and SDE-step implementation (default: the settings')."""
     import torch
 
     from rollout_consistency.adapters import recompute_step_log_prob
     from rollout_consistency.schedulers.flow_grpo_step import step_implementation
 
-    config = backend.config
-    micro = micro_batch_size or config.resolved_micro_batch_size
-    name = implementation or getattr(config, "trainer_step_implementation", "reference")
+    settings = backend.settings
+    micro = micro_batch_size or settings.execution.micro_batch_size
+    name = implementation or settings.model.trainer_step_implementation
     parts = []
     with torch.no_grad(), attention(kernel):
         for start in range(0, trajectory.batch_size, micro):
@@ -53,12 +51,11 @@ def recompute_variant(
     return torch.cat(parts).detach().cpu().numpy().copy()
 
 
-def measure_floor_tables(backend: Any, trajectory: Any) -> dict[str, np.ndarray]:
+def measure_floor_tables(backend: Backend, trajectory: Any) -> dict[str, np.ndarray]:
     """Per source present in the configuration (besides the kernel, which `score_trajectory` measures): the
-    trainer's log-probs `(B, W)` float32 with that source changed."""
-    config = backend.config
-    variants = floor_variants(config.judging, None)
+    trainer's log-probs `(B, W)` float32 with that source changed (`ModelSettings.floor_variants`)."""
+    model = backend.settings.model
     return {
-        source: recompute_variant(backend, trajectory, kernel=config.trainer_attention, **settings)
-        for source, settings in variants.items()
+        source: recompute_variant(backend, trajectory, kernel=model.trainer_attention, **variant)
+        for source, variant in model.floor_variants.items()
     }

@@ -1,7 +1,7 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """What a step-1 check samples: which prompt, group, seed and SDE window each rollout gets, in which batch.
 
-Everything here is a pure function of the [`CheckConfig`]: sample ``i`` renders prompt ``i // n`` (``n`` =
+Everything here is a pure function of the sides' settings (`SidesSettings`: what is sampled, the batch size): sample ``i`` renders prompt ``i // n`` (``n`` =
 ``num_images_per_prompt``) in prompt group ``i // n``; its seed is derived from the launcher's ``seed``, the
 ``global_step`` and ``i`` only; its window is the group's, drawn by ``rollout_consistency.schedulers.SDEWindowSchedule`` from
 (seed, global_step, group). Rollout batches are consecutive runs of ``rollout_batch_size`` samples. A
@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import Any
 
-from rollout_consistency.gate.config import CheckConfig
+from .settings import SampleSettings, SidesSettings
 
 _SEED_DOMAIN = b"rollout-consistency/sample-seed/v1"
 
@@ -59,33 +60,39 @@ def sample_seed(seed: int, global_step: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def make_plan(config: CheckConfig) -> tuple[BatchSpec, ...]:
-    """The rollout batches of a check, in global sample order."""
+def window_schedule(sampling: SampleSettings) -> Any:
+    """The `rollout_consistency.schedulers.SDEWindowSchedule` every prompt group's window is drawn from."""
     from rollout_consistency.schedulers import SDEWindowSchedule
 
-    schedule = SDEWindowSchedule(
-        kind=config.sde_window_kind,
-        num_steps=config.num_inference_steps,
-        window_size=config.resolved_window_size,
-        window_range=config.sde_window_range,
+    return SDEWindowSchedule(
+        kind=sampling.sde_window_kind,
+        num_steps=sampling.num_inference_steps,
+        window_size=sampling.sde_window_size,
+        window_range=sampling.sde_window_range,
     )
-    prompts = config.resolved_prompts
+
+
+def make_plan(settings: SidesSettings) -> tuple[BatchSpec, ...]:
+    """The rollout batches of a check, in global sample order."""
+    sampling = settings.sampling
+    schedule = window_schedule(sampling)
+    prompts = sampling.prompts
     samples = []
-    for index in range(config.num_samples):
-        group = index // config.num_images_per_prompt
-        window = schedule.window(seed=config.seed, global_step=config.global_step, prompt_group=group)
+    for index in range(sampling.num_samples):
+        group = index // sampling.num_images_per_prompt
+        window = schedule.window(seed=sampling.seed, global_step=sampling.global_step, prompt_group=group)
         samples.append(
             SampleSpec(
                 index=index,
                 prompt_index=group,
                 prompt=prompts[group],
                 prompt_group=group,
-                seed=sample_seed(config.seed, config.global_step, index),
+                seed=sample_seed(sampling.seed, sampling.global_step, index),
                 window_start=window.start,
                 window_size=window.size,
             )
         )
-    size = config.rollout_batch_size
+    size = settings.execution.rollout_batch_size
     return tuple(
         BatchSpec(index=b, samples=tuple(samples[start : start + size]))
         for b, start in enumerate(range(0, len(samples), size))

@@ -4,7 +4,8 @@
 ``rollout_backend`` and ``trainer_backend`` take, besides the built-in names, an object spec
 ``"package.module:factory"`` (or ``"path/to/file.py:factory"``; `rollout_consistency.safeguards.object_spec`). The
 factory is called once per worker (in this process, or on each Ray actor) as ``factory(config=CheckConfig)``
-(``config`` only if its signature takes it) and returns the side. Each side may be a function, an object with
+(``config`` only if its signature takes it; the check binds it, `SidesSettings.user_code`: the sides themselves
+read only their own settings) and returns the side. Each side may be a function, an object with
 the side's method (``rollout`` / ``recompute_log_probs``, preferred over ``__call__``: an ``nn.Module``'s
 ``__call__`` is its forward) or a callable object (`ACCEPTED_SHAPES`);
 ``rollout-consistency plugin-template`` writes a working pair. Every call into the plug-in is fenced
@@ -12,7 +13,7 @@ the side's method (``rollout`` / ``recompute_log_probs``, preferred over ``__cal
 ``user_code_timeout_s``.
 
 **Rollout plug-in** — ``rollout(request: RolloutRequest) -> Trajectory | PluginRollout``, called once per
-rollout batch of the plan. The request carries the plan's per-sample seeds, SDE windows, prompts, prompt
+rollout batch of the plan. The request ([`RolloutRequest`], `rollout_consistency.gate.plugin_request`) carries the plan's per-sample seeds, SDE windows, prompts, prompt
 groups, the family's text conditioning of the prompts and the settings. It returns either a validated
 float32 `rollout_consistency.adapters.Trajectory` (the built-in trainer can re-score it), or a
 [`PluginRollout`]: the rollout's ``(n, W)`` float32 log-prob table, the ``(n, W)`` float32 timesteps, the
@@ -54,9 +55,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from rollout_consistency.gate.backend_registry import is_plugin_spec
-from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.config import ConfigError
+from rollout_consistency.gate.plugin_request import RolloutRequest
 from rollout_consistency.safeguards.fence import UserCodeError, fenced
 from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
+
+from .settings import SidesSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import BatchSpec
@@ -77,39 +81,6 @@ __all__ = [
 
 class PluginError(ConfigError):
     """A plug-in backend that cannot be loaded or returned something outside the protocol."""
-
-
-@dataclass(frozen=True)
-class RolloutRequest:
-    """One rollout batch of the plan, as the rollout plug-in receives it.
-
-    Attributes:
-        batch: the batch index. sample_indices: global sample indices (``n`` of them).
-        seeds: per-sample seed (``n`` ints): initial noise and SDE noise must come from generators seeded
-            with them (`rollout_consistency.adapters.rollout` documents the draws the built-in rollout makes).
-        prompts: per-sample prompt text. prompt_groups: per-sample prompt-group id.
-        windows: per-sample `rollout_consistency.schedulers.SDEWindow` (samples of a group share one).
-        conditioning: the family's text conditioning of `prompts` from the checker's encoder, batch-first
-            (e.g. Qwen-Image ``prompt_embeds`` ``(n, L, D)`` float32 and ``prompt_embeds_mask`` ``(n, L)``
-            int64); use it, or encode `prompts` with your own encoder.
-        scheduler_setup: the schedule (`rollout_consistency.schedulers.SchedulerSetup`).
-        family: the `rollout_consistency.adapters.ModelFamily`. options: its forward settings.
-        guidance_scale: the guidance the family's velocity takes.
-        config: every setting (`CheckConfig`): noise_level, sde_type, global_step, ...
-    """
-
-    batch: int
-    sample_indices: tuple[int, ...]
-    seeds: tuple[int, ...]
-    prompts: tuple[str, ...]
-    prompt_groups: tuple[int, ...]
-    windows: tuple[Any, ...]
-    conditioning: Mapping[str, Any]
-    scheduler_setup: Any
-    family: Any
-    options: Mapping[str, Any]
-    guidance_scale: float
-    config: CheckConfig
 
 
 @dataclass(frozen=True)
@@ -177,7 +148,7 @@ class PluginSides:
 
     Attributes:
         rollout, trainer: the objects the factories returned (their ``model``, ``train_step`` are read here).
-        specs: side -> spec. timeout_s: `CheckConfig.user_code_timeout_s`, the bound on each call.
+        specs: side -> spec. timeout_s: `ExecutionSettings.user_code_timeout_s`, the bound on each call.
     """
 
     rollout: Any = None
@@ -229,11 +200,12 @@ def _resolve_call(plugin: Any, side: str) -> tuple[Any, str]:
     return plugin, getattr(plugin, "__name__", type(plugin).__name__)
 
 
-def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
+def load_plugin(spec: str, settings: SidesSettings, side: str) -> Any:
     """Import the factory named by `spec` and build the `side` (``"rollout"``/``"trainer"``) plug-in.
 
     The import, the factory call and every later call into the plug-in are fenced (`rollout_consistency.safeguards.fence`):
-    a ``sys.exit`` in them is a usage error, and each is bounded by ``config.user_code_timeout_s``. The file
+    a ``sys.exit`` in them is a usage error, and each is bounded by ``user_code_timeout_s``. The factory receives
+    the `CheckConfig` (``config``, where its signature takes it) through `SidesSettings.user_code`. The file
     of a ``file.py:factory`` spec is imported once per process with its folder importable
     (`rollout_consistency.safeguards.object_spec`), so a rollout and a trainer in one file share its module state.
 
@@ -243,11 +215,11 @@ def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
         rollout_consistency.safeguards.fence.UserCodeError: the import or the factory raised SystemExit or overran.
     """
     owner = f"{side}_backend {spec!r}"
-    timeout = config.user_code_timeout_s
+    timeout = settings.execution.user_code_timeout_s
     try:
         factory = load_object(spec, owner=owner, timeout_s=timeout)
         with fenced(owner, "the factory", timeout_s=timeout):
-            plugin = call_with_supported_kwargs(factory, optional={"config": config})
+            plugin = settings.user_code.plugin_factory(factory)
     except SpecError as error:
         raise PluginError(f"{owner}: {error}") from error
     if not callable(getattr(plugin, METHODS[side], None)) and not callable(plugin):
@@ -258,20 +230,21 @@ def load_plugin(spec: str, config: CheckConfig, side: str) -> Any:
     return plugin
 
 
-def build_sides(config: CheckConfig) -> PluginSides | None:
-    """The plug-in sides `config` names (None when both sides are built in)."""
+def build_sides(settings: SidesSettings) -> PluginSides | None:
+    """The plug-in sides `settings` name (None when both sides are built in)."""
+    execution = settings.execution
     specs = {
         side: name
-        for side, name in (("rollout", config.rollout_backend), ("trainer", config.trainer_backend))
+        for side, name in (("rollout", execution.rollout_backend), ("trainer", execution.trainer_backend))
         if is_plugin_spec(name)
     }
     if not specs:
         return None
     return PluginSides(
-        rollout=load_plugin(specs["rollout"], config, "rollout") if "rollout" in specs else None,
-        trainer=load_plugin(specs["trainer"], config, "trainer") if "trainer" in specs else None,
+        rollout=load_plugin(specs["rollout"], settings, "rollout") if "rollout" in specs else None,
+        trainer=load_plugin(specs["trainer"], settings, "trainer") if "trainer" in specs else None,
         specs=specs,
-        timeout_s=config.user_code_timeout_s,
+        timeout_s=execution.user_code_timeout_s,
     )
 
 
@@ -286,21 +259,22 @@ def side_model(plugin: Any) -> Any:
 def make_request(backend: Backend, batch: BatchSpec, conditioning: Mapping[str, Any]) -> RolloutRequest:
     from rollout_consistency.schedulers import SDEWindow
 
-    config = backend.config
+    settings = backend.settings
     samples = batch.samples
-    return RolloutRequest(
+    steps = settings.sampling.num_inference_steps
+    return settings.user_code.rollout_request(  # the request's `config`: the CheckConfig, bound by the check
+        RolloutRequest,
         batch=batch.index,
         sample_indices=batch.sample_indices,
         seeds=tuple(s.seed for s in samples),
         prompts=tuple(s.prompt for s in samples),
         prompt_groups=tuple(s.prompt_group for s in samples),
-        windows=tuple(SDEWindow(s.window_start, s.window_size, config.num_inference_steps) for s in samples),
+        windows=tuple(SDEWindow(s.window_start, s.window_size, steps) for s in samples),
         conditioning=conditioning,
         scheduler_setup=backend.scheduler_setup,
         family=backend.family,
         options=dict(backend.options),
         guidance_scale=backend.guidance,
-        config=config,
     )
 
 
@@ -317,7 +291,7 @@ def plugin_rollout(backend: Backend, batch: BatchSpec) -> Any:
     request = make_request(backend, batch, conditioning)
     from .shared import attention
 
-    with attention(backend.config.rollout_attention):
+    with attention(backend.settings.model.rollout_attention):
         out = backend.plugins.call_rollout(request)
     spec = backend.plugins.specs["rollout"]
     if isinstance(out, Trajectory):
@@ -394,7 +368,7 @@ def plugin_recompute(backend: Backend, batch: Any, kernel: str) -> np.ndarray:
     from .shared import attention
 
     with attention(kernel):
-        return trainer_log_probs(backend.plugins, batch, backend.config.resolved_micro_batch_size)
+        return trainer_log_probs(backend.plugins, batch, backend.settings.execution.micro_batch_size)
 
 
 def plugin_trainer_experts(backend: Backend, batch: Any, shape: tuple[int, ...]) -> tuple[tuple[str, ...], ...] | None:
@@ -442,7 +416,6 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
             f"which the built-in trainer cannot re-score: return a Trajectory, or set trainer_backend to your own "
             f"'package.module:factory'."
         )
-    config = backend.config
     spec = backend.plugins.specs["rollout"]
     # Sealed before the trainer (user code) sees the batch: the tables compared are the rollout's as it made them.
     sealed = seal(
@@ -452,7 +425,7 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         "rollout",
     )
     start = time.perf_counter()
-    trainer, findings = recompute_checked(backend, out.batch, config.trainer_attention)
+    trainer, findings = recompute_checked(backend, out.batch, backend.settings.model.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
     floor = None
     if backend.floor_kernel is not None:

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.config import ConfigError
 from rollout_consistency.gate.judging.tolerances import closest_name
+
+from .settings import SidesSettings
 
 
 class BackendError(RuntimeError):
@@ -78,9 +80,10 @@ class BatchResult:
 # ----------------------------------------------------------------------------------------------------
 @dataclass
 class Backend:
-    """A worker's state: both sides' models and what they need. Built once per worker by `build_backend`."""
+    """A worker's state: both sides' models and what they need. Built once per worker by `build_backend`, from
+    the sides' `settings` (`rollout_consistency.gate.sides.settings`)."""
 
-    config: CheckConfig
+    settings: SidesSettings
     family: Any
     rollout_model: Any
     trainer_model: Any

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rollout_consistency.gate.config import CheckConfig
-
+from .settings import SidesSettings
 from .shared import Backend
 
 __all__ = ["TorchRollout", "start"]
@@ -29,7 +28,7 @@ class TorchRollout:
 
         transformer, scheduler, windows = _rollout_side(backend, requests.windows)
         requests = dataclasses.replace(requests, windows=tuple(windows))
-        if backend.config.step_execution:
+        if backend.settings.execution.step_execution:
             return _rollout_stepwise(backend, transformer, scheduler, conditioning, requests, sampling)
         return adapters.rollout(
             backend.family,
@@ -43,7 +42,7 @@ class TorchRollout:
         )
 
 
-def start(config: CheckConfig) -> TorchRollout:
+def start(settings: SidesSettings) -> TorchRollout:
     """The registered factory: nothing to start (the worker loads the transformer)."""
     return TorchRollout()
 
@@ -75,7 +74,7 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, ba
     """
     from rollout_consistency.adapters import stepwise
 
-    config = backend.config
+    execution = backend.settings.execution
     seeds, windows, groups = batch_requests.seeds, batch_requests.windows, batch_requests.groups
     rows = [{k: v[i : i + 1] for k, v in conditioning.items()} for i in range(len(seeds))]
     # Staggered: two requests join per engine step, so forwards mix requests at different steps (pairs keep
@@ -87,7 +86,7 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, ba
             conditioning=row,
             window=window,
             prompt_group=group,
-            arrival=index // 2 if config.stagger_arrivals else 0,
+            arrival=index // 2 if execution.stagger_arrivals else 0,
             global_step=batch_requests.global_step,
         )
         for index, (seed, row, window, group) in enumerate(zip(seeds, rows, windows, groups, strict=False))
@@ -99,6 +98,8 @@ def _rollout_stepwise(backend: Backend, transformer, scheduler, conditioning, ba
         scheduler_setup=backend.scheduler_setup,
         sampling=sampling,
         options=backend.options,
-        engine=stepwise.EngineSettings(max_num_seqs=config.max_num_seqs, text_width=stepwise.shared_text_width(rows)),
+        engine=stepwise.EngineSettings(
+            max_num_seqs=execution.max_num_seqs, text_width=stepwise.shared_text_width(rows)
+        ),
         scheduler=scheduler,
     )

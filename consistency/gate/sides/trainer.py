@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.gate.config import CheckConfig
-
 from .floor_tables import measure_floor_tables, recompute_variant
+from .settings import SidesSettings
 from .shared import Backend, BatchResult, attention
 
 
@@ -42,15 +41,15 @@ def score_trajectory(
     """
     from .rollout_seal import recompute_checked, seal, seal_problems
 
-    config = backend.config
+    settings = backend.settings
     seconds, forwards = dict(seconds or {}), dict(forwards or {})
     cfg_passes = backend.cfg_passes
     # Sealed before the trainer (possibly user code) runs: the tables compared are the rollout's as it made them.
     sealed = seal(trajectory.log_probs, trajectory.timesteps, trajectory, "trajectory")
     start = time.perf_counter()
-    trainer, findings = recompute_checked(backend, trajectory, config.trainer_attention)
+    trainer, findings = recompute_checked(backend, trajectory, settings.model.trainer_attention)
     seconds["trainer"] = time.perf_counter() - start
-    micro = config.resolved_micro_batch_size
+    micro = settings.execution.micro_batch_size
     n_micro = -(-trajectory.batch_size // micro)
     forwards["trainer"] = n_micro * trajectory.window_size * cfg_passes
 
@@ -106,7 +105,7 @@ def trainer_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndar
     return backend.trainer_recompute(backend, trajectory, kernel)
 
 
-def start(config: CheckConfig) -> Callable[[Backend, Any, str], np.ndarray]:
+def start(settings: SidesSettings) -> Callable[[Backend, Any, str], np.ndarray]:
     """The ``torch`` trainer backend's registered factory: its recompute, [`torch_log_probs`]."""
     return torch_log_probs
 
@@ -118,9 +117,9 @@ def torch_log_probs(backend: Backend, trajectory: Any, kernel: str) -> np.ndarra
 
     from rollout_consistency import adapters
 
-    if backend.config.trainer_step_implementation != "reference":
+    if backend.settings.model.trainer_step_implementation != "reference":
         return recompute_variant(backend, trajectory, kernel=kernel)
-    micro = backend.config.resolved_micro_batch_size
+    micro = backend.settings.execution.micro_batch_size
     parts = []
     with torch.no_grad(), attention(kernel):
         for start in range(0, trajectory.batch_size, micro):

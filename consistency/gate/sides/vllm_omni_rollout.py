@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_consistency.gate.config import CheckConfig
-
+from .plan import window_schedule
+from .settings import SidesSettings
 from .shared import Backend, BackendError
 
 __all__ = ["VllmOmniSide", "start", "vllm_omni_engine_arguments"]
@@ -33,9 +33,9 @@ class VllmOmniSide:
             ValueError: the engine was started with another `max_num_seqs` or `step_execution` than the settings
                 ask for (both are fixed when an engine starts).
         """
-        config = backend.config
+        execution = backend.settings.execution
         for name in ("max_num_seqs", "step_execution"):
-            running, asked = getattr(self.engine, name), getattr(config, name)
+            running, asked = getattr(self.engine, name), getattr(execution, name)
             if running != asked:
                 raise ValueError(f"The engine was started with {name}={running!r}; this call asks for {asked!r}.")
         return self.engine.rollout(
@@ -49,12 +49,12 @@ class VllmOmniSide:
         )
 
 
-def start(config: CheckConfig) -> VllmOmniSide:
-    """The started vLLM-omni engine for `config`.
+def start(settings: SidesSettings) -> VllmOmniSide:
+    """The started vLLM-omni engine for `settings`.
 
     Raises:
         BackendError: vLLM-omni, vLLM or CUDA is missing (naming the ``vllm`` extra), or the engine cannot start
-            from the config (e.g. no ``model_path``).
+            from the settings (e.g. no ``model_path``).
     """
     from rollout_consistency.adapters import vllm_omni  # imports no vLLM: only the engine does, when it starts
 
@@ -62,37 +62,30 @@ def start(config: CheckConfig) -> VllmOmniSide:
         vllm_omni.require_vllm_omni()
     except ImportError as error:
         raise BackendError(str(error)) from error
-    arguments = vllm_omni_engine_arguments(config)
+    arguments = vllm_omni_engine_arguments(settings)
     try:
         return VllmOmniSide(vllm_omni.VllmOmniRollout(**arguments))
     except (ValueError, FileNotFoundError) as error:
         raise BackendError(f"the vLLM-omni engine cannot start: {error}") from error
 
 
-def vllm_omni_engine_arguments(config: CheckConfig) -> dict[str, Any]:
-    """The `VllmOmniRollout` keyword arguments `config` asks for (validated here; starts nothing, imports no vLLM).
+def vllm_omni_engine_arguments(settings: SidesSettings) -> dict[str, Any]:
+    """The `VllmOmniRollout` keyword arguments `settings` ask for (validated here; starts nothing, imports no vLLM).
 
     Raises:
         BackendError: no ``model_path`` (the engine serves a whole diffusers directory, not the tiny transformer).
     """
-    from rollout_consistency.schedulers import SDEWindowSchedule
-
-    if config.model_path is None:
+    model, execution = settings.model, settings.execution
+    if model.model_path is None:
         raise BackendError(
             "rollout_backend 'vllm-omni' loads a model directory: set model_path to a local diffusers Qwen-Image "
             "directory (the built-in tiny model is a transformer only, with no text encoder or VAE to serve)."
         )
-    schedule = SDEWindowSchedule(
-        kind=config.sde_window_kind,
-        num_steps=config.num_inference_steps,
-        window_size=config.resolved_window_size,
-        window_range=None if config.sde_window_range is None else tuple(config.sde_window_range),
-    )
     return {
-        "model_path": config.model_path,
-        "dtype": config.rollout_dtype,
-        "step_execution": config.step_execution,
-        "max_num_seqs": config.max_num_seqs,
-        "launcher_seed": config.seed,
-        "window_schedule": schedule,
+        "model_path": model.model_path,
+        "dtype": model.rollout_dtype,
+        "step_execution": execution.step_execution,
+        "max_num_seqs": execution.max_num_seqs,
+        "launcher_seed": settings.sampling.seed,
+        "window_schedule": window_schedule(settings.sampling),
     }

@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from rollout_consistency.gate.config import CheckConfig, ConfigError
+from rollout_consistency.gate.config import ConfigError
 from rollout_consistency.safeguards.fence import fenced
 from rollout_consistency.safeguards.object_spec import SpecError, load_object
 
 from .backends import build_backend
 from .plugins import fingerprints
+from .settings import SidesSettings
 
 __all__ = [
     "SideHandle",
@@ -180,10 +181,10 @@ def torch_train_step(
 
 
 # ----------------------------------------------------------------------------------------------------
-def open_sides(config: CheckConfig) -> tuple[Any, SideHandle, SideHandle]:
+def open_sides(settings: SidesSettings) -> tuple[Any, SideHandle, SideHandle]:
     """Step 2's backend, built in this process (one trainer updates, one rollout is synced), and its trainer and
     rollout sides."""
-    backend = build_backend(config.replace(workers=1, ray_address=None))
+    backend = build_backend(settings)
     sides = backend.plugins
     rollout = SideHandle(backend.rollout_model, sides.rollout if sides is not None else None)
     trainer = SideHandle(backend.trainer_model, sides.trainer if sides is not None else None)
@@ -203,13 +204,13 @@ class TrainerUpdate:
 def update_trainer(backend: Any, trainer: SideHandle, rollout: SideHandle, plan: Sequence[Any]) -> TrainerUpdate:
     """The plan's rollouts, the trainer's log-probs of them, and one optimizer update of the trainer on them (GRPO
     advantages seeded by the backend's ``seed`` and ``global_step``)."""
-    config = backend.config
+    sampling = backend.settings.sampling
     step1 = [_sample(backend, batch) for batch in plan]
-    micro = config.resolved_micro_batch_size
+    micro = backend.settings.execution.micro_batch_size
     before = _score(backend, step1[0][0])
     weights_before = fingerprints(rollout.model, trainer.model)
     groups = [s.prompt_group for b in plan for s in b.samples]
-    adv = grpo_advantages(config.seed, config.global_step, groups)
+    adv = grpo_advantages(sampling.seed, sampling.global_step, groups)
     offsets = np.cumsum([0] + [len(b.samples) for b in plan])
     advantages = [adv[offsets[i] : offsets[i + 1]] for i in range(len(plan))]
     _train_step(backend, trainer, step1, advantages, micro)
@@ -258,7 +259,8 @@ def _sample(backend: Any, batch: Any) -> tuple[Any, np.ndarray]:
 def _score(backend: Any, batch: Any) -> np.ndarray:
     from .rollout_seal import recompute_checked  # a plug-in trainer's own recompute when there is one
 
-    return recompute_checked(backend, batch, backend.config.trainer_attention)[0]  # step 1 FAILs an aliased table
+    # step 1 FAILs an aliased table
+    return recompute_checked(backend, batch, backend.settings.model.trainer_attention)[0]
 
 
 def _train_step(
@@ -268,25 +270,25 @@ def _train_step(
     advantages: Sequence[np.ndarray],
     micro: int,
 ) -> None:
-    config = backend.config
+    execution = backend.settings.execution
     batches = [b for b, _ in step1]
     old = [lp for _, lp in step1]
     settings = dict(
         old_log_probs=old,
         advantages=advantages,
         micro_batch_size=micro,
-        learning_rate=config.weight_sync_lr,
-        clip_ratio=config.clip_ratio,
+        learning_rate=execution.weight_sync_lr,
+        clip_ratio=execution.clip_ratio,
     )
     if trainer.plugin is not None:
         train_step = getattr(trainer.plugin, "train_step", None)
         if train_step is None:
             raise ConfigError(
-                f"weight_sync needs one optimizer update, but trainer_backend {config.trainer_backend!r} has no "
+                f"weight_sync needs one optimizer update, but trainer_backend {execution.trainer_backend!r} has no "
                 f"train_step(batches, *, old_log_probs, advantages, micro_batch_size, learning_rate, clip_ratio)."
             )
         with fenced(
-            f"trainer_backend {config.trainer_backend!r}", "train_step(...)", timeout_s=config.user_code_timeout_s
+            f"trainer_backend {execution.trainer_backend!r}", "train_step(...)", timeout_s=execution.user_code_timeout_s
         ):
             train_step(batches, **settings)
         return
