@@ -18,7 +18,7 @@ The step-1 check in five names (docs/checker.md)::
     print(report.format_table())
     assert report.passed, report.reasons
 
-Importing `rollout_consistency` imports nothing else of ours but the gate's two-line face and `gate.lazy_face`
+Importing `rollout_consistency` imports nothing else of ours but the gate's two-line face and `base.lazy_face`
 (which serves the names), nor numpy, torch or diffusers: every name is loaded on first use
 (`rollout_consistency.safeguards.fence`, the lint and the command line pay only for what they import).
 """
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from rollout_consistency.base.lazy_face import lazy_face as _lazy_face
 from rollout_consistency.gate import __all__ as _GATE_NAMES
-from rollout_consistency.gate.lazy_face import lazy_face as _lazy_face
 
 try:
     __version__ = version("rollout-consistency")
@@ -59,7 +59,7 @@ _SERVED_BY = {
 _SERVED_BY["gate"] = tuple(
     name for name in _GATE_NAMES if name != "gate" and all(name not in names for names in _SERVED_BY.values())
 )
-# The gate's face (`gate.lazy_face`): a name above, or a module of ours (`from rollout_consistency import lint`
+# The gate's face (`base.lazy_face`): a name above, or a module of ours (`from rollout_consistency import lint`
 # asks here first) — that module alone; dunder probes (copy, pickle, inspect) load nothing.
 __getattr__, _ = _lazy_face(__name__, _SERVED_BY)
 

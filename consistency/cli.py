@@ -25,7 +25,7 @@ from rollout_consistency.commands.usage import UsageError
 from rollout_consistency.safeguards.cli_guard import EXIT_USAGE, guarded
 from rollout_consistency.safeguards.supervisor import exit_now, run_supervised
 
-__all__ = ["COMMANDS", "UsageError", "main"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 
 #: The sub-commands, in `--help` order (the step-1 `check` first): the name and help line `--help` lists, and the
 #: module of `rollout_consistency.commands` that builds the command's parser and runs it (`Command`).
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    parser = _build_parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse: 0 after --help, 2 on bad arguments
@@ -124,7 +124,9 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
     return options
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: every command's sub-parser named, each filled in from its module the first time a
+    command line names it (so building it imports no command)."""
     parser = _Parser(
         prog=PROG,
         description="Consistency checks for diffusion RL training (rollout vs trainer, and within a training run).",

@@ -307,8 +307,9 @@ def test_the_rules_catch_what_they_are_for() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Import nothing of ours but each other: the scheduler math, the facts every layer reads (`base`: the registry,
     # the built-in families, the sampling rules), what protects the user's process and files (`safeguards`: the
-    # fence around user code, its supervisor, input and output paths, memory left, ...) and the gate's lazy faces.
-    ("schedulers", "base", "safeguards", "gate.lazy_face"),
+    # fence around user code, its supervisor, input and output paths, memory left, ...); `base.lazy_face` serves
+    # every package face.
+    ("schedulers", "base", "safeguards"),
     ("adapters",),
     ("training", "lint"),
     ("gate.judging",),  # figures, limits, verdict, report: never the settings, the sides or the doctor

@@ -4,19 +4,15 @@
     registry          `Registry`: entries known by name, the mechanism behind every extension point
     builtin_families  `BUILTIN_FAMILIES`: one record per built-in model family, the table the gate and adapters read
     sampling_rules    what a rollout's sampling settings must be, checked in one place
+    lazy_face         `lazy_face`: a package face that imports each name's module on first use (every face of ours)
 
-Importing this package loads none of them: each is imported on first use.
+Importing this package loads `lazy_face` and none of the others: each is imported on first use.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rollout_consistency.base.lazy_face import lazy_face
 
-__all__ = ["builtin_families", "registry", "sampling_rules"]
+__all__ = ["builtin_families", "lazy_face", "registry", "sampling_rules"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, {})

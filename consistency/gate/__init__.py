@@ -27,7 +27,7 @@ wait until a side runs.
 
 from __future__ import annotations
 
-from rollout_consistency.gate.lazy_face import lazy_face
+from rollout_consistency.base.lazy_face import lazy_face
 
 # The module (under this package) that serves each name, imported on first use.
 _SERVED_BY: dict[str, tuple[str, ...]] = {

@@ -17,7 +17,7 @@ layer: it runs the supervisor), so every layer may use them. Importing this pack
 
 from __future__ import annotations
 
-from rollout_consistency.gate.lazy_face import lazy_face
+from rollout_consistency.base.lazy_face import lazy_face
 
 __all__ = [
     "atomic_write",
@@ -31,5 +31,5 @@ __all__ = [
     "supervisor",
 ]
 
-# Every name is one of this folder's modules, imported on first use (`gate.lazy_face`, which imports nothing of ours).
+# Every name is one of this folder's modules, imported on first use (`base.lazy_face`, which imports nothing of ours).
 __getattr__, __dir__ = lazy_face(__name__, {})

@@ -17,7 +17,7 @@ imports the fixtures module alone).
 
 from __future__ import annotations
 
-from rollout_consistency.gate.lazy_face import lazy_face
+from rollout_consistency.base.lazy_face import lazy_face
 
 # The module (under this package) that serves each name, imported on first use.
 _SERVED_BY: dict[str, tuple[str, ...]] = {

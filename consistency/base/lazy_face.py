@@ -1,6 +1,6 @@
 # Copyright 2026 The rollout-consistency authors. Apache-2.0.
 """A package face that imports each public name's module on first use (PEP 562's module ``__getattr__``), so that
-importing one module deep in a package loads none of its siblings: the faces of `rollout_consistency` (the root),
+importing one module deep in a package loads none of its siblings: the faces of `rollout_consistency` (the root), `rollout_consistency.base`,
 `rollout_consistency.safeguards`, `rollout_consistency.gate`, `rollout_consistency.gate.tables` and
 `rollout_consistency.gate.monitor` use it. It imports nothing of ours, so every layer may."""
 
