@@ -13,8 +13,8 @@ the prediction is cast to float32 before true CFG and the scheduler, and nothing
 precision. `img_ids` and `txt_ids` are float32 (the transformer reads them with `.float()`).
 
 `guidance_scale` (and `Trajectory.guidance_scale`) is the **embedded** guidance, as `FluxPipeline`'s
-argument of that name; a model without `guidance_embeds` (FLUX.1-schnell) ignores it, as the pipeline does.
-`true_cfg_scale` is a family option.
+argument of that name (`FluxPipeline` uses 3.5; `SamplingSettings` defaults to 1.0, so pass it); a model
+without `guidance_embeds` (FLUX.1-schnell) ignores it, as the pipeline does. `true_cfg_scale` is a family option.
 
 Conditioning (batch-first, float32; names as `FluxPipeline.encode_prompt` returns them):
     prompt_embeds (B, L, joint_attention_dim), pooled_prompt_embeds (B, pooled_projection_dim);
@@ -40,7 +40,8 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup
 
-from . import mmdit, trainer
+from . import mmdit
+from .entry_points import entry_points
 from .families import (
     ModelFamily,
     PromptEncoder,
@@ -52,9 +53,7 @@ from .families import (
 )
 from .mmdit import TEXT_KEYS
 from .packing import pack_latents, packed_latent_grid, unpack_latents
-from .rollout import family_rollout
 from .settings import PipelineSettings
-from .trajectory import Trajectory
 
 __all__ = [
     "FAMILY",
@@ -277,20 +276,5 @@ FAMILY = register_family(
 )
 
 
-def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
-    """FLUX rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
-
-    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: FLUX.1's released
-    config, [`FLUX_SCHEDULER_CONFIG`]; the schedule is the pipeline's: `linspace(1, 1/N, N)` sigmas, `mu` from
-    the image sequence length), `scheduler`, and the family options `height`, `width`, `vae_scale_factor=8`,
-    `true_cfg_scale=1.0`. `sampling.guidance_scale` is the embedded guidance (`FluxPipeline` uses 3.5;
-    `SamplingSettings` defaults to 1.0, so pass it); `true_cfg_scale > 1` turns on true CFG and needs the
-    negative conditioning.
-    """
-    return family_rollout(FAMILY, transformer, conditioning, **settings)
-
-
-def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
-    """FLUX training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
-    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
-    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)
+# The family's public entry points (their keywords: the module docstring; one implementation for all families).
+rollout, recompute_log_probs = entry_points(FAMILY, __name__)
