@@ -44,9 +44,7 @@ from . import mmdit
 from .entry_points import entry_points
 from .families import (
     ModelFamily,
-    PromptEncoder,
     check_float32_inputs,
-    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
@@ -242,15 +240,10 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.true_cfg_scale
 
 
-def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
-    """The checkpoint's own CLIP and T5 encoders through diffusers' `FluxPipeline` (transformer/VAE not loaded)."""
-    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
-
-    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
-        embeds, pooled, _ = pipeline.encode_prompt(texts, None, max_sequence_length=settings.max_sequence_length)
-        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
-
-    return functools.partial(encode_prompt_pairs, encode_one)
+def _encode_prompt(pipeline: Any, texts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`FluxPipeline.encode_prompt` of `texts`: `(prompt_embeds, pooled_prompt_embeds)` (`mmdit.load_prompt_encoder`)."""
+    embeds, pooled, _ = pipeline.encode_prompt(texts, None, max_sequence_length=max_sequence_length)
+    return embeds, pooled
 
 
 FAMILY = register_family(
@@ -268,7 +261,7 @@ FAMILY = register_family(
         cfg_scale=_cfg_scale,
         negative_prompt="",
         load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
-        load_prompt_encoder=_load_prompt_encoder,
+        load_prompt_encoder=functools.partial(mmdit.load_prompt_encoder, _TEXT, _encode_prompt),
         default_options=_DEFAULT_OPTIONS,
         # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"}),

@@ -41,9 +41,7 @@ from . import mmdit
 from .entry_points import entry_points
 from .families import (
     ModelFamily,
-    PromptEncoder,
     check_float32_inputs,
-    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
@@ -211,17 +209,13 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.guidance_scale
 
 
-def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
-    """The checkpoint's own CLIP and T5 encoders through diffusers' `StableDiffusion3Pipeline` (transformer/VAE not loaded)."""
-    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
-
-    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
-        embeds, _, pooled, _ = pipeline.encode_prompt(
-            texts, None, None, do_classifier_free_guidance=False, max_sequence_length=settings.max_sequence_length
-        )
-        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
-
-    return functools.partial(encode_prompt_pairs, encode_one)
+def _encode_prompt(pipeline: Any, texts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`StableDiffusion3Pipeline.encode_prompt` of `texts` (no CFG): `(prompt_embeds, pooled_prompt_embeds)`
+    (`mmdit.load_prompt_encoder`)."""
+    embeds, _, pooled, _ = pipeline.encode_prompt(
+        texts, None, None, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length
+    )
+    return embeds, pooled
 
 
 FAMILY = register_family(
@@ -239,7 +233,7 @@ FAMILY = register_family(
         cfg_scale=_cfg_scale,
         negative_prompt="",
         load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
-        load_prompt_encoder=_load_prompt_encoder,
+        load_prompt_encoder=functools.partial(mmdit.load_prompt_encoder, _TEXT, _encode_prompt),
         default_options=_DEFAULT_OPTIONS,
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),
     )
