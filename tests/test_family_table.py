@@ -38,6 +38,7 @@ def test_each_record_is_what_its_module_registers(name):
     assert entry.option_keys == {"height", "width"} | set(family.default_options)
     assert entry.tiny is not None and tiny.get_tiny(name) is getattr(tiny, entry.tiny.rpartition(":")[2])
     assert isinstance(tiny.get_tiny(name), tiny.TinyModel)
+    assert {tiny.get_tiny(name)}  # hashable, as a record of functions is (its loaders compare by identity)
     if entry.vllm_omni_pipeline is not None:  # vLLM is not imported here: the class must be where the name says
         module_name, _, class_name = entry.vllm_omni_pipeline.rpartition(".")
         spec = importlib.util.find_spec(module_name)

@@ -84,7 +84,7 @@ def load_transformer(
     return nn.Module.to(model, device=device, dtype=dtype).eval()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity, as the functions it stands for
 class TinyTransformer(Generic[ModelT]):
     """A family's transformer loader, called as a function: tiny and seeded when `path` is None, else loaded from
     a local directory ([`load_transformer`]). `load_qwen_image`, `load_sd3` and `load_flux` are instances.
