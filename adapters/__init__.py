@@ -21,7 +21,8 @@ The main entry points (stable; see docs/adapters.md and docs/design.md):
         stock-behaviour reproductions (`rollout_consistency.adapters.pitfalls`; tests and `--inject` only)
 
 Modules, each with its own `__all__`: `qwen_image` (imported here), and on first access the other built-in
-families' modules (`sd3`, `flux`, `wan`: `rollout_consistency.base.builtin_families` names them), `stepwise` (step-wise
+families' modules (`sd3`, `flux`, `wan`: `rollout_consistency.base.builtin_families` names them; each one's
+`rollout` and `recompute_log_probs` come from `rollout_consistency.adapters.entry_points`), `stepwise` (step-wise
 continuous batching), `packing`, `rope`, `tiny` (the tiny offline models) and
 `vllm_omni` (the vLLM-omni backend, a subpackage). Importing this package never imports vllm.
 """

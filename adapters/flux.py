@@ -13,8 +13,8 @@ the prediction is cast to float32 before true CFG and the scheduler, and nothing
 precision. `img_ids` and `txt_ids` are float32 (the transformer reads them with `.float()`).
 
 `guidance_scale` (and `Trajectory.guidance_scale`) is the **embedded** guidance, as `FluxPipeline`'s
-argument of that name; a model without `guidance_embeds` (FLUX.1-schnell) ignores it, as the pipeline does.
-`true_cfg_scale` is a family option.
+argument of that name (`FluxPipeline` uses 3.5; `SamplingSettings` defaults to 1.0, so pass it); a model
+without `guidance_embeds` (FLUX.1-schnell) ignores it, as the pipeline does. `true_cfg_scale` is a family option.
 
 Conditioning (batch-first, float32; names as `FluxPipeline.encode_prompt` returns them):
     prompt_embeds (B, L, joint_attention_dim), pooled_prompt_embeds (B, pooled_projection_dim);
@@ -40,21 +40,18 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup
 
-from . import mmdit, trainer
+from . import mmdit
+from .entry_points import entry_points
 from .families import (
     ModelFamily,
-    PromptEncoder,
     check_float32_inputs,
-    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
 )
 from .mmdit import TEXT_KEYS
 from .packing import pack_latents, packed_latent_grid, unpack_latents
-from .rollout import family_rollout
 from .settings import PipelineSettings
-from .trajectory import Trajectory
 
 __all__ = [
     "FAMILY",
@@ -243,15 +240,10 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.true_cfg_scale
 
 
-def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
-    """The checkpoint's own CLIP and T5 encoders through diffusers' `FluxPipeline` (transformer/VAE not loaded)."""
-    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
-
-    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
-        embeds, pooled, _ = pipeline.encode_prompt(texts, None, max_sequence_length=settings.max_sequence_length)
-        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
-
-    return functools.partial(encode_prompt_pairs, encode_one)
+def _encode_prompt(pipeline: Any, texts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`FluxPipeline.encode_prompt` of `texts`: `(prompt_embeds, pooled_prompt_embeds)` (`mmdit.load_prompt_encoder`)."""
+    embeds, pooled, _ = pipeline.encode_prompt(texts, None, max_sequence_length=max_sequence_length)
+    return embeds, pooled
 
 
 FAMILY = register_family(
@@ -269,7 +261,7 @@ FAMILY = register_family(
         cfg_scale=_cfg_scale,
         negative_prompt="",
         load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
-        load_prompt_encoder=_load_prompt_encoder,
+        load_prompt_encoder=functools.partial(mmdit.load_prompt_encoder, _TEXT, _encode_prompt),
         default_options=_DEFAULT_OPTIONS,
         # Batch-first (or per-sample) transformer inputs; img_ids / txt_ids are shared by all rows.
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"}),
@@ -277,20 +269,5 @@ FAMILY = register_family(
 )
 
 
-def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
-    """FLUX rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
-
-    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: FLUX.1's released
-    config, [`FLUX_SCHEDULER_CONFIG`]; the schedule is the pipeline's: `linspace(1, 1/N, N)` sigmas, `mu` from
-    the image sequence length), `scheduler`, and the family options `height`, `width`, `vae_scale_factor=8`,
-    `true_cfg_scale=1.0`. `sampling.guidance_scale` is the embedded guidance (`FluxPipeline` uses 3.5;
-    `SamplingSettings` defaults to 1.0, so pass it); `true_cfg_scale > 1` turns on true CFG and needs the
-    negative conditioning.
-    """
-    return family_rollout(FAMILY, transformer, conditioning, **settings)
-
-
-def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
-    """FLUX training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
-    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
-    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)
+# The family's public entry points (their keywords: the module docstring; one implementation for all families).
+rollout, recompute_log_probs = entry_points(FAMILY, __name__)

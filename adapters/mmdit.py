@@ -13,6 +13,7 @@ Each family module keeps what differs: its latent layout, its schedule, its tran
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .families import check_pooled_text, concat_fixed_width_conditioning, load_pretrained_transformer
+from .families import (
+    PromptEncoder,
+    check_pooled_text,
+    concat_fixed_width_conditioning,
+    encode_prompt_pairs,
+    load_pretrained_transformer,
+)
+from .settings import PipelineSettings
 
 __all__ = [
     "TEXT_KEYS",
@@ -29,6 +37,7 @@ __all__ = [
     "check_text_conditioning",
     "collate_text_conditioning",
     "guided_prediction",
+    "load_prompt_encoder",
     "load_text_pipeline",
     "load_transformer",
 ]
@@ -129,3 +138,23 @@ def load_text_pipeline(text: MMDiTText, path: str | os.PathLike, device: Any) ->
     import diffusers
 
     return getattr(diffusers, text.pipeline).from_pretrained(path, transformer=None, vae=None).to(device)
+
+
+def load_prompt_encoder(
+    text: MMDiTText,
+    encode: Callable[[Any, list[str], int], tuple[torch.Tensor, torch.Tensor]],
+    path: str | os.PathLike,
+    device: Any,
+    settings: PipelineSettings,
+) -> PromptEncoder:
+    """The checkpoint's own CLIP and T5 encoders through `text.pipeline` ([`load_text_pipeline`]) as a
+    `PromptEncoder`: `encode(pipeline, texts, max_sequence_length) -> (prompt_embeds, pooled_prompt_embeds)` is the
+    family's call of its pipeline's `encode_prompt`; both are kept as float32 on the CPU. A family binds it with
+    `functools.partial(load_prompt_encoder, text, encode)` (its `ModelFamily.load_prompt_encoder`)."""
+    pipeline = load_text_pipeline(text, path, device)
+
+    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, pooled = encode(pipeline, texts, settings.max_sequence_length)
+        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
+
+    return functools.partial(encode_prompt_pairs, encode_one)

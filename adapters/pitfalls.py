@@ -140,7 +140,23 @@ class StockModelDtypeLatents(StockRoundedLatents):
         return prev_sample.to(self.dtype)
 
 
-class StockMaskSumRope(nn.Module):
+class _WrappedModel(nn.Module):
+    """A transformer wrapper (`inner`) whose config, parameters and dtype are the wrapped model's."""
+
+    def __init__(self, transformer: nn.Module):
+        super().__init__()
+        self.inner = transformer
+
+    @property
+    def config(self) -> Any:
+        return self.inner.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return model_dtype(self.inner)
+
+
+class StockMaskSumRope(_WrappedModel):
     """REPRODUCTION (`mask-sum-rope`): a Qwen-Image transformer whose text RoPE lengths are the valid-token
     counts instead of the padded width.
 
@@ -164,16 +180,7 @@ class StockMaskSumRope(nn.Module):
                 "rollout_consistency.adapters.tiny.load_qwen_image, or vLLM-omni's); diffusers' own class always uses "
                 "the padded width."
             )
-        super().__init__()
-        self.inner = transformer
-
-    @property
-    def config(self) -> Any:
-        return self.inner.config
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return model_dtype(self.inner)
+        super().__init__(transformer)
 
     def forward(self, *args: Any, encoder_hidden_states: torch.Tensor, txt_seq_lens: Any = None, **kwargs: Any):
         valid = (encoder_hidden_states != 0).any(dim=-1).to(torch.int64)  # (B, L): 1 where a row is not padding
@@ -185,7 +192,7 @@ class StockMaskSumRope(nn.Module):
         )
 
 
-class StockLateExpertSwitch(nn.Module):
+class StockLateExpertSwitch(_WrappedModel):
     """REPRODUCTION (`expert-switch`): Wan 2.2's two experts switching to `transformer_2` one step late.
 
     The stock code counts the high-noise steps, `n_high = (timesteps >= boundary).sum()`, then takes
@@ -206,17 +213,8 @@ class StockLateExpertSwitch(nn.Module):
                 "The expert-switch reproduction needs a model with two experts by timestep (Wan 2.2: "
                 "rollout_consistency.adapters.wan.WanExperts, e.g. load_wan(boundary_ratio=0.875))."
             )
-        super().__init__()
-        self.inner = transformer
+        super().__init__(transformer)
         self.schedule = schedule.to(torch.float32).cpu()
-
-    @property
-    def config(self) -> Any:
-        return self.inner.config
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return model_dtype(self.inner)
 
     def expert_names(self, timesteps: torch.Tensor) -> tuple[str, ...]:
         right = self.inner.expert_names(self.schedule)  # the right expert of every step of the schedule

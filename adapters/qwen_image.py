@@ -3,7 +3,8 @@
 
 Inputs follow diffusers' `QwenImagePipeline` exactly: latents packed 2x2 into `(B, (h/2)(w/2), 4C)`,
 `img_shapes = [[(1, h/2, w/2)]] * B`, `timestep / 1000`, `encoder_hidden_states_mask` from the prompt mask,
-and true CFG `neg + s (cond - neg)` rescaled to the conditional prediction's norm along the channel dim.
+and true CFG `neg + s (cond - neg)` rescaled to the conditional prediction's norm along the channel dim
+(`s`: the velocity's `guidance_scale`, `Trajectory.guidance_scale`; CFG when > 1).
 What differs is precision: the latents are cast to the transformer's dtype only for the forward, the
 prediction is cast to float32 before CFG and the scheduler, and nothing is stored in low precision.
 
@@ -31,7 +32,7 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup
 
-from . import trainer
+from .entry_points import entry_points
 from .families import (
     ModelFamily,
     PromptEncoder,
@@ -44,14 +45,12 @@ from .families import (
     register_family,
 )
 from .packing import pack_latents, packed_latent_grid
-from .rollout import family_rollout
 from .rope import (
     QwenImageTransformerTxtSeqLens,
     padded_txt_seq_lens,
     takes_txt_seq_lens,
 )
 from .settings import PipelineSettings
-from .trajectory import Trajectory
 
 __all__ = [
     "FAMILY",
@@ -122,6 +121,7 @@ def _initial_latents(
 def _scheduler_setup(
     config: Mapping[str, Any], num_steps: int, transformer: nn.Module, options: Mapping[str, Any]
 ) -> SchedulerSetup:
+    """`QwenImagePipeline`'s schedule: sigmas `linspace(1, 1/N, N)`, `mu` from the packed sequence length."""
     image_seq_len = _latent_shape(transformer, options)[0]
     return SchedulerSetup.for_pipeline(config, num_steps, image_seq_len)
 
@@ -351,20 +351,5 @@ FAMILY = register_family(
 )
 
 
-def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
-    """Qwen-Image rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for
-    this family.
-
-    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: Qwen-Image's released
-    config, [`QWEN_IMAGE_SCHEDULER_CONFIG`]; the schedule is the pipeline's: `linspace(1, 1/N, N)` sigmas, `mu`
-    from the image sequence length), `scheduler`, and the family options `height`, `width`,
-    `vae_scale_factor=8`, `mask_text_padding=True`. `sampling.guidance_scale` is the true-CFG scale (CFG when
-    > 1, which needs the negative conditioning).
-    """
-    return family_rollout(FAMILY, transformer, conditioning, **settings)
-
-
-def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
-    """Qwen-Image training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
-    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
-    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)
+# The family's public entry points (their keywords: the module docstring; one implementation for all families).
+rollout, recompute_log_probs = entry_points(FAMILY, __name__)

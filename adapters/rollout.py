@@ -226,7 +226,7 @@ def family_rollout(
 ) -> Trajectory:
     """[`rollout`] as a family's diffusers pipeline is called: image size and family options as keywords, the
     schedule the pipeline would use. Each family's `rollout` (`qwen_image.rollout`, `sd3.rollout`,
-    `flux.rollout`) is this function for its family.
+    `flux.rollout`, `wan.rollout`) is this function for its family (`rollout_consistency.adapters.entry_points`).
 
     Args:
         num_inference_steps: denoising steps.

@@ -3,7 +3,8 @@
 
 Inputs follow diffusers' `StableDiffusion3Pipeline`: latents `(B, C, h, w)` (SD3 patchifies inside the
 transformer), `timestep` = the scheduler's value `σ·1000` as is, `pooled_projections` from the pooled
-prompt embeddings, CFG `uncond + s (cond - uncond)` when `guidance_scale > 1`. What differs:
+prompt embeddings, CFG `uncond + s (cond - uncond)` when `guidance_scale > 1` (`s`: the velocity's
+`guidance_scale`, `Trajectory.guidance_scale`). What differs:
 
 * precision: the latents are cast to the transformer's dtype only for the forward, the prediction is cast
   to float32 right after, CFG is combined in float32, nothing is stored in low precision;
@@ -36,20 +37,17 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup, image_seq_len_shift
 
-from . import mmdit, trainer
+from . import mmdit
+from .entry_points import entry_points
 from .families import (
     ModelFamily,
-    PromptEncoder,
     check_float32_inputs,
-    encode_prompt_pairs,
     merged_options,
     model_dtype,
     register_family,
 )
 from .mmdit import TEXT_KEYS
-from .rollout import family_rollout
 from .settings import PipelineSettings
-from .trajectory import Trajectory
 
 __all__ = [
     "FAMILY",
@@ -211,17 +209,13 @@ def _cfg_scale(settings: PipelineSettings) -> float:
     return settings.guidance_scale
 
 
-def _load_prompt_encoder(path, device, settings: PipelineSettings) -> PromptEncoder:
-    """The checkpoint's own CLIP and T5 encoders through diffusers' `StableDiffusion3Pipeline` (transformer/VAE not loaded)."""
-    pipeline = mmdit.load_text_pipeline(_TEXT, path, device)
-
-    def encode_one(texts: list[str]) -> dict[str, torch.Tensor]:
-        embeds, _, pooled, _ = pipeline.encode_prompt(
-            texts, None, None, do_classifier_free_guidance=False, max_sequence_length=settings.max_sequence_length
-        )
-        return {"prompt_embeds": embeds.float().cpu(), "pooled_prompt_embeds": pooled.float().cpu()}
-
-    return functools.partial(encode_prompt_pairs, encode_one)
+def _encode_prompt(pipeline: Any, texts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`StableDiffusion3Pipeline.encode_prompt` of `texts` (no CFG): `(prompt_embeds, pooled_prompt_embeds)`
+    (`mmdit.load_prompt_encoder`)."""
+    embeds, _, pooled, _ = pipeline.encode_prompt(
+        texts, None, None, do_classifier_free_guidance=False, max_sequence_length=max_sequence_length
+    )
+    return embeds, pooled
 
 
 FAMILY = register_family(
@@ -239,25 +233,12 @@ FAMILY = register_family(
         cfg_scale=_cfg_scale,
         negative_prompt="",
         load_transformer=functools.partial(mmdit.load_transformer, _TEXT),
-        load_prompt_encoder=_load_prompt_encoder,
+        load_prompt_encoder=functools.partial(mmdit.load_prompt_encoder, _TEXT, _encode_prompt),
         default_options=_DEFAULT_OPTIONS,
         row_inputs=frozenset({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"}),
     )
 )
 
 
-def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
-    """SD3 rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
-
-    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default: SD3's released config,
-    [`SD3_SCHEDULER_CONFIG`]; the schedule is the pipeline's, see `_scheduler_setup`), `scheduler`, and the
-    family options `height`, `width`, `vae_scale_factor=8`. `sampling.guidance_scale` is the CFG scale (CFG
-    when > 1, which needs the negative conditioning).
-    """
-    return family_rollout(FAMILY, transformer, conditioning, **settings)
-
-
-def recompute_log_probs(transformer: nn.Module, trajectory: Trajectory, **settings: Any) -> torch.Tensor:
-    """SD3 training adapter: `rollout_consistency.adapters.recompute_log_probs` (keywords `steps`,
-    `autocast_dtype`: the trainer's precision) on this family's trajectories."""
-    return trainer.recompute_log_probs(transformer, trajectory, family=FAMILY, **settings)
+# The family's public entry points (their keywords: the module docstring; one implementation for all families).
+rollout, recompute_log_probs = entry_points(FAMILY, __name__)

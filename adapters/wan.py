@@ -46,7 +46,7 @@ from torch import nn
 
 from rollout_consistency.schedulers import SchedulerSetup, image_seq_len_shift
 
-from . import trainer
+from .entry_points import entry_points
 from .families import (
     ModelFamily,
     PromptEncoder,
@@ -57,9 +57,7 @@ from .families import (
     model_dtype,
     register_family,
 )
-from .rollout import family_rollout
 from .settings import PipelineSettings
-from .trajectory import Trajectory
 
 __all__ = [
     "EXPERT_NAMES",
@@ -511,33 +509,5 @@ FAMILY = register_family(
 )
 
 
-def rollout(transformer: nn.Module, conditioning: Mapping[str, torch.Tensor], **settings: Any) -> Trajectory:
-    """Wan rollout adapter (request-level): `rollout_consistency.adapters.rollout.family_rollout` for this family.
-
-    Keywords: `num_inference_steps`, `requests`, `sampling`, `scheduler_config` (default:
-    [`WAN_SCHEDULER_CONFIG`]; the schedule is the pipeline's, the scheduler's own sigmas), `scheduler`, and the
-    family options `height`, `width`, `num_frames=81`, `guidance_scale_2=None` (the low-noise expert's CFG
-    scale; `None`: the same), `expand_timesteps=False`, `vae_scale_factor_spatial=8`,
-    `vae_scale_factor_temporal=4`. `sampling.guidance_scale` is the CFG scale (CFG when > 1, which needs
-    `negative_prompt_embeds`). A [`WanExperts`] transformer records which expert took each window step
-    (`Trajectory.experts`).
-    """
-    return family_rollout(FAMILY, transformer, conditioning, **settings)
-
-
-def recompute_log_probs(
-    transformer: nn.Module,
-    trajectory: Trajectory,
-    *,
-    steps: Sequence[int] | None = None,
-    autocast_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Wan training adapter: `(B, len(steps))` float32 log-probs of stored window steps (grad when enabled).
-
-    The trainer's precision is a setting: load the transformer in bf16 or fp32 (`load_wan(dtype=...)`), or keep
-    float32 master weights and pass `autocast_dtype=torch.bfloat16`. Which expert scores each step:
-    `rollout_consistency.adapters.trainer.trainer_experts`.
-    """
-    return trainer.recompute_log_probs(
-        transformer, trajectory, family=FAMILY, steps=steps, autocast_dtype=autocast_dtype
-    )
+# The family's public entry points (their keywords: the module docstring; one implementation for all families).
+rollout, recompute_log_probs = entry_points(FAMILY, __name__)

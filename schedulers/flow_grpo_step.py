@@ -7,7 +7,8 @@ same quantities in another order, all in float32 tensors: the mean from its text
 log-density element by element, then a float32 ``mean`` over the latent. Both are correct; they differ by
 float32 rounding (a few 1e-7 of the log-prob). [`FlowGRPOStep`] is that second implementation: the
 checker's trainer can use it (``trainer_step_implementation='flow-grpo'``) and the tolerance model
-measures it as the "implementation" source of difference (docs/checker.md).
+measures it as the "implementation" source of difference (docs/checker.md). It keeps its own arithmetic on
+purpose: calling the reference's would make the two agree by construction, and that difference would vanish.
 """
 
 from __future__ import annotations

@@ -9,13 +9,22 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollout_consistency import adapters
-from rollout_consistency.adapters import family_names, get_family, tiny
+from rollout_consistency.adapters import (
+    BatchRequests,
+    PipelineSettings,
+    SamplingSettings,
+    family_names,
+    get_family,
+    tiny,
+)
 from rollout_consistency.adapters.vllm_omni import protocol
 from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES, BuiltinFamily, builtin_option_keys
 from rollout_consistency.gate.config import MODEL_FAMILIES, CheckConfig, ConfigError
 from rollout_consistency.gate.sides.trajectory_checks import FAMILY_OPTION_KEYS, check_family_options
+from rollout_consistency.schedulers import SDEWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,10 +38,34 @@ def test_each_record_is_what_its_module_registers(name):
     assert entry.option_keys == {"height", "width"} | set(family.default_options)
     assert entry.tiny is not None and tiny.get_tiny(name) is getattr(tiny, entry.tiny.rpartition(":")[2])
     assert isinstance(tiny.get_tiny(name), tiny.TinyModel)
+    assert {tiny.get_tiny(name)}  # hashable, as a record of functions is (its loaders compare by identity)
     if entry.vllm_omni_pipeline is not None:  # vLLM is not imported here: the class must be where the name says
         module_name, _, class_name = entry.vllm_omni_pipeline.rpartition(".")
         spec = importlib.util.find_spec(module_name)
         assert spec is not None and f"class {class_name}(" in Path(spec.origin).read_text()
+
+
+@pytest.mark.parametrize("name", BUILTIN_FAMILIES.names())
+def test_each_module_entry_points_run_its_own_family(name):
+    """`rollout, recompute_log_probs = entry_points(FAMILY, __name__)` in each module: the module's `rollout` stamps
+    its trajectories with its own family and its `recompute_log_probs` re-scores them bit for bit (same model, same
+    batch); a binding to another family's `FAMILY` fails here."""
+    module = importlib.import_module(BUILTIN_FAMILIES[name].module)
+    assert (module.rollout.__module__, module.recompute_log_probs.__module__) == (module.__name__,) * 2
+    settings = PipelineSettings(height=32, width=32, num_frames=5, max_sequence_length=8)
+    model = tiny.get_tiny(name).load_transformer(dtype=torch.float32, device="cpu", seed=0)
+    conditioning = tiny.get_tiny(name).prompt_encoder(model, settings)(["a red cat", "sky"], None)
+    trajectory = module.rollout(
+        model,
+        conditioning,
+        num_inference_steps=2,
+        requests=BatchRequests(seeds=(1, 2), windows=SDEWindow(start=0, size=1, num_steps=2)),
+        sampling=SamplingSettings(noise_level=0.7),
+        **module.FAMILY.options(settings),
+    )
+    assert trajectory.model_family == name
+    with torch.no_grad():
+        assert torch.equal(module.recompute_log_probs(model, trajectory), trajectory.log_probs)
 
 
 def test_every_list_of_built_in_families_is_the_table():

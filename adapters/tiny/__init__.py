@@ -4,7 +4,7 @@
 Everything runs on a CPU with no model hub. The checker uses [`get_tiny`] when no `model_path` is given;
 tests and docs build the models directly:
 
-    Qwen-Image   load_qwen_image(path=None, *, dtype, device, seed), TinyPromptEncoder,
+    Qwen-Image   load_qwen_image(path=None, *, dtype, device, seed, config), TinyPromptEncoder,
                  save_tiny_qwen_image_directory(path, *, dtype) (a whole diffusers directory),
                  load_qwen_image_scheduler_config(path=None)          (`rollout_consistency.adapters.tiny.qwen_image`)
     SD3, FLUX    load_sd3(...), load_flux(...), TinyClipT5Encoder,
@@ -15,9 +15,10 @@ tests and docs build the models directly:
                  tiny_wan_prompt_encoder(), load_wan_scheduler_config(path=None)
                                                                       (`rollout_consistency.adapters.tiny.wan`)
 
-Each `load_*_scheduler_config(path=None)` gives the scheduler config the tiny model runs with (the family's
-released one, `ModelFamily.scheduler_config`), as `from_pretrained(path, subfolder="scheduler")` would read it
-from a model directory; with `path`, that directory's own.
+`load_qwen_image`, `load_sd3` and `load_flux` are [`TinyTransformer`]s (a model class and its tiny config, called
+as a function); `load_wan` adds Wan 2.2's two experts. Each `load_*_scheduler_config(path=None)` gives the scheduler
+config the tiny model runs with (the family's released one, `ModelFamily.scheduler_config`), as
+`from_pretrained(path, subfolder="scheduler")` would read it from a model directory; with `path`, that directory's own.
 
 A family of your own registers its tiny model with [`register_tiny`] next to
 `rollout_consistency.adapters.register_family`. No production module imports this package.
@@ -38,6 +39,7 @@ from rollout_consistency.base.builtin_families import BUILTIN_FAMILIES
 
 from .qwen_image import (
     TinyPromptEncoder,
+    TinyTransformer,
     load_qwen_image,
     load_qwen_image_scheduler_config,
     save_tiny_qwen_image_directory,
@@ -61,6 +63,7 @@ __all__ = [
     "TinyClipT5Encoder",
     "TinyModel",
     "TinyPromptEncoder",
+    "TinyTransformer",
     "TinyUMT5Encoder",
     "get_tiny",
     "load_flux",

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -37,6 +38,7 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 __all__ = [
     "TINY_QWEN_IMAGE_CONFIG",
     "TinyPromptEncoder",
+    "TinyTransformer",
     "load_qwen_image",
     "load_qwen_image_scheduler_config",
     "load_transformer",
@@ -82,37 +84,46 @@ def load_transformer(
     return nn.Module.to(model, device=device, dtype=dtype).eval()
 
 
-def load_qwen_image(
-    path: str | os.PathLike | None = None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    config: Mapping[str, Any] | None = None,
-) -> QwenImageTransformerTxtSeqLens:
-    """The Qwen-Image transformer: tiny and seeded when `path` is None, else loaded from a local directory.
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity, as the functions it stands for
+class TinyTransformer(Generic[ModelT]):
+    """A family's transformer loader, called as a function: tiny and seeded when `path` is None, else loaded from
+    a local directory ([`load_transformer`]). `load_qwen_image`, `load_sd3` and `load_flux` are instances.
 
-    Args:
-        path: a diffusers model directory (with a `transformer/` subfolder, or the transformer folder itself),
-            or `None` for the tiny model.
-        dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
-        device: where to put the model.
-        seed: weight seed of the tiny model (ignored when loading).
-        config: override the tiny config (ignored when loading).
-
-    Returns:
-        The model in eval mode. It is a `QwenImageTransformer2DModel` whose forward also accepts
-        `txt_seq_lens` (see `rollout_consistency.adapters.rope`).
+    Attributes:
+        model_class: the diffusers transformer class.
+        tiny_config: the tiny model's config (`rollout_consistency.adapters.tiny`'s `TINY_*_CONFIG`).
     """
-    return load_transformer(
-        QwenImageTransformerTxtSeqLens,
-        TINY_QWEN_IMAGE_CONFIG,
-        path,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-        config=config,
-    )
+
+    model_class: type[ModelT]
+    tiny_config: Mapping[str, Any]
+
+    def __call__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        config: Mapping[str, Any] | None = None,
+    ) -> ModelT:
+        """The transformer, in eval mode.
+
+        Args:
+            path: a diffusers model directory (with a `transformer/` subfolder, or the transformer folder itself),
+                or `None` for the tiny model.
+            dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
+            device: where to put the model.
+            seed: weight seed of the tiny model (ignored when loading).
+            config: override the tiny config (ignored when loading).
+        """
+        return load_transformer(
+            self.model_class, self.tiny_config, path, dtype=dtype, device=device, seed=seed, config=config
+        )
+
+
+#: The Qwen-Image transformer: a `QwenImageTransformer2DModel` whose forward also accepts `txt_seq_lens`
+#: (`rollout_consistency.adapters.rope`).
+load_qwen_image = TinyTransformer(QwenImageTransformerTxtSeqLens, TINY_QWEN_IMAGE_CONFIG)
 
 
 def load_qwen_image_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:

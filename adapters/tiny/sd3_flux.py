@@ -3,7 +3,8 @@
 
 * `load_sd3()`: diffusers' `SD3Transformer2DModel` (2 joint blocks, width 16, 4 latent channels, 2x2
   patches). `load_flux()`: diffusers' `FluxTransformer2DModel` (1 double-stream + 1 single-stream block,
-  2 heads of 16, 16 latent channels packed 2x2 into 64 as FLUX.1, guidance embedding on as FLUX.1-dev). A forward at
+  2 heads of 16, 16 latent channels packed 2x2 into 64 as FLUX.1, guidance embedding on as FLUX.1-dev;
+  `load_flux(config={**TINY_FLUX_CONFIG, "guidance_embeds": False})` is a schnell-like one without it). A forward at
   batch 4 on a 64x64-px image (8x8 latent) takes about 2 ms on a CPU. A real model directory goes through
   the same functions: `load_sd3(path)` / `load_flux(path)` are `from_pretrained(path,
   subfolder="transformer")` (or the directory itself).
@@ -32,7 +33,7 @@ from rollout_consistency.adapters.families import load_scheduler_config
 from rollout_consistency.adapters.flux import FLUX_SCHEDULER_CONFIG
 from rollout_consistency.adapters.sd3 import SD3_SCHEDULER_CONFIG
 
-from .qwen_image import TinyPromptEncoder, load_transformer
+from .qwen_image import TinyPromptEncoder, TinyTransformer
 
 __all__ = [
     "TINY_FLUX_CONFIG",
@@ -76,48 +77,10 @@ TINY_FLUX_CONFIG: Mapping[str, Any] = {
 TINY_TEXT_LENGTH = 16  # the tiny encoders' fixed text length (the pipelines' max_sequence_length)
 
 
-def load_sd3(
-    path: str | os.PathLike | None = None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    config: Mapping[str, Any] | None = None,
-) -> SD3Transformer2DModel:
-    """The SD3 transformer: tiny and seeded when `path` is None, else loaded from a local directory.
-
-    Args:
-        path: a diffusers model directory (with a `transformer/` subfolder, or the transformer folder itself),
-            or `None` for the tiny model.
-        dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
-        device: where to put the model.
-        seed: weight seed of the tiny model (ignored when loading).
-        config: override the tiny config (ignored when loading).
-
-    Returns:
-        The model in eval mode.
-    """
-    return load_transformer(
-        SD3Transformer2DModel, TINY_SD3_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config
-    )
-
-
-def load_flux(
-    path: str | os.PathLike | None = None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    config: Mapping[str, Any] | None = None,
-) -> FluxTransformer2DModel:
-    """The FLUX transformer: tiny and seeded when `path` is None, else loaded from a local directory.
-
-    Arguments as [`load_sd3`]; `config={**TINY_FLUX_CONFIG, "guidance_embeds": False}` gives a schnell-like
-    tiny model without the guidance embedding.
-    """
-    return load_transformer(
-        FluxTransformer2DModel, TINY_FLUX_CONFIG, path, dtype=dtype, device=device, seed=seed, config=config
-    )
+#: The SD3 transformer (`SD3Transformer2DModel`; the tiny one from [`TINY_SD3_CONFIG`]).
+load_sd3 = TinyTransformer(SD3Transformer2DModel, TINY_SD3_CONFIG)
+#: The FLUX transformer (`FluxTransformer2DModel`; the tiny one from [`TINY_FLUX_CONFIG`]).
+load_flux = TinyTransformer(FluxTransformer2DModel, TINY_FLUX_CONFIG)
 
 
 def load_sd3_scheduler_config(path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -175,19 +138,16 @@ class TinyClipT5Encoder:
 
 def tiny_sd3_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
     """Encoder for the tiny SD3 model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
-    return TinyClipT5Encoder(
-        TINY_SD3_CONFIG["joint_attention_dim"],
-        TINY_SD3_CONFIG["pooled_projection_dim"],
-        max_length=max_length,
-        seed=seed,
-    )
+    return _encoder_for(TINY_SD3_CONFIG, seed, max_length)
 
 
 def tiny_flux_prompt_encoder(*, seed: int = 0, max_length: int = TINY_TEXT_LENGTH) -> TinyClipT5Encoder:
     """Encoder for the tiny FLUX model: `prompt_embeds` (B, max_length, 32), `pooled_prompt_embeds` (B, 16)."""
+    return _encoder_for(TINY_FLUX_CONFIG, seed, max_length)
+
+
+def _encoder_for(config: Mapping[str, Any], seed: int, max_length: int) -> TinyClipT5Encoder:
+    """The stand-in encoder whose widths fit a transformer of `config` (`joint_attention_dim`, `pooled_projection_dim`)."""
     return TinyClipT5Encoder(
-        TINY_FLUX_CONFIG["joint_attention_dim"],
-        TINY_FLUX_CONFIG["pooled_projection_dim"],
-        max_length=max_length,
-        seed=seed,
+        config["joint_attention_dim"], config["pooled_projection_dim"], max_length=max_length, seed=seed
     )

@@ -29,7 +29,7 @@ from rollout_consistency.adapters.families import load_scheduler_config
 from rollout_consistency.adapters.wan import TEXT_KEYS, WAN_SCHEDULER_CONFIG, WanExperts
 from rollout_consistency.adapters.wan import load_transformer as load_wan_directory
 
-from .qwen_image import TinyPromptEncoder, load_transformer
+from .qwen_image import TinyPromptEncoder, TinyTransformer
 
 __all__ = [
     "TINY_WAN_CONFIG",
@@ -62,6 +62,9 @@ TINY_WAN_CONFIG: Mapping[str, Any] = {
 TINY_WAN_TEXT_LENGTH = 16  # the tiny encoder's fixed text length (the pipeline's max_sequence_length)
 
 
+_TINY_WAN = TinyTransformer(WanTransformer3DModel, TINY_WAN_CONFIG)
+
+
 def _expert_seed(seed: int) -> int:
     """The low-noise expert's weight seed: derived from `seed`, so that its weights are not the high-noise one's."""
     return int.from_bytes(hashlib.sha256(f"tiny-wan-transformer_2/{seed}".encode()).digest()[:8], "little") >> 1
@@ -78,25 +81,16 @@ def load_wan(
 ) -> nn.Module:
     """The Wan transformer: tiny and seeded when `path` is None, else loaded from a local directory.
 
-    Args:
-        path: a diffusers Wan directory (`transformer/`, and `transformer_2/` for Wan 2.2 A14B), or `None` for the
-            tiny model.
-        dtype: parameter dtype (`torch.float32` or `torch.bfloat16`); the adapters cast inputs to it.
-        device: where to put the model. seed: weight seed of the tiny model (ignored when loading).
-        config: override the tiny config (ignored when loading).
-        boundary_ratio: `None`: one expert (a `WanTransformer3DModel`, as Wan 2.1 / TI2V-5B). A ratio: Wan 2.2's
-            two experts ([`WanExperts`]) switching at it (for a directory: overrides its `model_index.json`).
-
-    Returns:
-        The model in eval mode.
+    Arguments as [`TinyTransformer`] (`path`: a diffusers Wan directory, `transformer/` and, for Wan 2.2 A14B,
+    `transformer_2/`), and `boundary_ratio`: `None`: one expert (a `WanTransformer3DModel`, as Wan 2.1 / TI2V-5B).
+    A ratio: Wan 2.2's two experts ([`WanExperts`]) switching at it (for a directory: overrides its
+    `model_index.json`). Returns the model in eval mode.
     """
     if path is not None:
         return load_wan_directory(path, dtype=dtype, device=device, boundary_ratio=boundary_ratio)
 
     def build(weight_seed: int) -> WanTransformer3DModel:
-        return load_transformer(
-            WanTransformer3DModel, TINY_WAN_CONFIG, None, dtype=dtype, device=device, seed=weight_seed, config=config
-        )
+        return _TINY_WAN(dtype=dtype, device=device, seed=weight_seed, config=config)
 
     if boundary_ratio is None:
         return build(seed)
