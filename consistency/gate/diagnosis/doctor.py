@@ -33,6 +33,7 @@ from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, P
 from .catalogue import LOCALISE_HINT, make
 from .figure_causes import from_figures
 from .localised_causes import from_localisation
+from .schedule_guard import from_schedule_guard
 from .settings import DiagnosisSettings
 
 __all__ = [
@@ -198,7 +199,9 @@ def _from_guards(report: Any) -> list[Diagnosis]:
             )
         )
     windows = failed["windows"].message if "windows" in failed else ""
-    if PLAN_WINDOW_MARK in windows:
+    per_request = [windows.index(mark) for mark in PER_REQUEST_WINDOW_MARKS if mark in windows]
+    # Windows drawn per request are not the plan's either: that reason is their consequence, not a second cause.
+    if PLAN_WINDOW_MARK in windows and not per_request:
         out.append(
             make(
                 "window-plan",
@@ -208,12 +211,13 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 source="guard",
             )
         )
-    if any(mark in windows for mark in PER_REQUEST_WINDOW_MARKS):
+    if per_request:
+        reason = windows.rfind("; ", 0, min(per_request))  # its own reason, after any other of the guard's
         out.append(
             make(
                 "per-request-window",
                 "The SDE window is drawn per request, not per prompt group from the launcher's seed.",
-                [f"windows guard: {_evidence_text(failed['windows'].message)}"],
+                [f"windows guard: {_evidence_text(windows[0 if reason < 0 else reason + 2 :])}"],
                 "guard",
                 source="guard",
             )
@@ -251,7 +255,12 @@ def _from_guards(report: Any) -> list[Diagnosis]:
                 source="guard",
             )
         )
-    if "finite" in failed and _nonfinite_log_probs(report):
+    if "schedule" in failed:  # the trainer's scheduler cannot look up what the rollout stored: it scored nothing
+        steps = report.metrics.by_timestep if report.metrics is not None else ()
+        stored = [step.timestep for step in steps if step.timestep is not None]
+        unscorable = from_schedule_guard(failed["schedule"].message, dict(report.config or {}), stored)
+        out += [] if unscorable is None else [unscorable]
+    if "finite" in failed and _nonfinite_log_probs(report) and not _unscored_only(report, failed):
         out.append(
             make(
                 "nonfinite",
@@ -306,6 +315,12 @@ def _nonfinite_log_probs(report: Any) -> bool:
     """NaN/Inf in a log-prob itself (not a ratio exp(Δlogp) that overflowed from finite log-probs)."""
     metrics = report.metrics
     return metrics is None or bool(metrics.nonfinite) or not math.isfinite(metrics.overall.max_abs_dlogp)
+
+
+def _unscored_only(report: Any, failed: dict[str, Any]) -> bool:
+    """Every non-finite log-prob is the trainer's, in a batch it scored nothing of (the ``schedule`` guard's NaN)."""
+    entries = report.metrics.nonfinite if report.metrics is not None else ()
+    return "schedule" in failed and bool(entries) and all(e.side == "trainer" for e in entries)
 
 
 def _undetermined(report: Any, not_localised: str | None) -> Diagnosis:
