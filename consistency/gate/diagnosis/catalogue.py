@@ -74,3 +74,10 @@ def make(
     # Once the replay has run both sides' own code, telling the user to localise would send them to run it again.
     fix = (entry.localised_fix or entry.fix) if source == "localisation" else entry.fix
     return Diagnosis(cause, summary, evidence, fix, confidence, source, details, kind)
+
+
+def guard_cause(
+    cause: str, summary: str, evidence: Sequence[str], *, details: Mapping[str, Any] | None = None
+) -> Diagnosis:
+    """A cause that a failed guard names outright: evidence kind and source ``guard``."""
+    return make(cause, summary, evidence, "guard", source="guard", details=details)

@@ -3,7 +3,7 @@
 (`rollout_consistency.gate.judging.verdict.unscorable_reason`), so the trainer scored nothing of the batch.
 
 Which schedule each side's timesteps come from is recovered by rebuilding it: the family's scheduler config
-(`rollout_consistency.adapters.ModelFamily.scheduler_config`) under one ``mu`` (a config with dynamic shifting:
+(the model directory's, else `rollout_consistency.adapters.ModelFamily.scheduler_config`) under one ``mu`` (a config with dynamic shifting:
 Qwen-Image, FLUX) or one ``shift`` (SD3, Wan), over the pipelines' ``linspace(1, 1/N, N)`` sigmas or diffusers'
 own ``set_timesteps(N)``, bisected until it holds every timestep of the side (within float32 rounding). Both
 recovered and different: `schedule-shift`, with both values (and, for ``mu``, the image sequence length each is
@@ -22,7 +22,7 @@ import numpy as np
 from rollout_consistency.gate.judging.causes import Diagnosis
 from rollout_consistency.gate.judging.verdict import unscorable_timesteps
 
-from .catalogue import make
+from .catalogue import guard_cause
 
 __all__ = ["from_schedule_guard"]
 
@@ -45,12 +45,10 @@ def from_schedule_guard(message: str, config: Mapping[str, Any], stored: Sequenc
         f"asked for {_listing(sorted(set(asked), reverse=True))}, which it does not hold, and scored nothing"
     )
     if stored and all(_held(t, schedule) for t in stored):
-        return make(
+        return guard_cause(
             "model-input",
             "The trainer's scheduler holds the rollout's schedule, but the trainer looks it up with timesteps off it.",
             [head, f"every timestep the rollout stored ({_listing(stored)}) is in the trainer's schedule"],
-            "guard",
-            source="guard",
         )
     family, scheduler = _family_config(config)
     steps = int(config.get("num_inference_steps") or len(schedule))
@@ -61,36 +59,40 @@ def from_schedule_guard(message: str, config: Mapping[str, Any], stored: Sequenc
         if build is not None:
             side = "the rollout's" if fits[0] is None else "the trainer's"
             why = f"{side} timesteps are of no {_parameter(build)} of {family}'s scheduler config"
-        return make(
+        return guard_cause(
             "different-computation",
             "The trainer's scheduler holds other timesteps than the rollout stored; which schedule each is was not "
             "recovered.",
             [head, f"the rollout stored {_listing(stored)}; not recovered: {why}"],
-            "guard",
-            source="guard",
         )
     name = _parameter(build)
     rollout_says = f"the rollout's timesteps are {family}'s scheduler with {_value(build, fits[0], rollout)}"
     trainer_says = f"the trainer's with {_value(build, fits[1], schedule)}"
     over = {True: f" over linspace(1, 1/{steps}, {steps}) sigmas", False: f" over set_timesteps({steps})"}
-    return make(
+    return guard_cause(
         "schedule-shift",
         f"The two sides step on different sigma schedules: their schedulers were set up with another {name}.",
         [head, f"{rollout_says}{over[fits[0][1]]}; {trainer_says}{over[fits[1][1]]}"],
-        "guard",
-        source="guard",
         details={"facts": {"schedule": {"parameter": name, "rollout": fits[0][0], "trainer": fits[1][0]}}},
     )
 
 
 def _family_config(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
-    from rollout_consistency.adapters import get_family
+    """The family's name and the scheduler config the plan was built from: the model directory's own, else the
+    family's released one (None when neither is known)."""
+    from rollout_consistency.adapters import get_family  # the adapters load diffusers: only when a guard failed
+    from rollout_consistency.adapters.families import load_scheduler_config
 
     name = str(config.get("model_family") or "")
     try:
         family = get_family(name)
     except (KeyError, ValueError):
         return name or "its family", None
+    if config.get("model_path"):
+        try:
+            return name, load_scheduler_config(config["model_path"])
+        except (OSError, ValueError):
+            return name, None
     return name, family.scheduler_config
 
 
