@@ -56,7 +56,8 @@ def test_the_doctor_names_the_bug_in_a_users_loop(path):
         assert case.expected in NOT_A_BUG, f"{path.stem}: the gate passed a planted bug"
         pytest.skip("this CPU's kernels give the same bits for both batch compositions")
     top = case.localised_report.diagnosis[0]
-    assert case.localised and case.figures, "a FAIL without a diagnosis"
+    # (No figures-only run where the trainer scored nothing: a user then has no trainer table to give gate().)
+    assert case.localised and (case.figures or case.figures_report is None), "a FAIL without a diagnosis"
     assert Outcome.first(case.localised) == case.expected, (case.localised, top["evidence"])
     # Evidence is what was measured: a case names what its replay must have matched, and claims that would be false.
     declared = load_case(path)
@@ -138,6 +139,8 @@ def test_declared_confidences_are_what_the_corpus_measures():
         if case.status != "FAIL":
             continue
         for report, causes in ((case.localised_report, case.localised), (case.figures_report, case.figures)):
+            if report is None:  # no figures-only run: the trainer scored nothing
+                continue
             top = [c for c, v in causes if v >= causes[0][1]]
             hits.setdefault(report.diagnosis[0]["kind"], []).append(case.expected in top)
     measured = {kind: ((sum(h) + 1) / (len(h) + 2), len(h)) for kind, h in hits.items()}
