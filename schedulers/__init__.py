@@ -2,7 +2,12 @@
 
 Imports nothing else of this project."""
 
-from .flow_match_sde import SDE_TYPES, FlowMatchSDEDiscreteScheduler, FlowMatchSDESchedulerOutput
+from .flow_match_sde import (
+    SDE_TYPES,
+    FlowMatchSDEDiscreteScheduler,
+    FlowMatchSDESchedulerOutput,
+    TimestepNotInScheduleError,
+)
 from .scheduler_setup import SchedulerSetup, image_seq_len_shift
 from .sde_window import SDEWindow, SDEWindowSchedule, draw_sde_window
 
@@ -13,6 +18,7 @@ __all__ = [
     "SDEWindow",
     "SDEWindowSchedule",
     "SchedulerSetup",
+    "TimestepNotInScheduleError",
     "draw_sde_window",
     "image_seq_len_shift",
 ]

@@ -36,6 +36,20 @@ SDE_TYPES = ("sde", "cps", "dance_sde")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
+class TimestepNotInScheduleError(ValueError):
+    """A step asked for at timesteps this scheduler's schedule does not hold (exact float32 equality).
+
+    Attributes: `missing`, the values asked for that are not in it; `schedule`, the scheduler's timesteps (both
+    tuples of Python floats, the float32 values exactly): what a caller needs to say which schedule a stored
+    timestep came from.
+    """
+
+    def __init__(self, message: str, missing: tuple[float, ...], schedule: tuple[float, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.schedule = schedule
+
+
 @dataclass
 class FlowMatchSDESchedulerOutput(BaseOutput):
     """Output of [`FlowMatchSDEDiscreteScheduler.step`].
@@ -330,7 +344,8 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         runs on a handful of numbers, where tensor ops would cost more than the latent-sized work.
 
         Raises:
-            ValueError: a timestep that is not exactly one of `self.timesteps`, or a batch-size mismatch.
+            TimestepNotInScheduleError: a timestep that is not exactly one of `self.timesteps` (a `ValueError`).
+            ValueError: a batch-size mismatch.
         """
         lookup = self._lookup()
         # Python floats of the given values, unrounded: a float64 timestep off the float32 schedule value is not
@@ -352,10 +367,12 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
                     f"timestep {lookup.terminal:g} is the end of the schedule: there is no step after it "
                     f"({len(lookup.schedule)} steps were set)."
                 )
-            raise ValueError(
+            raise TimestepNotInScheduleError(
                 f"timestep(s) {missing} are not in the schedule ({len(lookup.schedule)} steps, "
                 f"{lookup.schedule[0]:.6g} … {lookup.schedule[-1]:.6g}). Pass values taken from `scheduler.timesteps` "
-                f"after the same `set_timesteps(...)` call, kept in float32."
+                f"after the same `set_timesteps(...)` call, kept in float32.",
+                tuple(missing),
+                tuple(lookup.schedule),
             )
         return [lookup.pairs[value] for value in requested]
 

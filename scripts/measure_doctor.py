@@ -62,6 +62,9 @@ def corpus(calibration):
         for label, causes in (("localised", outcome.localised), ("figures", outcome.figures)):
             top = first(causes)
             row[label] = top or ("tie: " + "/".join(sorted(tied(causes))) if causes else "none")
+            if label == "figures" and outcome.figures_report is None:
+                row[label] = "n/a (the trainer scored nothing: no table for gate())"
+                continue
             if outcome.status != "FAIL":
                 continue
             totals[f"{label}.fails"] += 1

@@ -61,18 +61,24 @@ def _diagnosis_trees() -> list[tuple[str, ast.AST]]:
 
 
 def test_every_cause_the_doctor_names_is_a_record_with_that_evidence_kind():
-    """Every literal `make(cause, summary, evidence, kind)` in the doctor names a registered cause, by a kind its
-    record lists; every cause id in the doctor's lookup tables is registered."""
+    """Every literal `make(cause, summary, evidence, kind)` (and `guard_cause(cause, ...)`, kind ``guard``) in the
+    doctor names a registered cause, by a kind its record lists; every cause id in the doctor's lookup tables is
+    registered."""
     checked = 0
     for name, tree in _diagnosis_trees():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make" and len(node.args) >= 4:
+            function = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and getattr(function, "id", None) == "guard_cause" and node.args:
+                cause, kind = _literal(node.args[0]), "guard"
+            elif isinstance(node, ast.Call) and getattr(function, "id", None) == "make" and len(node.args) >= 4:
                 cause, kind = _literal(node.args[0]), _literal(node.args[3])
-                if cause is not None:
-                    assert cause in CAUSES, f"{name}:{node.lineno}: {cause!r} has no Cause record"
-                    if kind is not None:
-                        assert kind in CAUSES[cause].kinds, f"{name}:{node.lineno}: {cause} by {kind}"
-                    checked += 1
+            else:
+                continue
+            if cause is not None:
+                assert cause in CAUSES, f"{name}:{node.lineno}: {cause!r} has no Cause record"
+                if kind is not None:
+                    assert kind in CAUSES[cause].kinds, f"{name}:{node.lineno}: {cause} by {kind}"
+                checked += 1
     assert checked >= 20
     # The doctor's lookup tables (a stage, a setting or a direction of Δlogp -> the causes it names).
     tables = {"_STAGE_CAUSES": set(), "_SETTING_CAUSES": set(), "_SHIFT_CANDIDATES": set()}

@@ -8,6 +8,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -344,6 +345,29 @@ def test_the_check_attaches_a_localised_diagnosis():
     top = report.diagnosis[0]
     assert top["cause"] == "mask-sum-rope" and top["source"] == "localisation", top
     assert top["details"]["first_stage"] == "inputs.text_lengths"
+
+
+def test_windows_drawn_per_request_are_named_alone_not_tied_with_the_plan_window():
+    """Windows drawn per request are not the plan's windows either, so the check's windows guard gives both reasons
+    (`check --inject per-request-window` since the guard compares each side with the plan); the plan-window reason is
+    the per-request one's consequence: one cause, `per-request-window`, its evidence its own reason (before, the two
+    tied at the guard's confidence, and the evidence was cut before the per-request reason began)."""
+    from rollout_consistency.gate.judging.verdict import PLAN_WINDOW_MARK, Problem, decide, plan_window_problems
+
+    report = load("per-request-window")
+    (per_request,) = [c.message for c in report.verdict.checks if c.name == "windows"]
+    planned = np.array([[505.664, 283.847]] * 2, dtype=np.float32)
+    (plan,) = plan_window_problems(
+        "rollout", np.zeros((2, 2)), 2, [0, 1], timesteps=planned[:, ::-1].copy(), expected=planned
+    )
+    assert PLAN_WINDOW_MARK in plan
+    both = decide(report.metrics, report.tolerance, [Problem("windows", plan), Problem("windows", per_request)])
+    causes = diagnose(dataclasses.replace(report, verdict=both))
+    assert [d.cause for d in causes] == ["per-request-window"], [(d.cause, d.evidence) for d in causes]
+    assert causes[0].evidence[0].startswith("windows guard: " + per_request[:60])
+    # Alone, the plan-window reason still names its own cause.
+    alone = decide(report.metrics, report.tolerance, [Problem("windows", plan)])
+    assert diagnose(dataclasses.replace(report, verdict=alone))[0].cause == "window-plan"
 
 
 @pytest.mark.parametrize("micro_batch_size", [2, 1])

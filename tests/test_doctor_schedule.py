@@ -235,3 +235,54 @@ def test_timesteps_of_two_schedules_are_a_shift_only_where_the_sigmas_say_so():
     rounded = [float(torch.tensor(v).bfloat16()) for v in stretched]
     found = cause(stretched, rounded)
     assert found.cause == "model-input" and not any("shift" in e for e in found.evidence)
+
+
+def _schedule_guard_reason(trainer_scheduler, asked: float) -> str:
+    """The check's ``schedule`` reason for a trainer whose scheduler is asked for `asked` (its real error)."""
+    from rollout_consistency.gate.judging.verdict import unscorable_reason
+    from rollout_consistency.schedulers import TimestepNotInScheduleError
+
+    with pytest.raises(TimestepNotInScheduleError) as raised:
+        trainer_scheduler.step_sigmas(torch.tensor([asked, asked]), 2)
+    return unscorable_reason("trainer_backend 'actor.py:make_trainer'", raised.value.missing, raised.value.schedule)
+
+
+def test_the_schedule_guard_names_the_shift_each_side_was_set_up_with():
+    """A trainer whose scheduler cannot look up the rollout's timesteps scored nothing; its `schedule` reason is
+    read back to which mu (dynamic shifting) or shift each side's schedule was built with — named only where the
+    rebuilt schedule holds every timestep — or to what could not be told."""
+    from rollout_consistency.adapters import get_family
+    from rollout_consistency.gate.diagnosis.schedule_guard import from_schedule_guard
+    from rollout_consistency.schedulers import SchedulerSetup
+
+    qwen = dict(get_family("qwen-image").scheduler_config)
+    settings = {"model_family": "qwen-image", "num_inference_steps": STEPS}
+    rollout = SchedulerSetup.for_pipeline(qwen, STEPS, image_seq_len=4).build()
+    stored = [float(t) for t in rollout.timesteps[1:3]]
+    # The actor's mu from the sequence length before packing (16 tokens, not 4).
+    actor = SchedulerSetup.for_pipeline(qwen, STEPS, image_seq_len=16).build()
+    found = from_schedule_guard(_schedule_guard_reason(actor, stored[0]), settings, stored)
+    assert found.cause == "schedule-shift" and found.kind == "guard", found
+    assert "qwen-image's scheduler with mu 0.4873 (calculate_shift of 4 image tokens)" in found.evidence[1]
+    assert "the trainer's with mu 0.4879 (calculate_shift of 16 image tokens)" in found.evidence[1]
+    # A static shift (SD3's 3.0, the trainer's config left at 1.0), over diffusers' own set_timesteps(N).
+    sd3 = dict(get_family("sd3").scheduler_config)
+    rollout = SchedulerSetup(sd3, STEPS).build()
+    stored = [float(t) for t in rollout.timesteps[1:]]
+    trainer = SchedulerSetup({**sd3, "shift": 1.0}, STEPS).build()
+    found = from_schedule_guard(_schedule_guard_reason(trainer, stored[0]), {**settings, "model_family": "sd3"}, stored)
+    assert found.cause == "schedule-shift", found
+    assert "sd3's scheduler with shift 3 over set_timesteps(4); the trainer's with shift 1 over" in found.evidence[1]
+    # The trainer's scheduler holds the rollout's schedule, but it asks for a timestep rounded to bfloat16.
+    rollout = SchedulerSetup.for_pipeline(qwen, STEPS, image_seq_len=4).build()
+    stored = [float(t) for t in rollout.timesteps[1:3]]
+    rounded = float(torch.tensor(stored[0]).bfloat16().float())
+    found = from_schedule_guard(_schedule_guard_reason(rollout, rounded), settings, stored)
+    assert found.cause == "model-input" and "is in the trainer's schedule" in found.evidence[1], found
+    # Another number of steps: no mu of the config gives the trainer's 6 timesteps; said, not guessed.
+    six = SchedulerSetup.for_pipeline(qwen, 6, image_seq_len=4).build()
+    found = from_schedule_guard(_schedule_guard_reason(six, stored[0]), settings, stored)
+    assert found.cause == "different-computation", found
+    assert "not recovered: the trainer's timesteps are of no mu of qwen-image's scheduler config" in found.evidence[1]
+    # Not a schedule reason at all.
+    assert from_schedule_guard("trainer_backend 'x': something else", settings, stored) is None

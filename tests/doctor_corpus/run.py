@@ -35,7 +35,8 @@ def load_case(path: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One case's result: the check's status and the ranked causes of each path (``(cause, confidence)``)."""
+    """One case's result: the check's status and the ranked causes of each path (``(cause, confidence)``); no
+    figures-only run (``figures_report`` None) where the trainer's code scored nothing."""
 
     name: str
     expected: str
@@ -88,17 +89,25 @@ def run_case(path: Path) -> Outcome:
     config = config_of(path, case)
     start = time.perf_counter()
     report = run_step1_check(config)
-    rollout, trainer, timesteps = tables(config)
-    figures = gate(rollout, trainer, timesteps=timesteps, micro_batch_size=config.resolved_micro_batch_size)
+    figures = None
+    if not _scored_nothing(report):  # else the user has no trainer table to give gate(): no figures-only run
+        rollout, trainer, timesteps = tables(config)
+        figures = gate(rollout, trainer, timesteps=timesteps, micro_batch_size=config.resolved_micro_batch_size)
     source = report.diagnosis[0].get("source", "") if report.diagnosis else ""
     return Outcome(
         name=path.stem,
         expected=case["expected"],
         status=report.status,
         localised=ranked(report),
-        figures=ranked(figures),
+        figures=() if figures is None else ranked(figures),
         localised_source=source,
         seconds=time.perf_counter() - start,
         localised_report=report,
         figures_report=figures,
     )
+
+
+def _scored_nothing(report) -> bool:
+    """The trainer's own code could score none of the rollout's steps (the check's ``schedule`` guard: its scheduler
+    holds none of the stored timesteps), so it returned no table."""
+    return any(c.name == "schedule" and not c.passed for c in report.verdict.checks)

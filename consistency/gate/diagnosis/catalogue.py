@@ -30,9 +30,9 @@ NOT_A_BUG = frozenset(cause.id for cause in CAUSES.values() if cause.not_a_bug)
 #: candidates, held it), as (right + 1) / (cases + 2): measured by scripts/measure_doctor.py on the doctor's
 #: corpus and the --inject pitfalls (docs/doctor.md has the counts); a kind with no measured case stays at 1/2.
 CONFIDENCE: Mapping[str, float] = {
-    "guard": 0.83,  # a failed guard names its cause (windows, experts, NaN, missing steps, dead workers, weights): 4/4
-    "replay-stage": 0.95,  # the first stage where both sides' own forwards part, and what differs there: 18/18
-    "replay-step": 0.94,  # every forward agrees; a step setting reproduces each side's table: 16/16
+    "guard": 0.86,  # a failed guard names its cause (windows, experts, schedule, NaN, missing steps, workers, weights): 5/5
+    "replay-stage": 0.95,  # the first stage where both sides' own forwards part, and what differs there: 19/19
+    "replay-step": 0.95,  # every forward agrees; a step setting reproduces each side's table: 18/18
     "replay-unexplained": 0.5,  # forwards agree, no candidate reproduces one side's table: not measured
     "table-ratio": 0.75,  # trainer = c · rollout: 2/2
     "table-offset": 0.67,  # one constant everywhere: 1/1
@@ -74,3 +74,10 @@ def make(
     # Once the replay has run both sides' own code, telling the user to localise would send them to run it again.
     fix = (entry.localised_fix or entry.fix) if source == "localisation" else entry.fix
     return Diagnosis(cause, summary, evidence, fix, confidence, source, details, kind)
+
+
+def guard_cause(
+    cause: str, summary: str, evidence: Sequence[str], *, details: Mapping[str, Any] | None = None
+) -> Diagnosis:
+    """A cause that a failed guard names outright: evidence kind and source ``guard``."""
+    return make(cause, summary, evidence, "guard", source="guard", details=details)

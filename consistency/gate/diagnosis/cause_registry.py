@@ -188,7 +188,7 @@ for _cause in (
             "feed the transformer the same inputs on both sides: build latents, timestep (t/1000), masks and "
             "guidance with one shared function, in float32"
         ),
-        kinds=("candidates", "replay-stage"),
+        kinds=("guard", "candidates", "replay-stage"),
     ),
     Cause(
         "text-conditioning",
@@ -242,7 +242,7 @@ for _cause in (
             "one shared function; the trainer should take each step's sigma from the rollout's stored schedule, not "
             "rebuild it"
         ),
-        kinds=("candidates", "replay-stage", "replay-step"),
+        kinds=("guard", "candidates", "replay-stage", "replay-step"),
         replay_summary=True,
     ),
     Cause(
@@ -329,7 +329,7 @@ for _cause in (
             "your_trainer.py:make_trainer): the doctor replays both and names the first stage where they "
             "part"
         ),
-        kinds=("unknown", "replay-stage", "replay-unexplained"),
+        kinds=("guard", "unknown", "replay-stage", "replay-unexplained"),
         localised_fix=(
             "the replay ran both sides' own code and no setting it measures explains the difference: compare "
             "the two sides' code where the evidence points (a step outside the model: the sample the trainer "

@@ -30,9 +30,10 @@ from rollout_consistency.gate.judging.causes import Diagnosis
 from rollout_consistency.gate.judging.tolerances import deviation
 from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
 
-from .catalogue import LOCALISE_HINT, make
+from .catalogue import LOCALISE_HINT, guard_cause, make
 from .figure_causes import from_figures
 from .localised_causes import from_localisation
+from .schedule_guard import from_schedule_guard
 from .settings import DiagnosisSettings
 
 __all__ = [
@@ -188,99 +189,89 @@ def _from_guards(report: Any) -> list[Diagnosis]:
     out = []
     if "distinct" in failed:
         out.append(
-            make(
+            guard_cause(
                 "aliased-tables",
                 "The two log-prob tables are one buffer, or the trainer wrote into the rollout's: nothing was "
                 "compared.",
                 [f"distinct guard: {_evidence_text(failed['distinct'].message)}"],
-                "guard",
-                source="guard",
             )
         )
     windows = failed["windows"].message if "windows" in failed else ""
-    if PLAN_WINDOW_MARK in windows:
+    per_request = [windows.index(mark) for mark in PER_REQUEST_WINDOW_MARKS if mark in windows]
+    # Windows drawn per request are not the plan's either: that reason is their consequence, not a second cause.
+    if PLAN_WINDOW_MARK in windows and not per_request:
         out.append(
-            make(
+            guard_cause(
                 "window-plan",
                 "A side sampled or scored other steps than the plan's SDE window (another width or schedule).",
                 [f"windows guard: {_evidence_text(windows[windows.index(PLAN_WINDOW_MARK) :])}"],
-                "guard",
-                source="guard",
             )
         )
-    if any(mark in windows for mark in PER_REQUEST_WINDOW_MARKS):
+    if per_request:
+        reason = windows.rfind("; ", 0, min(per_request))  # its own reason, after any other of the guard's
         out.append(
-            make(
+            guard_cause(
                 "per-request-window",
                 "The SDE window is drawn per request, not per prompt group from the launcher's seed.",
-                [f"windows guard: {_evidence_text(failed['windows'].message)}"],
-                "guard",
-                source="guard",
+                [f"windows guard: {_evidence_text(windows[0 if reason < 0 else reason + 2 :])}"],
             )
         )
     rollout = failed.get("rollout")
     if rollout is not None and "Mixed dtypes" in rollout.message:
         out.append(
-            make(
+            guard_cause(
                 "stepwise-bf16",
                 "The step-wise engine keeps per-request latents in the model's low precision; a fresh float32 "
                 "request cannot join them.",
                 [f"rollout failed: {_evidence_text(rollout.message)}"],
-                "guard",
-                source="guard",
             )
         )
     elif rollout is not None:
         out.append(
-            make(
+            guard_cause(
                 "worker-failure",
                 "The rollout engine failed on a batch: those samples were never compared.",
                 [f"rollout failed: {_evidence_text(rollout.message)}"],
-                "guard",
-                source="guard",
             )
         )
     if "experts" in failed:  # both sides' records say which network scored each step: no guessing
         out.append(
-            make(
+            guard_cause(
                 "expert-switch",
                 "The rollout and the trainer scored some steps with different experts (Wan 2.2's transformer / "
                 "transformer_2): one side switches at another step, or holds one expert throughout.",
                 [f"experts guard: {_evidence_text(failed['experts'].message, 600)}"],
-                "guard",
-                source="guard",
             )
         )
-    if "finite" in failed and _nonfinite_log_probs(report):
+    if "schedule" in failed:  # the trainer's scheduler cannot look up what the rollout stored: it scored nothing
+        steps = report.metrics.by_timestep if report.metrics is not None else ()
+        stored = [step.timestep for step in steps if step.timestep is not None]
+        unscorable = from_schedule_guard(failed["schedule"].message, dict(report.config or {}), stored)
+        out += [] if unscorable is None else [unscorable]
+    if "finite" in failed and _nonfinite_log_probs(report) and not _unscored_only(report, failed):
         out.append(
-            make(
+            guard_cause(
                 "nonfinite",
                 "A log-prob is NaN or Inf.",
                 [_evidence_text(failed["finite"].message)],
-                "guard",
-                source="guard",
             )
         )
     for name in ("complete", "shapes", "nonempty"):
         if name in failed and not (name == "nonempty" and rollout is not None):
             out.append(
-                make(
+                guard_cause(
                     "incomplete",
                     "The two sides did not score the same (samples, window steps).",
                     [f"{name} guard: {_evidence_text(failed[name].message)}"],
-                    "guard",
-                    source="guard",
                 )
             )
             break
     if "workers" in failed:
         out.append(
-            make(
+            guard_cause(
                 "worker-failure",
                 "A worker died or failed.",
                 [_evidence_text(failed["workers"].message)],
-                "guard",
-                source="guard",
             )
         )
     if "calibration" in failed:
@@ -291,12 +282,10 @@ def _from_guards(report: Any) -> list[Diagnosis]:
         )
     if "weights" in failed:
         out.append(
-            make(
+            guard_cause(
                 "different-weights",
                 "The two sides' weights differ.",
                 [f"weights guard: {_evidence_text(failed['weights'].message)}"],
-                "guard",
-                source="guard",
             )
         )
     return out
@@ -306,6 +295,12 @@ def _nonfinite_log_probs(report: Any) -> bool:
     """NaN/Inf in a log-prob itself (not a ratio exp(Δlogp) that overflowed from finite log-probs)."""
     metrics = report.metrics
     return metrics is None or bool(metrics.nonfinite) or not math.isfinite(metrics.overall.max_abs_dlogp)
+
+
+def _unscored_only(report: Any, failed: dict[str, Any]) -> bool:
+    """Every non-finite log-prob is the trainer's, in a batch it scored nothing of (the ``schedule`` guard's NaN)."""
+    entries = report.metrics.nonfinite if report.metrics is not None else ()
+    return "schedule" in failed and bool(entries) and all(e.side == "trainer" for e in entries)
 
 
 def _undetermined(report: Any, not_localised: str | None) -> Diagnosis:

@@ -458,8 +458,8 @@ def _combination(settings: StepSettings, rounding: bool) -> str:
     parts = []
     if rounding and not settings.rounding:
         parts.append("unrounded")
-    if settings.rounding == "outputs":
-        parts.append("rounded to bfloat16 before " + ("CFG" if settings.guidance is not None else "the step"))
+    if settings.rounding == "outputs":  # the forwards' outputs: before the combination, where there is one
+        parts.append(f"rounded to bfloat16 before {settings.rounded_before}")
     if settings.guidance is not None:
         parts.append(f"uncond + {settings.guidance:.4g}·(cond − uncond)")
     if settings.cfg_rescale:
@@ -471,7 +471,7 @@ def _combination(settings: StepSettings, rounding: bool) -> str:
     if settings.cfg_renorm_max:
         parts.append(f"renormalised to at most {settings.cfg_renorm_max:.3g}·‖cond‖ over the whole sample")
     if settings.rounding == "combined":
-        parts.append("rounded to bfloat16 before the step")
+        parts.append(f"rounded to bfloat16 before {settings.rounded_before}")
     return ", ".join(parts) if parts else "the model's output as returned"
 
 

@@ -64,6 +64,14 @@ class StepSettings:
     cfg_renorm_max: float = 0.0  # the combination's norm clamped to this multiple of the conditional's (Lumina's)
     rounding: str = ""  # predictions rounded to bfloat16: "outputs" (before CFG), "combined" (before the step)
 
+    @property
+    def rounded_before(self) -> str:
+        """Where the predictions are rounded to bfloat16: ``"CFG"`` (each pass's, before they are combined) or
+        ``"the step"`` (the prediction the step takes: the combination, or the one forward's output); ``""``."""
+        if not self.rounding:
+            return ""
+        return "CFG" if self.rounding == "outputs" and self.guidance is not None else "the step"
+
     def describe(self) -> str:
         parts = [f"noise_level {self.noise_level:.4g}", f"sde_type {self.sde_type}"]
         if self.guidance is not None:
@@ -77,12 +85,8 @@ class StepSettings:
         if self.cfg_renorm_max:
             parts.append(f"combined renormalised to at most {self.cfg_renorm_max:.3g} × the conditional's norm")
         if self.rounding:
-            before_cfg = self.rounding == "outputs" and self.guidance is not None
-            parts.append(
-                "noise predictions rounded to bfloat16 before CFG"
-                if before_cfg
-                else "noise prediction rounded to bfloat16 before the step"
-            )
+            plural = "s" if self.rounded_before == "CFG" else ""
+            parts.append(f"noise prediction{plural} rounded to bfloat16 before {self.rounded_before}")
         if self.shift != 1.0:
             parts.append(f"the plan's sigmas time-shifted by {self.shift:.4g}")
         if self.step_offset:

@@ -30,6 +30,7 @@ a check that checks nothing must not pass.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ GUARD_CHECKS: tuple[str, ...] = ("shapes", "nonempty", "distinct", "finite", "co
 PLAN_WINDOW_MARK = "not the plan's window"
 #: ... and the two reasons of `window_problems` (a window drawn per request, not per prompt group).
 PER_REQUEST_WINDOW_MARKS = ("rollouts used different SDE windows", "did not use the window drawn")
+#: A ``schedule`` reason (`unscorable_reason`): the trainer's own scheduler does not hold the timesteps the rollout
+#: stored, so it scored nothing of the batch; the doctor reads both lists back (`unscorable_timesteps`).
+UNSCORABLE_MARK = "the trainer's scheduler does not hold the timesteps the rollout stored"
 
 #: Under a pooled tolerance a bias (a metric of scale ``"bias"``: ``|ppo_kl|``, ``|ratio_mean − 1|``) fails only when
 #: it exceeds its limit by more than this many standard errors of its mean over samples: the mean of a few samples'
@@ -423,3 +427,22 @@ def plan_window_problems(
         f"num_inference_steps, shift or sigmas) or maps steps to timesteps another way; build the schedule from "
         f"the request (request.scheduler_setup) and store each step's own timestep"
     ]
+
+
+def unscorable_reason(owner: str, missing: Sequence[float], schedule: Sequence[float]) -> str:
+    """The ``schedule`` guard's reason: the timesteps `owner`'s scheduler was asked for and does not hold
+    (`missing`), and the timesteps it holds (`schedule`), both in full (float32 values as Python floats, read back
+    exactly by `unscorable_timesteps`)."""
+    return (
+        f"{owner}: {UNSCORABLE_MARK}: {list(dict.fromkeys(missing))} are not among its {len(schedule)} timesteps "
+        f"{list(schedule)}; its scheduler was set up on another schedule than the rollout's"
+    )
+
+
+def unscorable_timesteps(message: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """``(missing, the trainer's schedule)`` from a ``schedule`` guard's reason (`unscorable_reason`), else None."""
+    found = re.search(r": \[([^\]]*)\] are not among its \d+ timesteps \[([^\]]*)\]", message)
+    if UNSCORABLE_MARK not in message or found is None:
+        return None
+    missing, schedule = (tuple(float(v) for v in part.split(",") if v.strip()) for part in found.groups())
+    return missing, schedule

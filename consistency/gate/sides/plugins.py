@@ -56,6 +56,7 @@ import numpy as np
 
 from rollout_consistency.gate.backend_registry import is_plugin_spec
 from rollout_consistency.gate.config import ConfigError
+from rollout_consistency.gate.judging.verdict import unscorable_reason
 from rollout_consistency.gate.plugin_request import RolloutRequest
 from rollout_consistency.safeguards.fence import UserCodeError, fenced
 from rollout_consistency.safeguards.object_spec import SpecError, call_with_supported_kwargs, load_object
@@ -401,6 +402,8 @@ def plugin_experts(backend: Backend, out: PluginRollout) -> dict[str, Any] | Non
 
 def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
     """`backends.run_batch` with a rollout plug-in: its output, re-scored by the (plug-in or built-in) trainer."""
+    from rollout_consistency.schedulers import TimestepNotInScheduleError
+
     from .rollout_seal import recompute_checked, seal, seal_problems
     from .shared import BatchResult
     from .trainer import score_trajectory
@@ -425,15 +428,26 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         "rollout",
     )
     start = time.perf_counter()
-    trainer, findings = recompute_checked(backend, out.batch, backend.settings.model.trainer_attention)
+    try:
+        trainer, aliases = recompute_checked(backend, out.batch, backend.settings.model.trainer_attention)
+        findings, scored = [("distinct", message) for message in aliases], True
+    except UserCodeError as error:
+        if not isinstance(error.__cause__, TimestepNotInScheduleError):
+            raise
+        # The two sides' schedules disagree: a FAIL of the gate, not a usage error. Nothing was scored (NaN).
+        trainer = np.full_like(sealed.log_probs, np.nan)
+        reason = unscorable_reason(backend.plugins.owner("trainer"), error.__cause__.missing, error.__cause__.schedule)
+        findings, scored = [("schedule", reason)], False
     seconds["trainer"] = time.perf_counter() - start
     floor = None
-    if backend.floor_kernel is not None:
+    if backend.floor_kernel is not None and not scored:
+        floor = trainer  # nothing scored: no floor to measure either
+    elif backend.floor_kernel is not None:
         start = time.perf_counter()
         floor, _ = recompute_checked(backend, out.batch, backend.floor_kernel)
         seconds["floor"] = time.perf_counter() - start
     experts = plugin_experts(backend, out)  # user code too (a plug-in's experts(batch)): before the seal is checked
-    findings += seal_problems(sealed)
+    findings += [("distinct", message) for message in seal_problems(sealed)]
     return BatchResult(
         batch=batch.index,
         sample_indices=batch.sample_indices,
@@ -448,7 +462,7 @@ def run_plugin_batch(backend: Backend, batch: BatchSpec) -> BatchResult:
         precision=backend.precision,
         weights=backend.weights,
         experts=experts,
-        findings=tuple(("distinct", message) for message in findings),
+        findings=tuple(findings),
     )
 
 
