@@ -247,6 +247,7 @@ def apply_injection(
     transformer: nn.Module,
     windows: Sequence[SDEWindow],
     request_ids: Sequence[str],
+    seed: int = 0,
 ) -> Injected:
     """Wrap the rollout side's scheduler / transformer, or redraw its windows, to reproduce the stock pitfall `name`.
 
@@ -256,6 +257,9 @@ def apply_injection(
             the schedule `expert-switch` counts steps in).
         transformer: the rollout's transformer (its dtype is the one latents are rounded to).
         windows: one window per sample; `request_ids`: one id per sample (`per-request-window` mixes it in).
+        seed: seeds the generator `per-request-window` draws each request's window from, so that one seed
+            gives one set of windows (the stock code's generator saw no launcher seed: that is the bug
+            reproduced, while the reproduction itself stays repeatable).
 
     Raises:
         ValueError: an unknown name (naming the known ones), or see [`StockMaskSumRope`].
@@ -270,8 +274,9 @@ def apply_injection(
     elif name == "expert-switch":
         transformer = StockLateExpertSwitch(transformer, scheduler.timesteps)
     elif name == "per-request-window":
+        draws = random.Random(f"per-request-window/{seed}")
         windows = tuple(
-            stock_per_request_window(rid, num_steps=w.num_steps, window_size=w.size)
+            stock_per_request_window(rid, num_steps=w.num_steps, window_size=w.size, rng=draws)
             for rid, w in zip(request_ids, windows, strict=True)
         )
     else:

@@ -153,6 +153,16 @@ def test_per_request_window_fails_structurally():
     assert "different SDE windows" in " ".join(report.reasons) or "did not use the window" in " ".join(report.reasons)
 
 
+def test_per_request_window_injection_is_repeatable():
+    """The reproduction draws each request's window from a generator seeded by the batch's seeds: the same check
+    gives the same windows and figures twice (the stock code's own generator saw no seed; ours is the demo)."""
+    settings = dict(inject="per-request-window", num_prompts=2, num_images_per_prompt=4, progress=False)
+    first, second = run_step1_check(**settings), run_step1_check(**settings)
+    starts = [sample.window_start for sample in first.samples]
+    assert starts == [sample.window_start for sample in second.samples]
+    assert len(set(starts)) > 1 and first.reasons == second.reasons
+
+
 def test_per_request_window_on_the_stepwise_path_fails_too():
     report = run_step1_check(
         inject="per-request-window", step_execution=True, num_prompts=2, num_images_per_prompt=4, progress=False

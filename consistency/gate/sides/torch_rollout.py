@@ -26,7 +26,7 @@ class TorchRollout:
         """One planned batch as a float32 `Trajectory`."""
         from rollout_consistency import adapters
 
-        transformer, scheduler, windows = _rollout_side(backend, requests.windows)
+        transformer, scheduler, windows = _rollout_side(backend, requests.windows, requests.seeds[0])
         requests = dataclasses.replace(requests, windows=tuple(windows))
         if backend.settings.execution.step_execution:
             return _rollout_stepwise(backend, transformer, scheduler, conditioning, requests, sampling)
@@ -47,7 +47,7 @@ def start(settings: SidesSettings) -> TorchRollout:
     return TorchRollout()
 
 
-def _rollout_side(backend: Backend, windows):
+def _rollout_side(backend: Backend, windows, seed: int):
     """The rollout side's transformer, scheduler and windows, with the `--inject` pitfall applied (rollout only:
     the trainer keeps the plain model and scheduler)."""
     transformer, scheduler = backend.rollout_model, backend.scheduler_setup.scheduler()
@@ -61,6 +61,7 @@ def _rollout_side(backend: Backend, windows):
         transformer=transformer,
         windows=windows,
         request_ids=[f"sample-{index}" for index in range(len(windows))],
+        seed=seed,  # the batch's first sample seed: one check, one set of injected windows (each batch its own)
     )
     return injected.transformer, injected.scheduler, list(injected.windows)
 
