@@ -396,6 +396,22 @@ def test_windows_drawn_per_request_are_named_alone_not_tied_with_the_plan_window
     assert diagnose(dataclasses.replace(report, verdict=alone))[0].cause == "window-plan"
 
 
+def test_the_check_with_windows_drawn_per_request_names_per_request_window_alone():
+    """End to end (the injection draws each request's window from the batch's seed, so the run is repeatable):
+    `check --inject per-request-window` FAILs its windows guard with both reasons (per request, and not the plan's),
+    and the doctor names `per-request-window` first and alone, from the report and in the check's own diagnosis."""
+    from rollout_consistency import run_step1_check
+    from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
+
+    report = run_step1_check(inject="per-request-window", progress=False, num_prompts=2, num_images_per_prompt=2)
+    (windows,) = [c.message for c in report.verdict.checks if c.name == "windows" and not c.passed]
+    assert PLAN_WINDOW_MARK in windows and any(mark in windows for mark in PER_REQUEST_WINDOW_MARKS), windows
+    causes = diagnose(report)
+    assert [d.cause for d in causes] == ["per-request-window"], [(d.cause, d.confidence) for d in causes]
+    assert (causes[0].source, causes[0].kind) == ("guard", "guard")
+    assert [d["cause"] for d in report.diagnosis] == ["per-request-window"]
+
+
 @pytest.mark.parametrize("micro_batch_size", [2, 1])
 def test_trainer_micro_batches_smaller_than_the_rollouts_are_not_read_as_the_cause(micro_batch_size):
     """The trainer's smaller forwards pass one `img_shapes` entry per row (fewer rows) and, without padded rows,
