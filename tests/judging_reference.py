@@ -1,5 +1,5 @@
 """The judging figures as computed before the metric registry (main at db9a427), kept as the reference that the
-vectorised code must reproduce bit for bit (tests/test_judging_speed.py) and the baseline scripts/bench_gate.py
+vectorised code must reproduce bit for bit (tests/test_judging_bits.py) and the baseline scripts/bench_gate.py
 times against. Not used by the package; do not edit (it is the old behaviour, by definition)."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from rollout_consistency.adapters.pitfalls import StockMaskSumRope
 from rollout_consistency.adapters.tiny import TinyPromptEncoder, load_qwen_image
 from rollout_consistency.cli import main
 from rollout_consistency.gate.diagnosis.catalogue import NOT_A_BUG
-from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose
+from rollout_consistency.gate.diagnosis.doctor import attach_diagnosis, diagnose, rediagnose
 from rollout_consistency.gate.diagnosis.localise import SideSpec, localise
 from rollout_consistency.gate.diagnosis.localised_causes import from_localisation
 from rollout_consistency.schedulers import SDEWindow
@@ -84,6 +84,32 @@ def test_a_rollout_engine_failure_is_diagnosed():
     failed = decide(None, report.tolerance, [Problem("rollout", "batch 0: the vLLM-omni engine failed: CUDA OOM")])
     causes = diagnose(dataclasses.replace(report, verdict=failed, metrics=None))
     assert causes[0].cause == "worker-failure" and "CUDA OOM" in causes[0].evidence[0], causes
+
+
+def test_a_failed_calibration_guard_is_a_guard_cause(monkeypatch):
+    """A check whose calibration floor cannot be compared (the floor run returned one row short) FAILs its
+    calibration guard; the doctor names `calibration` as the guard's cause: source and kind ``guard``, the guard's
+    message its evidence (its source was ``signature``, the figures', though no figure was read)."""
+    import rollout_consistency.gate.check as check_module
+    from rollout_consistency import run_step1_check
+
+    real = check_module.run_batch
+
+    def short_floor(backend, batch):
+        result = real(backend, batch)
+        return dataclasses.replace(result, floor_log_probs=result.floor_log_probs[:1].copy())
+
+    monkeypatch.setattr(check_module, "run_batch", short_floor)
+    report = run_step1_check(
+        profile="calibrated", progress=False, num_prompts=2, num_images_per_prompt=2, rollout_batch_size=2
+    )
+    (guard,) = [c for c in report.verdict.checks if c.name == "calibration" and not c.passed]
+    (cause,) = [d for d in report.diagnosis if d["cause"] == "calibration"]
+    assert cause["source"] == "guard" and cause["kind"] == "guard", cause
+    assert cause["evidence"] == ["calibration guard: " + guard.message], cause
+    # Read back (`rollout-consistency doctor REPORT.json`), the guard's cause is derived again, the same.
+    again = [d for d in rediagnose(Report.from_json(report.to_json()), ()) if d.cause == "calibration"]
+    assert [(d.source, d.kind) for d in again] == [("guard", "guard")]
 
 
 def test_diagnosis_reaches_json_table_and_the_first_line_of_junit(tmp_path):
@@ -368,6 +394,22 @@ def test_windows_drawn_per_request_are_named_alone_not_tied_with_the_plan_window
     # Alone, the plan-window reason still names its own cause.
     alone = decide(report.metrics, report.tolerance, [Problem("windows", plan)])
     assert diagnose(dataclasses.replace(report, verdict=alone))[0].cause == "window-plan"
+
+
+def test_the_check_with_windows_drawn_per_request_names_per_request_window_alone():
+    """End to end (the injection draws each request's window from the batch's seed, so the run is repeatable):
+    `check --inject per-request-window` FAILs its windows guard with both reasons (per request, and not the plan's),
+    and the doctor names `per-request-window` first and alone, from the report and in the check's own diagnosis."""
+    from rollout_consistency import run_step1_check
+    from rollout_consistency.gate.judging.verdict import PER_REQUEST_WINDOW_MARKS, PLAN_WINDOW_MARK
+
+    report = run_step1_check(inject="per-request-window", progress=False, num_prompts=2, num_images_per_prompt=2)
+    (windows,) = [c.message for c in report.verdict.checks if c.name == "windows" and not c.passed]
+    assert PLAN_WINDOW_MARK in windows and any(mark in windows for mark in PER_REQUEST_WINDOW_MARKS), windows
+    causes = diagnose(report)
+    assert [d.cause for d in causes] == ["per-request-window"], [(d.cause, d.confidence) for d in causes]
+    assert (causes[0].source, causes[0].kind) == ("guard", "guard")
+    assert [d["cause"] for d in report.diagnosis] == ["per-request-window"]
 
 
 @pytest.mark.parametrize("micro_batch_size", [2, 1])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -93,6 +94,10 @@ class TinyModel:
             `boundary_ratio`).
         prompt_encoder: `(transformer, PipelineSettings) -> PromptEncoder` — a stand-in text encoder whose
             conditioning fits `transformer` (`(prompts, negative_prompts or None) -> conditioning`).
+
+    The built-in ones pickle (their fields are module-level functions, `TinyTransformer`s and `functools.partial`s
+    of them, no closures), so they can be sent to another process (multiprocessing, a spawned worker, Ray);
+    give a model you register module-level functions too (`tests/test_tiny_models.py`).
     """
 
     load_transformer: Callable[..., nn.Module]
@@ -109,17 +114,16 @@ def _qwen_image_encoder(transformer: nn.Module, settings: PipelineSettings) -> P
     return encode
 
 
-def _clip_t5_encoder(make: Callable[..., TinyClipT5Encoder]) -> Callable[[nn.Module, PipelineSettings], PromptEncoder]:
-    def build(transformer: nn.Module, settings: PipelineSettings) -> PromptEncoder:
-        # Seeded weights, the pipelines' fixed text length: built once per worker, not per batch.
-        encoder = make(seed=0, max_length=settings.max_sequence_length)
+def _clip_t5_encoder(
+    make: Callable[..., TinyClipT5Encoder], transformer: nn.Module, settings: PipelineSettings
+) -> PromptEncoder:
+    # Seeded weights, the pipelines' fixed text length: built once per worker, not per batch.
+    encoder = make(seed=0, max_length=settings.max_sequence_length)
 
-        def encode(prompts, negative_prompts) -> dict[str, Any]:
-            return encoder.conditioning(list(prompts), negative_prompts)
+    def encode(prompts, negative_prompts) -> dict[str, Any]:
+        return encoder.conditioning(list(prompts), negative_prompts)
 
-        return encode
-
-    return build
+    return encode
 
 
 def _wan_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEncoder:
@@ -133,9 +137,10 @@ def _wan_encoder(transformer: nn.Module, settings: PipelineSettings) -> PromptEn
 
 
 # The built-in families' tiny models, each named by its family's record (`rollout_consistency.base.builtin_families`).
+# Module-level functions and partials, no closures: each pickles (multiprocessing, a spawned process, Ray).
 TINY_QWEN_IMAGE = TinyModel(load_transformer=load_qwen_image, prompt_encoder=_qwen_image_encoder)
-TINY_SD3 = TinyModel(load_transformer=load_sd3, prompt_encoder=_clip_t5_encoder(tiny_sd3_prompt_encoder))
-TINY_FLUX = TinyModel(load_transformer=load_flux, prompt_encoder=_clip_t5_encoder(tiny_flux_prompt_encoder))
+TINY_SD3 = TinyModel(load_transformer=load_sd3, prompt_encoder=partial(_clip_t5_encoder, tiny_sd3_prompt_encoder))
+TINY_FLUX = TinyModel(load_transformer=load_flux, prompt_encoder=partial(_clip_t5_encoder, tiny_flux_prompt_encoder))
 TINY_WAN = TinyModel(load_transformer=load_wan, prompt_encoder=_wan_encoder)
 # name -> tiny model: those a user family registers (a built-in one is found through its family's record).
 _REGISTRY: dict[str, TinyModel] = {}

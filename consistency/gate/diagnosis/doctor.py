@@ -276,8 +276,10 @@ def _from_guards(report: Any) -> list[Diagnosis]:
         )
     if "calibration" in failed:
         out.append(
-            make(
-                "calibration", "The calibration floor could not be measured.", [failed["calibration"].message], "guard"
+            guard_cause(
+                "calibration",
+                "The calibration floor could not be measured.",
+                [f"calibration guard: {_evidence_text(failed['calibration'].message)}"],
             )
         )
     if "weights" in failed:

@@ -17,7 +17,8 @@ trainer's ``for step: for micro-batch: log(mean(...))``) gives, bit for bit:
 
 NumPy adds row by row when it reduces an axis that is not the contiguous one (`column_sums`), and
 ``np.add.accumulate`` is sequential by definition; both are used only where that order is the one above
-(tests/test_judging_views.py holds them to a plain Python loop).
+(tests/test_judging_bits.py holds `column_sums`, `cell_sums`, `row_sums` and `sequential_sum` to a plain Python
+loop, bit for bit: `test_column_sums_add_rows_one_at_a_time` and its neighbours).
 
 Before any of that, a user's tables are read here, once for every reader (`compute_metrics`, `gate`, the recorder,
 the dump, the monitor): `host_array` (a torch tensor to NumPy; bf16/fp16 refused), `float_table` (an ``(N, T)``
