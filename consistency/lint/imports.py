@@ -28,6 +28,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from .loads import config_names, file_loads, may_load, named_by
+
 __all__ = ["import_edges", "is_entry", "programs", "unreached"]
 
 # Statements that open a line (after blanks): `_line_starts` checks the line, so that each pattern opens with a
@@ -192,6 +194,11 @@ def unreached(
             live_roots.add(root)
     if not live_roots:
         return set()
+    # modules a config file names (hydra's `_target_`, an entry point), taken as reached: read only where a
+    # file may be declared dead (`loads.config_names`)
+    live = [(path, module) for path, module in modules.items() if any(module[: len(r)] == r for r in live_roots)]
+    named = _config_named(files, live_roots, among - reached, live)
+    unknown: set[tuple[str, ...]] = set()  # bounds where a reached file loads modules no text bounds
     # modules a reached file names in a string (`importlib.import_module("pkg.mod")`), and what they import
     tails = {
         ".".join(module[len(root) :]): path
@@ -201,18 +208,55 @@ def unreached(
     }
     # a string can spell one only if it opens with its first component (`"fastvideo_edited.models...`)
     openings = {quote + tail.split(".", 1)[0].encode() for tail in tails for quote in (b'"', b"'")}
-    fresh = set(reached)
-    while fresh:
+    fresh, loaded = set(reached), named
+    while fresh or loaded:
         spelled = {
             tails.get(name)
             for path in fresh
             if any(opening in texts[path] for opening in openings)
             for name in _dotted_strings(texts[path])
         }
-        seen, _ = _reach_by(sorted(spelled - {None} - reached), imported_by)
-        fresh = seen - reached
+        # modules a reached file loads by a name built at run time (`import_module(f"pkg.models.{name}")`)
+        for path in sorted(fresh):
+            if may_load(texts[path]):
+                bound = _bound(modules[path])
+                found = file_loads(texts[path], modules[path], _is_init(path))
+                if found.unknown:
+                    unknown.add(bound)
+                within = [(p, m) for p, m in modules.items() if m[: len(bound)] == bound]
+                loaded |= named_by(found.names, found.prefixes, within)
+        if () in unknown:
+            return set()  # a load no text bounds, in a run with no directory no import can name: cannot tell
+        seen, _ = _reach_by(sorted(spelled - {None} - reached | loaded - reached), imported_by)
+        fresh, loaded = seen - reached, set()
         reached |= fresh
-    return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+    return {
+        path
+        for path in among - reached
+        if any(modules[path][: len(r)] == r for r in live_roots)
+        and not any(modules[path][: len(b)] == b for b in unknown)
+    }
+
+
+def _config_named(
+    files: Sequence[tuple[str, tuple[str, ...]]],
+    live_roots: set[tuple[str, ...]],
+    unreached_yet: set[str],
+    live: list[tuple[str, tuple[str, ...]]],
+) -> set[str]:
+    """The files of `live` that the config files below a live root name (`loads.config_names`), for the live
+    roots that hold a file of `unreached_yet` (the others declare nothing dead: their configs are not read)."""
+    parts_of = dict(files)
+    named: set[str] = set()
+    for root in sorted(live_roots):
+        below = sorted(path for path in unreached_yet if _module_of(parts_of[path])[: len(root)] == root)
+        if not below:
+            continue
+        parts = parts_of[below[0]]
+        directory = Path(below[0]).parents[len(parts) - len(root) - 1]
+        within = [(path, module) for path, module in live if module[: len(root)] == root]
+        named |= named_by(config_names(str(directory)), (), within)
+    return named
 
 
 def _bound(module: tuple[str, ...]) -> tuple[str, ...]:
@@ -257,8 +301,14 @@ _DOTTED = re.compile(rb"""["']([A-Za-z_]\w*(?:[./][A-Za-z_]\w*)+)(?:\.py)?["']""
 
 
 def _dotted_strings(data: bytes) -> set[str]:
-    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted."""
-    return {match.decode("ascii", "replace").replace("/", ".") for match in _DOTTED.findall(data)}
+    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted, each also less its
+    trailing components, down to two: a registry's `"pkg.rollout.sde.SDERollout"` (a class, a function after
+    its module's path) names `pkg.rollout.sde`."""
+    found: set[str] = set()
+    for match in _DOTTED.findall(data):
+        parts = match.decode("ascii", "replace").replace("/", ".").split(".")
+        found.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
+    return found
 
 
 def is_entry(path: str, data: bytes) -> bool:
