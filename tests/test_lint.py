@@ -180,6 +180,7 @@ _LOAD = "import importlib\n\n\ndef get_rollout_class(name):\n    {body}\n    ret
         'module = __import__(f"myproj.rollout.{name}_rollout", fromlist=["Rollout"])',
         'module = importlib.import_module("." + name + "_rollout", package=__package__)',
         'module = importlib.import_module(f".{name}_rollout", "myproj.rollout")',
+        'module = importlib.import_module("..rollout." + name + "_rollout", __package__)',
         'for package in ("myproj.rollout", "myproj.plugins"):\n        module = importlib.import_module(f"{package}.{name}_rollout")',
         "from hydra.utils import get_class\n\n    "
         'rollouts = {"naive": "myproj.rollout.naive_rollout.Rollout", "sde": "myproj.rollout.sde_rollout.Rollout"}\n'
@@ -193,6 +194,7 @@ _LOAD = "import importlib\n\n\ndef get_rollout_class(name):\n    {body}\n    ret
         "dunder-import",
         "relative",
         "relative-constant",
+        "relative-two-levels",
         "loop-over-constants",
         "registry-dict",
     ],
@@ -212,9 +214,23 @@ def test_a_sampler_a_registry_loads_by_a_built_name_is_reported(tmp_path, body):
     [
         'module = importlib.import_module(f"myproj.reward.{name}")',
         'module = importlib.import_module("myproj.workers." + name)',
+        'module = importlib.import_module("myproj.reward.%s" % name)',
+        'module = importlib.import_module("myproj.reward.{}".format(name))',
+        'module = __import__(f"myproj.reward.{name}", fromlist=["Reward"])',
+        'module = importlib.import_module("..reward." + name, package=__package__)',
+        'module = importlib.import_module(f".{name}", "myproj.reward")',
         'for package in ("myproj.reward", "myproj.workers"):\n        module = importlib.import_module(f"{package}.{name}")',
     ],
-    ids=["f-string", "concatenation", "loop-over-constants"],
+    ids=[
+        "f-string",
+        "concatenation",
+        "percent",
+        "format",
+        "dunder-import",
+        "relative",
+        "relative-constant",
+        "loop-over-constants",
+    ],
 )
 def test_a_built_name_whose_head_misses_the_sampler_leaves_it_a_dead_copy(tmp_path, body):
     """The same registry loading from another package: the sampler's module is under none of the heads, and
@@ -231,15 +247,28 @@ def test_a_built_name_whose_head_misses_the_sampler_leaves_it_a_dead_copy(tmp_pa
         ("configs/run.json", '{"sampler": {"class_path": "flowrl.samplers.sde_sampler.SDESampler"}}\n'),
         ("pyproject.toml", '[project.scripts]\nsample = "flowrl.samplers.sde_sampler:main"\n'),
         ("setup.cfg", "[options.entry_points]\nconsole_scripts =\n    sample = flowrl.samplers.sde_sampler:main\n"),
+        ("configs/entry.toml", '[scripts]\nsample = "sde_sampler:main"\n'),
+        ("configs/model.yaml", "sampler:\n  target: sde_sampler.SDESampler\n"),
     ],
-    ids=["hydra-target", "ldm-target", "json-class-path", "pyproject-entry-point", "setup-cfg-entry-point"],
+    ids=[
+        "hydra-target",
+        "ldm-target",
+        "json-class-path",
+        "pyproject-entry-point",
+        "setup-cfg-entry-point",
+        "top-level-entry-point",
+        "top-level-module-class",
+    ],
 )
 def test_a_sampler_a_config_file_names_is_reported(tmp_path, config, text):
     """Hydra's `hydra.utils.instantiate(cfg.sampler)` loads the class `_target_` names, from a library the lint
     does not see; a config file naming a module (`_target_`, `target:`, `class_path:`, an entry point) reaches
-    it. Without that config, nothing reaches the sampler: a dead copy."""
+    it. Without that config, nothing reaches the sampler: a dead copy — nor with one that holds its name as a
+    lone word, or its package only."""
     tree = tmp_path / HYDRA.name
     shutil.copytree(HYDRA, tree, ignore=shutil.ignore_patterns("*.yaml"))
+    assert _sampler_findings(tree) == []
+    (tree / "configs" / "near.yaml").write_text("sampler: sde_sampler\nsearch_path: flowrl.samplers\n")
     assert _sampler_findings(tree) == []
     (tree / config).parent.mkdir(parents=True, exist_ok=True)
     (tree / config).write_text(text)
