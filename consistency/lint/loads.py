@@ -38,10 +38,14 @@ SKIPPED_DIRECTORIES = ("__pycache__", "node_modules", "site-packages", "venv", "
 
 #: the config files whose dotted names count as loads
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".cfg")
-#: a config file larger than this is data (a dataset's JSON), not a config: not read
-_CONFIG_BYTES = 1 << 20
+#: a config file larger than this is data (a dataset's JSON, a state-dict key map), not a config: not read
+_CONFIG_BYTES = 1 << 18
 _LOADERS = ("import_module", "__import__")
-_DOTTED_NAME = re.compile(r"(?<![\w.$/\\-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(:[A-Za-z_]\w*)?")
+#: a dotted name (`a.b`, `a.b.C`), or a word before `:attr` (an entry point's `cli:main`), not inside a path
+_DOTTED_NAME = re.compile(
+    r"(?<![\w.$/\\-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]\w*(?=:[A-Za-z_]))(:[A-Za-z_]\w*)?"
+)
+_LOADER_CALL = re.compile(rb"\b(?:import_module|__import__)\s*\(")
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,9 @@ class Loads:
 
 
 def may_load(data: bytes) -> bool:
-    """Whether a file's text may call a loader (a substring test: most files call none, and are not parsed)."""
-    return b"import_module" in data or b"__import__" in data
+    """Whether a file's text may call a loader (`import_module(`, `__import__(`: a text test, most files call
+    none, and only those that may are parsed)."""
+    return (b"import_module" in data or b"__import__" in data) and _LOADER_CALL.search(data) is not None
 
 
 def file_loads(data: bytes, module: tuple[str, ...], is_init: bool) -> Loads:
@@ -71,7 +76,8 @@ def file_loads(data: bytes, module: tuple[str, ...], is_init: bool) -> Loads:
     package = module if is_init else module[:-1]
     names: list[str] = []
     prefixes: list[str] = []
-    for call, scope in _loader_calls(tree):
+    lines = {data.count(b"\n", 0, match.start()) + 1 for match in _LOADER_CALL.finditer(data)}
+    for call, scope in _loader_calls(tree, lines):
         argument = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
         heads = _heads(argument, scope, tree) if argument is not None else None
         if not heads:
@@ -89,11 +95,15 @@ def file_loads(data: bytes, module: tuple[str, ...], is_init: bool) -> Loads:
     return Loads(tuple(names), tuple(prefixes))
 
 
-def _loader_calls(tree: ast.Module) -> Iterator[tuple[ast.Call, ast.AST]]:
-    """(call of a loader, the innermost function holding it, or the module)."""
+def _loader_calls(tree: ast.Module, lines: set[int]) -> Iterator[tuple[ast.Call, ast.AST]]:
+    """(call of a loader, the innermost function holding it, or the module), among the statements and
+    expressions that span one of `lines` (those where the text calls a loader: the rest is not walked)."""
     stack: list[tuple[ast.AST, ast.AST]] = [(tree, tree)]
     while stack:
         node, scope = stack.pop()
+        end = getattr(node, "end_lineno", None)
+        if end is not None and not any(node.lineno <= line <= end for line in lines):
+            continue
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -213,7 +223,7 @@ def _relative_base(
 
 def config_names(directory: str) -> set[str]:
     """The dotted names in the config files below `directory` (`SKIPPED_DIRECTORIES` not entered; files over
-    1 MiB not read): each name, with what it is once its trailing attributes are dropped
+    256 KiB not read): each name, with what it is once its trailing attributes are dropped
     (`a.b.C` -> `a.b.C`, `a.b`; `a.b:main` -> `a.b`). A single component counts only as `mod:attr` or before a
     capitalised attribute (`mod.Class`): a lone word is not a module path."""
     found: set[str] = set()
