@@ -19,7 +19,8 @@ importing file: the importing file's directory or one above it (a script's direc
 `sft/configs/` is a package, and `import utils` in `service_a/app.py` does not link `service_b/utils.py`.
 
 `unreached` asks the reverse question for `low-precision-latents`: which files no running program reaches,
-going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext).
+going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext),
+what they spell in strings and what they load by names built at run time (`loads`).
 """
 
 from __future__ import annotations
@@ -151,12 +152,16 @@ def unreached(
 ) -> set[str]:
     """The files of `among` that no program among the linted files runs. A *program* is an entry point of
     `entries` (a file run as a script: `is_entry`) with what it imports, transitively — a package's `__init__`
-    and what it imports included — and a module whose path one of those files spells in a string
-    (`importlib.import_module("pkg.mod")`). A file is answered only where a program is seen running the
-    project's sampling or training — an entry point that reaches one of `running` (the files that compute
-    log-probs) — and only below the directory that program's imports resolve from: a part of a project linted
-    alone (no entry point, or none that runs what it holds) has no unreached file, its callers may be
-    elsewhere."""
+    and what it imports included — a module whose path one of those files spells in a string
+    (`importlib.import_module("pkg.mod")`, `"pkg.mod.Class"`), and a module loaded by a name built at run time
+    as far as the text bounds it (`loads`: `import_module(f"pkg.rollout.{name}")` reaches every module under
+    `pkg.rollout.`; a config file's `_target_: pkg.mod.Class` reaches `pkg.mod`). A file is answered only where
+    a program is seen running the project's sampling or training — an entry point that reaches one of `running`
+    (the files that compute log-probs) — and only below the directory that program's imports resolve from: a
+    part of a project linted alone (no entry point, or none that runs what it holds) has no unreached file, its
+    callers may be elsewhere. Nor has a repository (the files below one `owner+repo` directory, or the whole
+    run) where a reached file loads a module by a name the text does not bound (`import_module(args.sampler)`):
+    any of its files may run."""
     among, running = set(among), set(running)
     if not among:
         return set()
@@ -250,6 +255,7 @@ def _config_named(
     named: set[str] = set()
     for root in sorted(live_roots):
         below = sorted(path for path in unreached_yet if _module_of(parts_of[path])[: len(root)] == root)
+        # the directory the root's modules are below: the file's path less its components past the root
         if not below:
             continue
         parts = parts_of[below[0]]
