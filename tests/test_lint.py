@@ -148,6 +148,159 @@ def test_trees_side_by_side_under_names_no_import_can_spell_are_answered_each_on
     ]
 
 
+REGISTRY = FIXTURES / "positive" / "verl_registry_rollout"
+HYDRA = FIXTURES / "positive" / "hydra_target_sampler"
+PLUGIN = FIXTURES / "positive" / "dynamic_plugin_sampler"
+LEGACY = FIXTURES / "negative" / "low_precision_latents" / "registry_prefix_elsewhere"
+
+
+def _copy_with(tmp_path, tree, relative, text):
+    """A copy of the fixture `tree` with the file `relative` (below it) replaced by `text`."""
+    copy = tmp_path / tree.name
+    shutil.copytree(tree, copy)
+    (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+    (copy / relative).write_text(textwrap.dedent(text))
+    return copy
+
+
+def _sampler_findings(tree):
+    return [(Path(f.path).name, f.line) for f in lint_paths([tree], select=["low-precision-latents"])]
+
+
+_LOAD = "import importlib\n\n\ndef get_rollout_class(name):\n    {body}\n    return module.Rollout\n"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'module = importlib.import_module(f"myproj.rollout.{name}_rollout")',
+        'module = importlib.import_module("myproj.rollout." + name + "_rollout")',
+        'module = importlib.import_module("myproj.rollout.%s_rollout" % name)',
+        'module = importlib.import_module("myproj.rollout.{}_rollout".format(name))',
+        'module = __import__(f"myproj.rollout.{name}_rollout", fromlist=["Rollout"])',
+        'module = importlib.import_module("." + name + "_rollout", package=__package__)',
+        'module = importlib.import_module(f".{name}_rollout", "myproj.rollout")',
+        'module = importlib.import_module("..rollout." + name + "_rollout", __package__)',
+        'for package in ("myproj.rollout", "myproj.plugins"):\n        module = importlib.import_module(f"{package}.{name}_rollout")',
+        "from hydra.utils import get_class\n\n    "
+        'rollouts = {"naive": "myproj.rollout.naive_rollout.Rollout", "sde": "myproj.rollout.sde_rollout.Rollout"}\n'
+        "    module = get_class(rollouts[name])",
+    ],
+    ids=[
+        "f-string",
+        "concatenation",
+        "percent",
+        "format",
+        "dunder-import",
+        "relative",
+        "relative-constant",
+        "relative-two-levels",
+        "loop-over-constants",
+        "registry-dict",
+    ],
+)
+def test_a_sampler_a_registry_loads_by_a_built_name_is_reported(tmp_path, body):
+    """verl's pattern: the rollout module is `myproj.rollout.<config name>_rollout`, loaded by a name built at
+    run time; no file imports it. Each way of building a name with a constant head reaches every module under
+    the head, so the sampler there keeps its finding (the lint at the round's start took it for a dead copy).
+    A registry of class paths spelled in strings (loaded by a library: `hydra.utils.get_class`) reaches their
+    modules."""
+    tree = _copy_with(tmp_path, REGISTRY, "myproj/rollout/registry.py", _LOAD.format(body=body))
+    assert _sampler_findings(tree) == [("sde_rollout.py", 28)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'module = importlib.import_module(f"myproj.reward.{name}")',
+        'module = importlib.import_module("myproj.workers." + name)',
+        'module = importlib.import_module("myproj.reward.%s" % name)',
+        'module = importlib.import_module("myproj.reward.{}".format(name))',
+        'module = __import__(f"myproj.reward.{name}", fromlist=["Reward"])',
+        'module = importlib.import_module("..reward." + name, package=__package__)',
+        'module = importlib.import_module(f".{name}", "myproj.reward")',
+        'for package in ("myproj.reward", "myproj.workers"):\n        module = importlib.import_module(f"{package}.{name}")',
+    ],
+    ids=[
+        "f-string",
+        "concatenation",
+        "percent",
+        "format",
+        "dunder-import",
+        "relative",
+        "relative-constant",
+        "loop-over-constants",
+    ],
+)
+def test_a_built_name_whose_head_misses_the_sampler_leaves_it_a_dead_copy(tmp_path, body):
+    """The same registry loading from another package: the sampler's module is under none of the heads, and
+    nothing else loads it: a dead copy, no finding."""
+    tree = _copy_with(tmp_path, REGISTRY, "myproj/rollout/registry.py", _LOAD.format(body=body))
+    assert _sampler_findings(tree) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "text"),
+    [
+        ("configs/sampler/sde.yaml", "_target_: flowrl.samplers.sde_sampler.SDESampler\nnoise_level: 0.7\n"),
+        ("configs/model.yaml", "model:\n  target: flowrl.samplers.sde_sampler.SDESampler\n  params: {}\n"),
+        ("configs/run.json", '{"sampler": {"class_path": "flowrl.samplers.sde_sampler.SDESampler"}}\n'),
+        ("pyproject.toml", '[project.scripts]\nsample = "flowrl.samplers.sde_sampler:main"\n'),
+        ("setup.cfg", "[options.entry_points]\nconsole_scripts =\n    sample = flowrl.samplers.sde_sampler:main\n"),
+        ("configs/entry.toml", '[scripts]\nsample = "sde_sampler:main"\n'),
+        ("configs/model.yaml", "sampler:\n  target: sde_sampler.SDESampler\n"),
+    ],
+    ids=[
+        "hydra-target",
+        "ldm-target",
+        "json-class-path",
+        "pyproject-entry-point",
+        "setup-cfg-entry-point",
+        "top-level-entry-point",
+        "top-level-module-class",
+    ],
+)
+def test_a_sampler_a_config_file_names_is_reported(tmp_path, config, text):
+    """Hydra's `hydra.utils.instantiate(cfg.sampler)` loads the class `_target_` names, from a library the lint
+    does not see; a config file naming a module (`_target_`, `target:`, `class_path:`, an entry point) reaches
+    it. Without that config, nothing reaches the sampler: a dead copy — nor with one that holds its name as a
+    lone word, or its package only."""
+    tree = tmp_path / HYDRA.name
+    shutil.copytree(HYDRA, tree, ignore=shutil.ignore_patterns("*.yaml"))
+    assert _sampler_findings(tree) == []
+    (tree / "configs" / "near.yaml").write_text("sampler: sde_sampler\nsearch_path: flowrl.samplers\n")
+    assert _sampler_findings(tree) == []
+    (tree / config).parent.mkdir(parents=True, exist_ok=True)
+    (tree / config).write_text(text)
+    assert _sampler_findings(tree) == [("sde_sampler.py", 19)]
+    assert _sampler_findings(HYDRA) == [("sde_sampler.py", 19)]
+
+
+def test_a_load_no_text_bounds_leaves_no_dead_copy_in_its_repository_only(tmp_path):
+    """`importlib.import_module(args.sampler)` in the trainer may load any module: the DDPO plugin keeps its
+    finding. Beside it (`owner+repo` trees side by side), Pref-GRPO's dead copy stays dead: the load answers for
+    its own repository only. The same load in a module no program runs (`tools/plugins.py` in the legacy tree)
+    loads nothing: that tree's dead copy stays dead too."""
+    assert _sampler_findings(PLUGIN) == [("ddim_sampler.py", 36)]
+    shutil.copytree(PLUGIN, tmp_path / "someone+ddpo-plugins")
+    shutil.copytree(DEAD_COPY, tmp_path / "CodeGoat24+Pref-GRPO")
+    shutil.copytree(LEGACY, tmp_path / "someone+legacy")
+    found = lint_paths([tmp_path], select=["low-precision-latents"])
+    assert [Path(f.path).relative_to(tmp_path).parts[0] for f in found] == ["someone+ddpo-plugins"]
+    assert _sampler_findings(LEGACY) == []
+    assert _sampler_findings(LEGACY / "myproj" / "legacy") == [("ddim_with_logprob.py", 37)]
+
+
+def test_a_load_no_text_bounds_in_a_running_module_reaches_a_legacy_copy(tmp_path):
+    """The legacy tree once its trainer calls the plugin loader (`tools/plugins.py` now runs): its load may name
+    `myproj.legacy.ddim_with_logprob`, so the copy is no longer called dead."""
+    tree = tmp_path / LEGACY.name
+    shutil.copytree(LEGACY, tree)
+    workers = tree / "myproj" / "workers" / "fsdp_workers.py"
+    workers.write_text("from myproj.tools.plugins import load_plugin\n" + workers.read_text())
+    assert _sampler_findings(tree) == [("ddim_with_logprob.py", 37)]
+
+
 def test_one_sided_rule_needs_the_other_side_in_the_linted_code():
     """A rollout worker linted alone (no trainer code in sight) cannot be called one-sided."""
     alone = FIXTURES / "positive" / "one_sided_precision_flag" / "vllm_rollout.py"

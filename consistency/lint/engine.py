@@ -28,14 +28,13 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from .loads import SKIPPED_DIRECTORIES
 from .model import Finding, Hit, Rule, span
 from .rules import RULES, SYNTAX_ERROR
 from .source import SyntaxProblem, parse_source
 
 __all__ = ["LintUsageError", "lint_paths", "lint_source", "resolve_rules"]
 
-#: directory names never entered when walking a directory (a path named explicitly is still linted)
-SKIPPED_DIRECTORIES = ("__pycache__", "node_modules", "site-packages", "venv", "*.egg-info", ".*")
 
 _FILE_KINDS = {
     stat.S_IFIFO: "a FIFO",

@@ -19,7 +19,8 @@ importing file: the importing file's directory or one above it (a script's direc
 `sft/configs/` is a package, and `import utils` in `service_a/app.py` does not link `service_b/utils.py`.
 
 `unreached` asks the reverse question for `low-precision-latents`: which files no running program reaches,
-going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext).
+going from the scripts through what they import (a dead copy of a sampler, as in Pref-GRPO and DanceGRPO-kontext),
+what they spell in strings and what they load by names built at run time (`loads`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+
+from .loads import config_names, file_loads, may_load, named_by
 
 __all__ = ["import_edges", "is_entry", "programs", "unreached"]
 
@@ -149,12 +152,16 @@ def unreached(
 ) -> set[str]:
     """The files of `among` that no program among the linted files runs. A *program* is an entry point of
     `entries` (a file run as a script: `is_entry`) with what it imports, transitively — a package's `__init__`
-    and what it imports included — and a module whose path one of those files spells in a string
-    (`importlib.import_module("pkg.mod")`). A file is answered only where a program is seen running the
-    project's sampling or training — an entry point that reaches one of `running` (the files that compute
-    log-probs) — and only below the directory that program's imports resolve from: a part of a project linted
-    alone (no entry point, or none that runs what it holds) has no unreached file, its callers may be
-    elsewhere."""
+    and what it imports included — a module whose path one of those files spells in a string
+    (`importlib.import_module("pkg.mod")`, `"pkg.mod.Class"`), and a module loaded by a name built at run time
+    as far as the text bounds it (`loads`: `import_module(f"pkg.rollout.{name}")` reaches every module under
+    `pkg.rollout.`; a config file's `_target_: pkg.mod.Class` reaches `pkg.mod`). A file is answered only where
+    a program is seen running the project's sampling or training — an entry point that reaches one of `running`
+    (the files that compute log-probs) — and only below the directory that program's imports resolve from: a
+    part of a project linted alone (no entry point, or none that runs what it holds) has no unreached file, its
+    callers may be elsewhere. Nor has a repository (the files below one `owner+repo` directory, or the whole
+    run) where a reached file loads a module by a name the text does not bound (`import_module(args.sampler)`):
+    any of its files may run."""
     among, running = set(among), set(running)
     if not among:
         return set()
@@ -192,6 +199,11 @@ def unreached(
             live_roots.add(root)
     if not live_roots:
         return set()
+    # modules a config file names (hydra's `_target_`, an entry point), taken as reached: read only where a
+    # file may be declared dead (`loads.config_names`)
+    live = [(path, module) for path, module in modules.items() if any(module[: len(r)] == r for r in live_roots)]
+    named = _config_named(files, live_roots, among - reached, live)
+    unknown: set[tuple[str, ...]] = set()  # bounds where a reached file loads modules no text bounds
     # modules a reached file names in a string (`importlib.import_module("pkg.mod")`), and what they import
     tails = {
         ".".join(module[len(root) :]): path
@@ -201,18 +213,56 @@ def unreached(
     }
     # a string can spell one only if it opens with its first component (`"fastvideo_edited.models...`)
     openings = {quote + tail.split(".", 1)[0].encode() for tail in tails for quote in (b'"', b"'")}
-    fresh = set(reached)
-    while fresh:
+    fresh, loaded = set(reached), named
+    while fresh or loaded:
         spelled = {
             tails.get(name)
             for path in fresh
             if any(opening in texts[path] for opening in openings)
             for name in _dotted_strings(texts[path])
         }
-        seen, _ = _reach_by(sorted(spelled - {None} - reached), imported_by)
-        fresh = seen - reached
+        # modules a reached file loads by a name built at run time (`import_module(f"pkg.models.{name}")`)
+        for path in sorted(fresh):
+            if may_load(texts[path]):
+                bound = _bound(modules[path])
+                found = file_loads(texts[path], modules[path], _is_init(path))
+                if found.unknown:
+                    unknown.add(bound)
+                within = [(p, m) for p, m in modules.items() if m[: len(bound)] == bound]
+                loaded |= named_by(found.names, found.prefixes, within)
+        if () in unknown:
+            return set()  # a load no text bounds, in a run with no directory no import can name: cannot tell
+        seen, _ = _reach_by(sorted(spelled - {None} - reached | loaded - reached), imported_by)
+        fresh, loaded = seen - reached, set()
         reached |= fresh
-    return {path for path in among - reached if any(modules[path][: len(r)] == r for r in live_roots)}
+    return {
+        path
+        for path in among - reached
+        if any(modules[path][: len(r)] == r for r in live_roots)
+        and not any(modules[path][: len(b)] == b for b in unknown)
+    }
+
+
+def _config_named(
+    files: Sequence[tuple[str, tuple[str, ...]]],
+    live_roots: set[tuple[str, ...]],
+    unreached_yet: set[str],
+    live: list[tuple[str, tuple[str, ...]]],
+) -> set[str]:
+    """The files of `live` that the config files below a live root name (`loads.config_names`), for the live
+    roots that hold a file of `unreached_yet` (the others declare nothing dead: their configs are not read)."""
+    parts_of = dict(files)
+    named: set[str] = set()
+    for root in sorted(live_roots):
+        below = sorted(path for path in unreached_yet if _module_of(parts_of[path])[: len(root)] == root)
+        # the directory the root's modules are below: the file's path less its components past the root
+        if not below:
+            continue
+        parts = parts_of[below[0]]
+        directory = Path(below[0]).parents[len(parts) - len(root) - 1]
+        within = [(path, module) for path, module in live if module[: len(root)] == root]
+        named |= named_by(config_names(str(directory)), (), within)
+    return named
 
 
 def _bound(module: tuple[str, ...]) -> tuple[str, ...]:
@@ -257,8 +307,14 @@ _DOTTED = re.compile(rb"""["']([A-Za-z_]\w*(?:[./][A-Za-z_]\w*)+)(?:\.py)?["']""
 
 
 def _dotted_strings(data: bytes) -> set[str]:
-    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted."""
-    return {match.decode("ascii", "replace").replace("/", ".") for match in _DOTTED.findall(data)}
+    """The module paths a text spells in strings (`"pkg.mod"`, `'pkg/mod.py'`), dotted, each also less its
+    trailing components, down to two: a registry's `"pkg.rollout.sde.SDERollout"` (a class, a function after
+    its module's path) names `pkg.rollout.sde`."""
+    found: set[str] = set()
+    for match in _DOTTED.findall(data):
+        parts = match.decode("ascii", "replace").replace("/", ".").split(".")
+        found.update(".".join(parts[:end]) for end in range(2, len(parts) + 1))
+    return found
 
 
 def is_entry(path: str, data: bytes) -> bool:
