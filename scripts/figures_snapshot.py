@@ -113,8 +113,13 @@ def compare(folder: Path) -> int:
                 moved += 1
                 continue
             reports = [path / f"{name}.json" for path in (folder, Path(scratch))]
-            if not all(report.exists() for report in reports):
-                continue  # a case that stops before its report (exit 2) compares by its exit code
+            written = [report.exists() for report in reports]
+            if written != [True, True]:
+                # no report on either side (the case stops before writing one, exit 2): only its exit code compared
+                gone = written != [False, False]
+                moved += gone
+                print(f"{'MOVED' if gone else 'same '} {name}: report written {written[0]} -> {written[1]}")
+                continue
             before, after = (without_wall_times(json.loads(report.read_text())) for report in reports)
             found = differences(before, after)
             moved += bool(found)
